@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Rollout rolls 200 sentinels (one pod each) to a new image in 5 waves
+// (1,5,25,50,100%) on the simulated cluster and compares the total time
+// with the sum of the waves' own pod readiness times: from the first new
+// ReplicaSet of a wave to the last new pod of the wave being Ready, as
+// observed by a watch. The difference is what Krane and ctrl add.
+func Rollout(ctx context.Context, e *Env) ([]Figure, error) {
+	const n = 200
+	const v1, v2 = "registry.local/bench/sentinel:1", "registry.local/bench/sentinel:2"
+	c := e.St.Clusters[e.Region]
+	if err := (bulk{e.Store.DB()}).sentinels(ctx, e.Region, "roll", n); err != nil {
+		return nil, err
+	}
+	// Wait until the cluster reports them all healthy on v1.
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var healthy int
+		err := e.Store.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM sentinels WHERE id LIKE 'roll-%' AND health = 'healthy' AND running_image = ?`, v1).Scan(&healthy)
+		if err != nil {
+			return nil, err
+		}
+		if healthy == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("only %d of %d sentinels healthy on the first image after 5 minutes", healthy, n)
+		}
+		time.Sleep(time.Second)
+	}
+	// Only the bench sentinels may roll: the others (created by earlier
+	// measurements' deploys) are stopped first.
+	if _, err := e.Store.DB().ExecContext(ctx, `UPDATE sentinels SET desired_state = 'stopped' WHERE id NOT LIKE 'roll-%'`); err != nil {
+		return nil, err
+	}
+
+	type timing struct{ newRS, ready time.Time }
+	var mu sync.Mutex
+	times := map[string]*timing{}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	rsw, err := c.Client.AppsV1().ReplicaSets("sentinel").Watch(wctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=sentinel"})
+	if err != nil {
+		return nil, err
+	}
+	depw, err := c.Client.AppsV1().Deployments("sentinel").Watch(wctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=sentinel"})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for ev := range rsw.ResultChan() {
+			rs, ok := ev.Object.(*appsv1.ReplicaSet)
+			if !ok || rs.Spec.Template.Spec.Containers[0].Image != v2 {
+				continue
+			}
+			id := rs.Labels["unkey.com/sentinel.id"]
+			mu.Lock()
+			if times[id] == nil {
+				times[id] = &timing{newRS: time.Now()}
+			}
+			mu.Unlock()
+		}
+	}()
+	go func() {
+		for ev := range depw.ResultChan() {
+			d, ok := ev.Object.(*appsv1.Deployment)
+			if !ok || d.Spec.Template.Spec.Containers[0].Image != v2 || !rolledOut(d) {
+				continue
+			}
+			id := d.Labels["unkey.com/sentinel.id"]
+			mu.Lock()
+			if t := times[id]; t != nil && t.ready.IsZero() {
+				t.ready = time.Now()
+			}
+			mu.Unlock()
+		}
+	}()
+
+	begin := time.Now()
+	out, err := e.St.Ctrl(ctx, "rollout", "start", "--image", v2, "--waves", "1,5,25,50,100", "--watch", "-o", "json")
+	total := time.Since(begin)
+	if err != nil {
+		return nil, err
+	}
+	var status struct {
+		State string `json:"state"`
+	}
+	_ = json.Unmarshal(out, &status)
+	if status.State != "completed" {
+		return nil, fmt.Errorf("rollout ended %q:\n%s", status.State, out)
+	}
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	var ts []*timing
+	for _, t := range times {
+		if !t.ready.IsZero() {
+			ts = append(ts, t)
+		}
+	}
+	if len(ts) < n {
+		return nil, fmt.Errorf("saw %d of %d sentinels roll", len(ts), n)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].newRS.Before(ts[j].newRS) })
+	var podTime time.Duration
+	start := 0
+	for _, size := range []int{2, 8, 40, 50, 100} {
+		first, last := ts[start].newRS, ts[start].ready
+		for _, t := range ts[start : start+size] {
+			if t.ready.After(last) {
+				last = t.ready
+			}
+		}
+		podTime += last.Sub(first)
+		start += size
+	}
+	e.logf("rollout: 200 sentinels in 5 waves: %s total, %s of it pods becoming ready", total.Round(10*time.Millisecond), podTime.Round(10*time.Millisecond))
+	return []Figure{
+		{Section: "8 rollout", Name: "200 sentinels, 5 waves (2/8/40/50/100): total", Value: total.Seconds(), Unit: "s"},
+		{Section: "8 rollout", Name: "sum of the waves' Kubernetes rollout times", Value: podTime.Seconds(), Unit: "s", Note: "per wave: first new ReplicaSet -> last Deployment rolled out (minReadySeconds 5 included)"},
+		{Section: "8 rollout", Name: "overhead Krane and ctrl add", Value: (total - podTime).Seconds(), Unit: "s", Note: "reports, wake-ups, wave hand-offs, CLI"},
+	}, nil
+}
+
+// rolledOut: Kubernetes finished the Deployment's rollout (every replica
+// updated and available, minReadySeconds included, old pods gone).
+func rolledOut(d *appsv1.Deployment) bool {
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	s := d.Status
+	return s.ObservedGeneration >= d.Generation && s.UpdatedReplicas == want && s.AvailableReplicas == want && s.Replicas == want
+}

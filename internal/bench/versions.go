@@ -1,0 +1,90 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"krane.dev/ctrl/workflows"
+)
+
+// Versions measures VersioningService through Restate: 1,000 concurrent
+// calls of one ref, and 100 concurrent calls of 100 refs (median of 3).
+func Versions(ctx context.Context, e *Env) ([]Figure, error) {
+	c := workflows.NewIngressClient(e.St.Restate.IngressURL())
+	stamp := func(batches [][]workflows.Ref) (float64, error) {
+		var wg sync.WaitGroup
+		errs := make(chan error, len(batches))
+		n := 0
+		begin := time.Now()
+		for _, b := range batches {
+			n += len(b)
+			wg.Go(func() {
+				if _, err := workflows.Stamp(ctx, c, b, ""); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+		return float64(n) / time.Since(begin).Seconds(), nil
+	}
+	if _, err := stamp([][]workflows.Ref{e.rows(ctx, "bench.versions.warm", 1)}); err != nil {
+		return nil, err
+	}
+	var single, batched []float64
+	for rep := range 3 {
+		refs := e.rows(ctx, fmt.Sprintf("bench.versions.s%d", rep), 1000)
+		bs := make([][]workflows.Ref, len(refs))
+		for i := range refs {
+			bs[i] = refs[i : i+1]
+		}
+		r, err := stamp(bs)
+		if err != nil {
+			return nil, err
+		}
+		single = append(single, r)
+		refs = e.rows(ctx, fmt.Sprintf("bench.versions.b%d", rep), 10000)
+		bs = nil
+		for i := 0; i < len(refs); i += 100 {
+			bs = append(bs, refs[i:i+100])
+		}
+		if r, err = stamp(bs); err != nil {
+			return nil, err
+		}
+		batched = append(batched, r)
+		e.logf("versions: run %d: %.0f/s single, %.0f/s batched", rep+1, single[rep], batched[rep])
+	}
+	return []Figure{
+		{Section: "6 versions", Name: "VersioningService, 1,000 concurrent calls of 1 ref", Value: median(single), Unit: "versions/s", Note: "anchor: a naive singleton ~170-260 calls/s here"},
+		{Section: "6 versions", Name: "VersioningService, 100 calls of 100 refs", Value: median(batched), Unit: "versions/s"},
+	}, nil
+}
+
+// rows inserts n generic resources (unstamped) and returns their refs.
+func (e *Env) rows(ctx context.Context, kind string, n int) []workflows.Ref {
+	refs := make([]workflows.Ref, n)
+	for start := 0; start < n; start += 1000 {
+		end := min(start+1000, n)
+		var sb strings.Builder
+		sb.WriteString("INSERT INTO resources (kind, region, id, spec, created_at, updated_at) VALUES ")
+		var args []any
+		for i := start; i < end; i++ {
+			if i > start {
+				sb.WriteString(",")
+			}
+			sb.WriteString("(?, 'bench-none', ?, '{}', 0, 0)")
+			refs[i] = workflows.Ref{Kind: kind, Region: "bench-none", ID: fmt.Sprintf("r%06d", i)}
+			args = append(args, kind, refs[i].ID)
+		}
+		if _, err := e.Store.DB().ExecContext(ctx, sb.String(), args...); err != nil {
+			panic(fmt.Sprintf("bench: insert rows: %v", err))
+		}
+	}
+	return refs
+}

@@ -1,0 +1,305 @@
+// Package clustertest is a ClusterService server for host tests: real gRPC
+// on a real listener, in-memory desired state with ctrl's semantics
+// (global versions, snapshot bootstrap with an explicit BootstrapComplete,
+// a live stream of changes, keep-alives, bearer-token auth bound to one
+// region). Tests write desired state with Put/Delete and read what the host
+// reported back. ctrl's own server is tested against MySQL elsewhere; this
+// one lets host tests run without ctrl.
+package clustertest
+
+import (
+	"context"
+	"net"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// Server is a ClusterService for one region.
+type Server struct {
+	clusterv1.UnimplementedClusterServiceServer
+
+	Region string
+	Token  string
+
+	addr string
+	srv  *grpc.Server
+
+	mu       sync.Mutex
+	head     uint64
+	objects  map[key]*clusterv1.ResourceChange
+	changes  []*clusterv1.ResourceChange // in version order
+	notify   chan struct{}
+	reports  map[key][]*clusterv1.ReportStatusRequest
+	streams  map[int]context.CancelFunc
+	streamID int
+	watches  []*clusterv1.WatchRequest
+	refuse   bool
+	refused  int
+	// KeepAlive is the idle keep-alive interval.
+	KeepAlive time.Duration
+}
+
+type key struct{ kind, id string }
+
+// Start serves a ClusterService for region on 127.0.0.1 until the test ends.
+func Start(tb testing.TB, region, token string) *Server {
+	tb.Helper()
+	s := &Server{Region: region, Token: token, objects: map[key]*clusterv1.ResourceChange{}, notify: make(chan struct{}),
+		reports: map[key][]*clusterv1.ReportStatusRequest{}, streams: map[int]context.CancelFunc{}, KeepAlive: time.Second}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.addr = l.Addr().String()
+	s.srv = grpc.NewServer(grpc.UnaryInterceptor(s.authUnary), grpc.StreamInterceptor(s.authStream))
+	clusterv1.RegisterClusterServiceServer(s.srv, s)
+	go func() { _ = s.srv.Serve(l) }()
+	tb.Cleanup(s.srv.Stop)
+	return s
+}
+
+// URL is the server's address for krane.hcl (plaintext).
+func (s *Server) URL() string { return "http://" + s.addr }
+
+// Put commits a desired state and returns its version.
+func (s *Server) Put(kind, id string, spec proto.Message) uint64 {
+	a, err := anypb.New(spec)
+	if err != nil {
+		panic(err)
+	}
+	return s.commit(&clusterv1.ResourceChange{Kind: kind, Id: id, Spec: a})
+}
+
+// PutJSON commits a JSON desired state (a google.protobuf.Struct spec).
+func (s *Server) PutJSON(kind, id string, v map[string]any) uint64 {
+	st, err := structpb.NewStruct(v)
+	if err != nil {
+		panic(err)
+	}
+	return s.Put(kind, id, st)
+}
+
+// Delete commits a soft delete and returns its version.
+func (s *Server) Delete(kind, id string) uint64 {
+	return s.commit(&clusterv1.ResourceChange{Kind: kind, Id: id, Deleted: true})
+}
+
+func (s *Server) commit(c *clusterv1.ResourceChange) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.head++
+	c.Version = s.head
+	s.objects[key{c.Kind, c.Id}] = c
+	s.changes = append(s.changes, c)
+	close(s.notify)
+	s.notify = make(chan struct{})
+	return c.Version
+}
+
+// Head is the newest version.
+func (s *Server) Head() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.head
+}
+
+// DropStreams ends every open stream with Unavailable (a ctrl restart).
+func (s *Server) DropStreams() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cancel := range s.streams {
+		cancel()
+	}
+}
+
+// Watches returns every Watch request so far (reconnects included).
+func (s *Server) Watches() []*clusterv1.WatchRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*clusterv1.WatchRequest(nil), s.watches...)
+}
+
+// Reports returns every report received for an object, oldest first.
+func (s *Server) Reports(kind, id string) []*clusterv1.ReportStatusRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*clusterv1.ReportStatusRequest(nil), s.reports[key{kind, id}]...)
+}
+
+// LatestReport returns the newest report for an object, or nil.
+func (s *Server) LatestReport(kind, id string) *clusterv1.ReportStatusRequest {
+	r := s.Reports(kind, id)
+	if len(r) == 0 {
+		return nil
+	}
+	return r[len(r)-1]
+}
+
+func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_WatchServer) error {
+	ctx, done := s.track(st.Context())
+	defer done()
+	s.mu.Lock()
+	s.watches = append(s.watches, req)
+	s.mu.Unlock()
+	cursor := req.GetAfterVersion()
+	if cursor == 0 {
+		snap, head := s.snapshot(req.GetKind())
+		for _, c := range snap {
+			if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: c}}); err != nil {
+				return err
+			}
+		}
+		if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head}}}); err != nil {
+			return err
+		}
+		cursor = head
+	}
+	for {
+		s.mu.Lock()
+		var batch []*clusterv1.ResourceChange
+		i := sort.Search(len(s.changes), func(i int) bool { return s.changes[i].Version > cursor })
+		for _, c := range s.changes[i:] {
+			if c.Kind == req.GetKind() {
+				batch = append(batch, c)
+			}
+		}
+		if len(s.changes) > 0 {
+			cursor = max(cursor, s.changes[len(s.changes)-1].Version)
+		}
+		notify, head := s.notify, s.head
+		s.mu.Unlock()
+		for _, c := range batch {
+			if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: c}}); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return status.Error(codes.Unavailable, "stream closed by the server")
+		case <-notify:
+		case <-time.After(s.KeepAlive):
+			ka := &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now()}
+			if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_KeepAlive{KeepAlive: ka}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *Server) ListDesired(req *clusterv1.ListDesiredRequest, st clusterv1.ClusterService_ListDesiredServer) error {
+	snap, head := s.snapshot(req.GetKind())
+	for _, c := range snap {
+		if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: c}}); err != nil {
+			return err
+		}
+	}
+	return st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head}}})
+}
+
+func (s *Server) GetDesiredState(_ context.Context, req *clusterv1.GetDesiredStateRequest) (*clusterv1.ResourceChange, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.objects[key{req.GetKind(), req.GetId()}]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "%s %s not found", req.GetKind(), req.GetId())
+	}
+	return c, nil
+}
+
+// RefuseReports makes ReportStatus fail with Unavailable (ctrl down) or
+// accept again.
+func (s *Server) RefuseReports(refuse bool) {
+	s.mu.Lock()
+	s.refuse = refuse
+	s.mu.Unlock()
+}
+
+// Refused counts reports refused so far.
+func (s *Server) Refused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
+}
+
+func (s *Server) ReportStatus(_ context.Context, req *clusterv1.ReportStatusRequest) (*clusterv1.ReportStatusResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refuse {
+		s.refused++
+		return nil, status.Error(codes.Unavailable, "ctrl is down")
+	}
+	k := key{req.GetKind(), req.GetId()}
+	s.reports[k] = append(s.reports[k], req)
+	return &clusterv1.ReportStatusResponse{Accepted: true}, nil
+}
+
+func (s *Server) Heartbeat(context.Context, *clusterv1.HeartbeatRequest) (*clusterv1.HeartbeatResponse, error) {
+	return &clusterv1.HeartbeatResponse{HeadVersion: s.Head()}, nil
+}
+
+// snapshot returns the live objects of kind, ordered by version, and head.
+func (s *Server) snapshot(kind string) ([]*clusterv1.ResourceChange, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*clusterv1.ResourceChange
+	for k, c := range s.objects {
+		if k.kind == kind && !c.Deleted {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, s.head
+}
+
+func (s *Server) track(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	s.streamID++
+	id := s.streamID
+	s.streams[id] = cancel
+	s.mu.Unlock()
+	return ctx, func() {
+		cancel()
+		s.mu.Lock()
+		delete(s.streams, id)
+		s.mu.Unlock()
+	}
+}
+
+func (s *Server) check(ctx context.Context) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+s.Token {
+		return status.Error(codes.Unauthenticated, "missing or wrong bearer token")
+	}
+	if r := md.Get("x-krane-region"); len(r) == 1 && r[0] != s.Region {
+		return status.Errorf(codes.PermissionDenied, "token is for region %s, not %s", s.Region, r[0])
+	}
+	return nil
+}
+
+func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (s *Server) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := s.check(ss.Context()); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}

@@ -1,0 +1,18 @@
+// Package kinds names the built-in resource kinds shared by ctrl, the krane
+// host's tests and the built-in plugins. Plugin authors' kinds need no entry
+// here: ctrl serves any other kind from its generic resources table.
+package kinds
+
+const (
+	// Deployment is a user workload in one region (krane.cluster.v1.Deployment).
+	Deployment = "deployment"
+	// Sentinel is an environment's routing proxy in one region
+	// (krane.cluster.v1.Sentinel).
+	Sentinel = "sentinel"
+	// CiliumNetworkPolicy is a network policy authored by ctrl as JSON
+	// (krane.cluster.v1.CiliumNetworkPolicy).
+	CiliumNetworkPolicy = "ciliumnetworkpolicy"
+)
+
+// BuiltIn lists the built-in kinds.
+var BuiltIn = []string{Deployment, Sentinel, CiliumNetworkPolicy}

@@ -1,0 +1,574 @@
+// Package stack starts the whole system on one machine, from real parts
+// and real binaries: a private MySQL, a Restate server, one simulated
+// Kubernetes cluster per region (kubeenv), `ctrl serve`, and one `krane run`
+// per region with every plugin, each krane authenticated with its own
+// cluster token and reaching its API server through the ServiceAccount and
+// RBAC of deploy/. The demo, the end-to-end suite, the benchmarks and the
+// chaos run use it.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"krane.dev/ctrl/vault"
+	"krane.dev/internal/testenv"
+	"krane.dev/internal/testenv/kubeenv"
+)
+
+// Options shape a stack.
+type Options struct {
+	// Regions get one cluster and one krane each; default local-a, local-b.
+	Regions []string
+	// BinDir holds ctrl, krane and the krane-plugin-* binaries (make build
+	// puts them in bin/); empty means build them now.
+	BinDir string
+	// KraneConfig is the krane.hcl every krane runs, with per-region
+	// overrides through KRANE_* variables; default: the repository's.
+	KraneConfig string
+	// KraneEnv adds KRANE_* overrides per region (e.g. disable a controller).
+	KraneEnv map[string][]string
+	// CtrlEnv adds CTRL_* settings to ctrl serve.
+	CtrlEnv []string
+	// Progress receives one line per step; nil discards.
+	Progress io.Writer
+	// Kube shapes each cluster (zones, node pools).
+	Kube kubeenv.Options
+	// ProxyCtrl routes each krane's connection to ctrl through a loopback
+	// proxy that tests can cut or stall (Proxy(region)).
+	ProxyCtrl bool
+}
+
+// Stack is a running system.
+type Stack struct {
+	opts    Options
+	dir     string
+	bin     map[string]string
+	MySQL   *testenv.MySQL
+	Restate *testenv.Restate
+	DSN     string
+
+	Clusters map[string]*kubeenv.Cluster
+
+	CtrlAddr      string // gRPC host:port
+	CtrlHTTP      string // http://host:port (health, metrics)
+	OperatorToken string
+	ClusterTokens map[string]string
+	KraneHTTP     map[string]string // region -> http://host:port (health, metrics)
+
+	mu        sync.Mutex
+	ctrl      *testenv.Process
+	kranes    map[string]*testenv.Process
+	proxies   map[string]*testenv.Proxy
+	ctrlPorts [3]int
+}
+
+// Binaries the stack runs.
+var binaries = map[string]string{
+	"ctrl":                    "krane.dev/cmd/ctrl",
+	"krane":                   "krane.dev/cmd/krane",
+	"krane-plugin-deployment": "krane.dev/plugins/deployment",
+	"krane-plugin-sentinel":   "krane.dev/plugins/sentinel",
+	"krane-plugin-cilium":     "krane.dev/plugins/cilium",
+}
+
+// SentinelImage is the image of the sentinels deploys create.
+const SentinelImage = "registry.local/krane/sentinel:1.0.0"
+
+// ClusterID is the cluster id of a region's cluster.
+func ClusterID(region string) string { return region + "-1" }
+
+// Start brings the whole system up. Stop it with Stop (or let the process
+// exit: every child dies with it).
+func Start(ctx context.Context, o Options) (*Stack, error) {
+	if len(o.Regions) == 0 {
+		o.Regions = []string{"local-a", "local-b"}
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	// Steps run concurrently; the caller's writer need not be safe for that.
+	o.Progress = &lockedWriter{w: o.Progress}
+	s := &Stack{opts: o, bin: map[string]string{}, Clusters: map[string]*kubeenv.Cluster{}, ClusterTokens: map[string]string{},
+		KraneHTTP: map[string]string{}, kranes: map[string]*testenv.Process{}, proxies: map[string]*testenv.Proxy{}}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Stop()
+		}
+	}()
+	dir, err := testenv.SubDir("stack")
+	if err != nil {
+		return nil, err
+	}
+	s.dir = dir
+	if err := s.step("binaries", s.findBinaries); err != nil {
+		return nil, err
+	}
+	if s.opts.KraneConfig == "" {
+		if s.opts.KraneConfig, err = repoFile("krane.hcl"); err != nil {
+			return nil, err
+		}
+	}
+
+	// MySQL, Restate and the clusters are independent: start them together.
+	var wg sync.WaitGroup
+	errs := make([]error, 2+len(o.Regions))
+	wg.Add(2 + len(o.Regions))
+	go func() {
+		defer wg.Done()
+		errs[0] = s.step("MySQL", func() (err error) {
+			s.MySQL, err = testenv.StartMySQL()
+			return err
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		errs[1] = s.step("Restate", func() (err error) {
+			s.Restate, err = testenv.StartRestate()
+			return err
+		})
+	}()
+	var cmu sync.Mutex
+	for i, region := range o.Regions {
+		go func() {
+			defer wg.Done()
+			errs[2+i] = s.step("Kubernetes cluster "+region+" (etcd, apiserver, controller-manager, scheduler, kwok nodes)", func() error {
+				ko := o.Kube
+				ko.Name = region
+				if len(ko.Zones) == 0 {
+					ko.Zones = []string{region + "-z1", region + "-z2", region + "-z3"}
+				}
+				c, err := kubeenv.New(ko)
+				if err != nil {
+					return err
+				}
+				cmu.Lock()
+				s.Clusters[region] = c
+				cmu.Unlock()
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := s.step("database", s.createDatabase); err != nil {
+		return nil, err
+	}
+	if err := s.step("ctrl", s.startCtrl); err != nil {
+		return nil, err
+	}
+	if err := s.step("cluster registrations and operator token", s.register); err != nil {
+		return nil, err
+	}
+	for _, region := range o.Regions {
+		if err := s.step("krane for "+region, func() error { return s.startKrane(ctx, region) }); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return s, nil
+}
+
+func (s *Stack) step(what string, f func() error) error {
+	begin := time.Now()
+	fmt.Fprintf(s.opts.Progress, "==> %s: starting\n", what)
+	if err := f(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	fmt.Fprintf(s.opts.Progress, "==> %s: ready in %s\n", what, time.Since(begin).Round(10*time.Millisecond))
+	return nil
+}
+
+func (s *Stack) findBinaries() error {
+	if s.opts.BinDir != "" {
+		abs, err := filepath.Abs(s.opts.BinDir)
+		if err != nil {
+			return err
+		}
+		s.opts.BinDir = abs
+	}
+	for name, pkg := range binaries {
+		if s.opts.BinDir != "" {
+			p := filepath.Join(s.opts.BinDir, name)
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("%s not found in %s: run `make build`", name, s.opts.BinDir)
+			}
+			s.bin[name] = p
+			continue
+		}
+		p, err := testenv.BuildBinary(pkg, name)
+		if err != nil {
+			return err
+		}
+		s.bin[name] = p
+	}
+	// Plugins are found next to each other: link them into one directory.
+	pluginDir := filepath.Join(s.dir, "plugins")
+	if err := os.MkdirAll(pluginDir, 0o755); err != nil {
+		return err
+	}
+	for name, p := range s.bin {
+		if strings.HasPrefix(name, "krane-plugin-") {
+			if err := os.Symlink(p, filepath.Join(pluginDir, name)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Bin is the path of one of the stack's binaries.
+func (s *Stack) Bin(name string) string { return s.bin[name] }
+
+// Dir is the stack's work directory (configs, logs).
+func (s *Stack) Dir() string { return s.dir }
+
+func (s *Stack) createDatabase() error {
+	s.DSN = s.MySQL.DSN("krane")
+	return s.MySQL.CreateDatabase("krane")
+}
+
+// ctrlEnv is the environment of every ctrl command the stack runs.
+func (s *Stack) ctrlEnv() []string {
+	env := []string{
+		"CTRL_DB_DSN=" + s.DSN,
+		"CTRL_GRPC_ADDR=" + s.CtrlAddr,
+		"CTRL_HTTP_ADDR=" + strings.TrimPrefix(s.CtrlHTTP, "http://"),
+		"CTRL_LOG_FORMAT=text",
+		"CTRL_WATCH_POLL_INTERVAL=20ms",
+		"CTRL_ADDR=" + s.CtrlAddr,
+		"CTRL_TOKEN=" + s.OperatorToken,
+		"CTRL_VAULT_KEYRING_FILE=" + s.keyringFile(),
+	}
+	if s.Restate != nil {
+		env = append(env,
+			"CTRL_RESTATE_INGRESS_URL="+s.Restate.IngressURL(),
+			"CTRL_RESTATE_ADMIN_URL="+s.Restate.AdminURL(),
+			fmt.Sprintf("CTRL_RESTATE_ENDPOINT_LISTEN=127.0.0.1:%d", s.ctrlPorts[2]),
+			"CTRL_SENTINEL_DEFAULT_IMAGE="+SentinelImage,
+			"CTRL_SENTINEL_DEFAULT_REPLICAS=2",
+		)
+	}
+	return append(env, s.opts.CtrlEnv...)
+}
+
+// keyringFile is the vault keyring of the stack's ctrl, so deployments may
+// have secret variables.
+func (s *Stack) keyringFile() string { return filepath.Join(s.dir, "vault-keyring.yaml") }
+
+func (s *Stack) startCtrl() error {
+	if _, err := os.Stat(s.keyringFile()); os.IsNotExist(err) {
+		if _, err := vault.Init(s.keyringFile(), time.Now()); err != nil {
+			return err
+		}
+	}
+	if s.ctrlPorts[0] == 0 {
+		ports, err := testenv.FreePorts(3)
+		if err != nil {
+			return err
+		}
+		copy(s.ctrlPorts[:], ports)
+	}
+	s.CtrlAddr = fmt.Sprintf("127.0.0.1:%d", s.ctrlPorts[0])
+	s.CtrlHTTP = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[1])
+	p, err := testenv.StartProcess(s.dir, "ctrl", s.bin["ctrl"], []string{"serve"}, s.ctrlEnv())
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ctrl = p
+	s.mu.Unlock()
+	return p.WaitReady(60*time.Second, func(ctx context.Context) error { return httpOK(ctx, s.CtrlHTTP+"/readyz") })
+}
+
+// RestartCtrl stops ctrl (SIGTERM, or SIGKILL with kill) and starts it again
+// on the same addresses.
+func (s *Stack) RestartCtrl(kill bool) error {
+	s.mu.Lock()
+	p := s.ctrl
+	s.mu.Unlock()
+	if kill {
+		p.Kill()
+	} else {
+		p.Stop(20 * time.Second)
+	}
+	return s.startCtrl()
+}
+
+// Ctrl runs a ctrl command (e.g. "deploy", "create", ...) against the
+// stack and returns its standard output (what scripts read; notes go to
+// standard error, which an error includes).
+func (s *Stack) Ctrl(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := s.CtrlCommand(ctx, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("ctrl %s: %w\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+	}
+	return out, nil
+}
+
+// CtrlCommand prepares a ctrl command with the stack's connection settings.
+func (s *Stack) CtrlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, s.bin["ctrl"], args...)
+	cmd.Env = append(os.Environ(), s.ctrlEnv()...)
+	return cmd
+}
+
+func (s *Stack) register() error {
+	ctx := context.Background()
+	out, err := s.Ctrl(ctx, "token", "create-operator", "--name", "stack-operator")
+	if err != nil {
+		return err
+	}
+	s.OperatorToken = lastLine(out)
+	for _, region := range s.opts.Regions {
+		out, err := s.Ctrl(ctx, "cluster", "register", "--region", region, "--cluster", ClusterID(region))
+		if err != nil {
+			return err
+		}
+		s.ClusterTokens[region] = lastLine(out)
+	}
+	return nil
+}
+
+func (s *Stack) startKrane(ctx context.Context, region string) error {
+	c := s.Clusters[region]
+	// What deploy/README.md tells an operator to apply, in that order.
+	for _, f := range []string{"deploy/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/cilium/rbac.yaml", "deploy/rbac.yaml"} {
+		p, err := repoFile(f)
+		if err != nil {
+			return err
+		}
+		manifest, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if err := c.ApplyYAML(ctx, manifest); err != nil {
+			return fmt.Errorf("apply %s: %w", f, err)
+		}
+	}
+	// krane reaches its API server as the ServiceAccount of deploy/, so the
+	// RBAC it ships with is proven sufficient (and no broader is used).
+	_, kubeconfig, err := c.ServiceAccountConfig(ctx, "krane", "krane")
+	if err != nil {
+		return err
+	}
+	port, err := testenv.FreePort()
+	if err != nil {
+		return err
+	}
+	s.KraneHTTP[region] = fmt.Sprintf("http://127.0.0.1:%d", port)
+	ctrlAddr := s.CtrlAddr
+	if s.opts.ProxyCtrl {
+		s.mu.Lock()
+		p, ok := s.proxies[region]
+		s.mu.Unlock()
+		if !ok {
+			if p, err = testenv.NewProxy(s.CtrlAddr); err != nil {
+				return err
+			}
+			s.mu.Lock()
+			s.proxies[region] = p
+			s.mu.Unlock()
+		}
+		ctrlAddr = p.Addr()
+	}
+	env := []string{
+		"KRANE_REGION=" + region,
+		"KRANE_CLUSTER_ID=" + ClusterID(region),
+		"KRANE_CONTROL_PLANE__URL=http://" + ctrlAddr,
+		"KRANE_TOKEN=" + s.ClusterTokens[region],
+		"KRANE_KUBERNETES__KUBECONFIG=" + kubeconfig,
+		fmt.Sprintf("KRANE_SERVER__LISTEN=127.0.0.1:%d", port),
+		"KRANE_PLUGIN_DIR=" + filepath.Join(s.dir, "plugins"),
+	}
+	s.mu.Lock()
+	env = append(env, s.opts.KraneEnv[region]...)
+	s.mu.Unlock()
+	cfg, err := s.kraneConfig(region)
+	if err != nil {
+		return err
+	}
+	p, err := testenv.StartProcess(s.dir, "krane-"+region, s.bin["krane"], []string{"run", "-c", cfg}, env)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.kranes[region] = p
+	s.mu.Unlock()
+	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, s.KraneHTTP[region]+"/readyz") })
+}
+
+// kraneConfig is the region's own copy of krane.hcl (made on first use), so
+// a test can edit one region's configuration and reload it.
+func (s *Stack) kraneConfig(region string) (string, error) {
+	p := filepath.Join(s.dir, "krane-"+region+".hcl")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	b, err := os.ReadFile(s.opts.KraneConfig)
+	if err != nil {
+		return "", err
+	}
+	return p, os.WriteFile(p, b, 0o600)
+}
+
+// EditKraneConfig rewrites a region's krane.hcl with edit and makes its
+// krane reload it (SIGHUP).
+func (s *Stack) EditKraneConfig(region string, edit func(string) string) error {
+	p, err := s.kraneConfig(region)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(p, []byte(edit(string(b))), 0o600); err != nil {
+		return err
+	}
+	return s.Krane(region).Signal(syscall.SIGHUP)
+}
+
+// SetKraneEnv replaces a region's KRANE_* overrides for its next (re)start.
+func (s *Stack) SetKraneEnv(region string, env []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.opts.KraneEnv == nil {
+		s.opts.KraneEnv = map[string][]string{}
+	}
+	s.opts.KraneEnv[region] = env
+}
+
+// StopKrane stops a region's krane (SIGTERM).
+func (s *Stack) StopKrane(region string) {
+	if p := s.Krane(region); p != nil {
+		p.Stop(20 * time.Second)
+	}
+}
+
+// StartKrane starts a region's krane (after StopKrane) and waits until it is ready.
+func (s *Stack) StartKrane(ctx context.Context, region string) error {
+	return s.startKrane(ctx, region)
+}
+
+// Proxy returns the proxy between a region's krane and ctrl (ProxyCtrl).
+func (s *Stack) Proxy(region string) *testenv.Proxy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proxies[region]
+}
+
+// Krane returns a region's krane process.
+func (s *Stack) Krane(region string) *testenv.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kranes[region]
+}
+
+// RestartKrane stops a region's krane (SIGKILL with kill) and starts it again.
+func (s *Stack) RestartKrane(ctx context.Context, region string, kill bool) error {
+	p := s.Krane(region)
+	if kill {
+		p.Kill()
+	} else {
+		p.Stop(20 * time.Second)
+	}
+	return s.startKrane(ctx, region)
+}
+
+// Stop stops every process of the stack.
+func (s *Stack) Stop() {
+	s.mu.Lock()
+	kranes, ctrl, proxies := s.kranes, s.ctrl, s.proxies
+	s.mu.Unlock()
+	for _, p := range proxies {
+		p.Close()
+	}
+	for _, p := range kranes {
+		p.Stop(10 * time.Second)
+	}
+	if ctrl != nil {
+		ctrl.Stop(10 * time.Second)
+	}
+	for _, c := range s.Clusters {
+		c.Stop()
+	}
+	if s.Restate != nil {
+		s.Restate.Stop()
+	}
+	if s.MySQL != nil {
+		s.MySQL.Stop()
+	}
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+func httpOK(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+// repoFile finds a file of the repository from the working directory up.
+func repoFile(rel string) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			p := filepath.Join(dir, rel)
+			if _, err := os.Stat(p); err != nil {
+				return "", fmt.Errorf("%s not found in the repository at %s", rel, dir)
+			}
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("not inside the krane repository (no go.mod above %s)", dir)
+		}
+		dir = parent
+	}
+}
+
+// lockedWriter serializes writes from concurrent steps.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,108 @@
+// Package noop is a Krane plugin that applies nothing to any cluster: it
+// remembers what it was told, answers Unchanged for a repeat, lists what it
+// holds, and reports each object's version. Its kind comes from its binary
+// name (krane-plugin-noop-X reconciles "noop-x.test.krane.dev"), so one
+// build yields several distinct plugins for host tests and the plugin-hop
+// benchmark.
+package noop
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"krane.dev/sdk"
+)
+
+// Controller is the no-op controller; New(name) reconciles kind
+// "<name>.test.krane.dev".
+type Controller struct {
+	name, kind string
+	mu         sync.Mutex
+	objects    map[string]sdk.Change
+	dirty      chan string
+}
+
+// New returns a no-op controller named name.
+func New(name string) *Controller {
+	return &Controller{name: name, kind: name + ".test.krane.dev", objects: map[string]sdk.Change{}, dirty: make(chan string, 1024)}
+}
+
+// Kind is the kind this controller reconciles.
+func (c *Controller) Kind() string { return c.kind }
+
+// Get returns what the controller holds for id.
+func (c *Controller) Get(id string) (sdk.Change, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch, ok := c.objects[id]
+	return ch, ok
+}
+
+func (c *Controller) Describe(context.Context) (sdk.Info, error) {
+	return sdk.Info{
+		Name: c.name, Version: "1.0.0",
+		Kinds:        []sdk.KindInfo{{Kind: c.kind, Description: "applies nothing (tests)", SpecType: "google.protobuf.Struct"}},
+		ConfigSchema: `{"type":"object","additionalProperties":false,"properties":{"label":{"type":"string"}}}`,
+	}, nil
+}
+
+func (c *Controller) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+	var cfg struct {
+		Label string `json:"label"`
+	}
+	return sdk.DecodeConfig(req.Config, &cfg)
+}
+
+func (c *Controller) Apply(_ context.Context, ch sdk.Change) (sdk.Result, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, had := c.objects[ch.ID]
+	if ch.Deleted {
+		delete(c.objects, ch.ID)
+		c.mark(ch.ID)
+		return sdk.Deleted, nil
+	}
+	if had && string(prev.Spec.Value) == string(ch.Spec.Value) && prev.Version == ch.Version {
+		return sdk.Unchanged, nil
+	}
+	c.objects[ch.ID] = ch
+	c.mark(ch.ID)
+	return sdk.Applied, nil
+}
+
+func (c *Controller) mark(id string) {
+	select {
+	case c.dirty <- id:
+	default:
+	}
+}
+
+func (c *Controller) Inventory(_ context.Context, kind string) ([]sdk.InventoryItem, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []sdk.InventoryItem
+	for id, ch := range c.objects {
+		out = append(out, sdk.InventoryItem{Kind: kind, ID: id, Version: ch.Version})
+	}
+	return out, nil
+}
+
+func (c *Controller) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case id := <-c.dirty:
+			c.mu.Lock()
+			ch, ok := c.objects[id]
+			c.mu.Unlock()
+			st, _ := sdk.JSONStatus(map[string]any{"present": ok})
+			if err := send(sdk.StatusReport{Kind: c.kind, ID: id, ObservedVersion: ch.Version, ObservedAt: time.Now(), Status: st}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (c *Controller) Shutdown(context.Context) error { return nil }
