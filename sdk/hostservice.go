@@ -1,0 +1,138 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pluginv1 "krane.dev/proto/krane/plugin/v1"
+)
+
+// Host is what the krane host does for a plugin that only the host may do,
+// because it needs the host's ctrl credentials: plugins never hold the
+// cluster token. A plugin receives it in ConfigureRequest.Host.
+//
+// Wire: the host serves krane.plugin.v1.Host on a go-plugin GRPCBroker
+// connection (protected by the same AutoMTLS as the plugin connection) and
+// announces the broker id in Configure; the plugin dials it back.
+type Host interface {
+	// DecryptEnv opens a deployment's sealed secret environment (the
+	// Deployment's encrypted_env) through ctrl. ctrl allows it only for a
+	// deployment scheduled in this cluster's region, only for the blob it
+	// stored for that deployment, and audits every call. The values are
+	// secrets: never log them, never put them in errors or statuses.
+	DecryptEnv(ctx context.Context, deploymentID string, sealed []byte) (map[string]string, error)
+}
+
+// ErrNoHostService is returned by the Host of a plugin whose host serves
+// none (an older krane host).
+var ErrNoHostService = errors.New("this krane host serves no host services to plugins (it sent no host_service_id): upgrade the krane host")
+
+// noHost is the plugin's Host when the host serves none.
+type noHost struct{}
+
+func (noHost) DecryptEnv(context.Context, string, []byte) (map[string]string, error) {
+	return nil, ErrNoHostService
+}
+
+// hostServer serves krane.plugin.v1.Host in the host process by calling
+// the Host of the latest Configure.
+type hostServer struct {
+	pluginv1.UnimplementedHostServer
+	impl *atomic.Pointer[Host]
+}
+
+func (s *hostServer) DecryptEnv(ctx context.Context, req *pluginv1.DecryptEnvRequest) (*pluginv1.DecryptEnvResponse, error) {
+	h := s.impl.Load()
+	if h == nil {
+		return nil, status.Error(codes.Unavailable, "the krane host has not configured its host services yet")
+	}
+	env, err := (*h).DecryptEnv(ctx, req.GetDeploymentId(), req.GetEncryptedEnv())
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err // ctrl's code and reason, as the host got them
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return &pluginv1.DecryptEnvResponse{Env: env}, nil
+}
+
+// hostBroker is the host side: it serves one plugin's Host once per plugin
+// connection; a later Configure only swaps the implementation.
+type hostBroker struct {
+	broker *plugin.GRPCBroker
+	impl   atomic.Pointer[Host]
+	once   sync.Once
+	id     uint32
+}
+
+// serve makes h answer the plugin's Host calls and returns the broker id to
+// announce. The broker keeps serving until the plugin connection closes.
+func (b *hostBroker) serve(h Host) uint32 {
+	b.impl.Store(&h)
+	b.once.Do(func() {
+		b.id = b.broker.NextId()
+		srv := &hostServer{impl: &b.impl}
+		go b.broker.AcceptAndServe(b.id, func(opts []grpc.ServerOption) *grpc.Server {
+			s := grpc.NewServer(append(opts, serverOptions()...)...)
+			pluginv1.RegisterHostServer(s, srv)
+			return s
+		})
+	})
+	return b.id
+}
+
+// hostClient is the plugin side: the Host a plugin author calls.
+type hostClient struct {
+	client pluginv1.HostClient
+	conn   *grpc.ClientConn
+}
+
+func (h *hostClient) DecryptEnv(ctx context.Context, deploymentID string, sealed []byte) (map[string]string, error) {
+	resp, err := h.client.DecryptEnv(ctx, &pluginv1.DecryptEnvRequest{DeploymentId: deploymentID, EncryptedEnv: sealed})
+	if err != nil {
+		if st, ok := status.FromError(err); ok {
+			return nil, fmt.Errorf("open the secret environment of deployment %s through the krane host: %s (%s)", deploymentID, st.Message(), st.Code())
+		}
+		return nil, fmt.Errorf("open the secret environment of deployment %s through the krane host: %w", deploymentID, err)
+	}
+	return resp.GetEnv(), nil
+}
+
+// hostDialer is the plugin side of the broker: it dials the host's
+// services once per announced id (the broker hands the connection info
+// over only briefly, so it is dialled at Configure, not at first use).
+type hostDialer struct {
+	broker *plugin.GRPCBroker
+
+	mu   sync.Mutex
+	id   uint32
+	host *hostClient
+}
+
+func (d *hostDialer) hostFor(id uint32) (Host, error) {
+	if id == 0 || d.broker == nil {
+		return noHost{}, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.host != nil && d.id == id {
+		return d.host, nil
+	}
+	conn, err := d.broker.DialWithOptions(id, dialOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the krane host's services (broker id %d): %w", id, err)
+	}
+	if d.host != nil {
+		d.host.conn.Close()
+	}
+	d.id, d.host = id, &hostClient{client: pluginv1.NewHostClient(conn), conn: conn}
+	return d.host, nil
+}

@@ -1,0 +1,239 @@
+package plugintest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"krane.dev/sdk"
+)
+
+// Suite describes what the conformance suite exercises for one plugin.
+type Suite struct {
+	// Configure is a valid configuration for the test cluster.
+	Configure sdk.ConfigureRequest
+	// BadConfigs must each be rejected, by the config schema or by
+	// Configure, with an error that names Key.
+	BadConfigs []BadConfig
+	// Objects are valid desired states (at least one per kind). Each is
+	// applied, re-applied (must be Unchanged), inventoried and deleted.
+	Objects []sdk.Change
+	// Invalid desired states must each fail with a permanent error that
+	// names the field, before anything reaches the cluster.
+	Invalid []InvalidChange
+	// ShutdownDeadline bounds Shutdown; default 5s.
+	ShutdownDeadline time.Duration
+}
+
+// BadConfig is a config block that must be rejected.
+type BadConfig struct {
+	Config string
+	Key    string
+}
+
+// InvalidChange is a desired state that must be refused.
+type InvalidChange struct {
+	Change sdk.Change
+	Field  string
+}
+
+var (
+	nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+	kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z0-9-]+)*$`)
+)
+
+// Conformance runs the suite every Krane plugin must pass. ctl should come
+// from New, so the calls cross the real gRPC boundary. Shutdown runs last.
+func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var info sdk.Info
+
+	t.Run("Describe", func(t *testing.T) {
+		var err error
+		info, err = ctl.Describe(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !nameRE.MatchString(info.Name) {
+			t.Errorf("name %q: want lowercase letters, digits and dashes", info.Name)
+		}
+		if info.Version == "" {
+			t.Error("version is empty")
+		}
+		if len(info.Kinds) == 0 {
+			t.Error("no kinds")
+		}
+		seen := map[string]bool{}
+		for _, k := range info.Kinds {
+			if !kindRE.MatchString(k.Kind) || seen[k.Kind] {
+				t.Errorf("kind %q: invalid or duplicate", k.Kind)
+			}
+			seen[k.Kind] = true
+			if k.SpecType == "" {
+				t.Errorf("kind %q has no spec type", k.Kind)
+			}
+		}
+		if _, err := sdk.CompileConfigSchema(info.ConfigSchema); err != nil {
+			t.Errorf("config schema: %v", err)
+		}
+	})
+
+	t.Run("ConfigSchemaRoundTrip", func(t *testing.T) {
+		if err := sdk.ValidateConfig(info.ConfigSchema, s.Configure.Config); err != nil {
+			t.Errorf("the suite's valid config fails the plugin's own schema: %v", err)
+		}
+	})
+
+	t.Run("BadConfigRejected", func(t *testing.T) {
+		for _, bad := range s.BadConfigs {
+			schemaErr := sdk.ValidateConfig(info.ConfigSchema, json.RawMessage(bad.Config))
+			req := s.Configure
+			req.Config = json.RawMessage(bad.Config)
+			cfgErr := ctl.Configure(ctx, req)
+			var ce *sdk.ConfigError
+			if !errors.As(cfgErr, &ce) {
+				t.Errorf("Configure(%s) = %v, want a ConfigError", bad.Config, cfgErr)
+				continue
+			}
+			if !strings.Contains(ce.Error(), bad.Key) && (schemaErr == nil || !strings.Contains(schemaErr.Error(), bad.Key)) {
+				t.Errorf("config %s rejected without naming key %q: schema: %v; Configure: %v", bad.Config, bad.Key, schemaErr, cfgErr)
+			}
+		}
+	})
+
+	t.Run("Configure", func(t *testing.T) {
+		if err := ctl.Configure(ctx, s.Configure); err != nil {
+			t.Fatalf("valid config rejected: %v", err)
+		}
+	})
+
+	t.Run("InvalidIsPermanent", func(t *testing.T) {
+		for _, inv := range s.Invalid {
+			_, err := ctl.Apply(ctx, inv.Change)
+			var pe *sdk.PermanentError
+			if !errors.As(err, &pe) {
+				t.Errorf("Apply(%s %s) = %v, want a permanent error", inv.Change.Kind, inv.Change.ID, err)
+				continue
+			}
+			if inv.Field != "" && pe.Field != inv.Field && !strings.Contains(pe.Error(), inv.Field) {
+				t.Errorf("Apply(%s %s) error %q does not name field %q", inv.Change.Kind, inv.Change.ID, pe.Error(), inv.Field)
+			}
+		}
+	})
+
+	t.Run("ApplyIsIdempotent", func(t *testing.T) {
+		for _, ch := range s.Objects {
+			first, err := ctl.Apply(ctx, ch)
+			if err != nil {
+				t.Fatalf("Apply(%s %s): %v", ch.Kind, ch.ID, err)
+			}
+			if first != sdk.Applied && first != sdk.Unchanged {
+				t.Errorf("Apply(%s %s) = %s, want applied", ch.Kind, ch.ID, first)
+			}
+			second := eventually(ctx, func() sdk.Result {
+				r, err := ctl.Apply(ctx, ch)
+				if err != nil {
+					t.Fatalf("re-Apply(%s %s): %v", ch.Kind, ch.ID, err)
+				}
+				return r
+			}, sdk.Unchanged)
+			if second != sdk.Unchanged {
+				t.Errorf("re-Apply(%s %s) = %s, want unchanged", ch.Kind, ch.ID, second)
+			}
+		}
+	})
+
+	t.Run("InventoryListsApplied", func(t *testing.T) {
+		for _, ch := range s.Objects {
+			found := false
+			deadline := time.Now().Add(10 * time.Second)
+			for !found && time.Now().Before(deadline) {
+				items, err := ctl.Inventory(ctx, ch.Kind)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, it := range items {
+					if it.ID == ch.ID && it.Version == ch.Version {
+						found = true
+					}
+				}
+				if !found {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			if !found {
+				t.Errorf("Inventory(%s) does not list %s at version %d", ch.Kind, ch.ID, ch.Version)
+			}
+		}
+	})
+
+	t.Run("DeleteIsIdempotent", func(t *testing.T) {
+		for _, ch := range s.Objects {
+			del := sdk.Change{Kind: ch.Kind, ID: ch.ID, Version: ch.Version + 1, Deleted: true}
+			for i := range 2 {
+				r, err := ctl.Apply(ctx, del)
+				if err != nil || r != sdk.Deleted {
+					t.Errorf("delete #%d of %s %s = %s, %v; want deleted", i+1, ch.Kind, ch.ID, r, err)
+				}
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				items, err := ctl.Inventory(ctx, ch.Kind)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !listed(items, ch.ID) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("Inventory(%s) still lists deleted %s", ch.Kind, ch.ID)
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	})
+
+	t.Run("ShutdownWithinDeadline", func(t *testing.T) {
+		d := s.ShutdownDeadline
+		if d == 0 {
+			d = 5 * time.Second
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), d)
+		defer scancel()
+		start := time.Now()
+		if err := ctl.Shutdown(sctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if took := time.Since(start); took > d {
+			t.Errorf("Shutdown took %s, deadline %s", took, d)
+		}
+	})
+}
+
+// eventually retries f briefly until it returns want: a plugin's informer
+// may need a moment to observe its own write.
+func eventually(ctx context.Context, f func() sdk.Result, want sdk.Result) sdk.Result {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := f()
+		if r == want || time.Now().After(deadline) || ctx.Err() != nil {
+			return r
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func listed(items []sdk.InventoryItem, id string) bool {
+	for _, it := range items {
+		if it.ID == id {
+			return true
+		}
+	}
+	return false
+}
