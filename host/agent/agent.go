@@ -1,0 +1,491 @@
+// Package agent is the krane host: it reads krane.hcl, connects to ctrl,
+// runs one supervised plugin per enabled controller and one sync loop per
+// kind those plugins reconcile, forwards status reports, serves /healthz,
+// /readyz and /metrics, and applies config reloads by restarting only what
+// changed.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"krane.dev/host/config"
+	"krane.dev/host/ctrlclient"
+	"krane.dev/host/status"
+	"krane.dev/host/supervisor"
+	"krane.dev/host/syncer"
+	"krane.dev/internal/version"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/sdk"
+)
+
+// Options are for embedding the agent (tests, the demo).
+type Options struct {
+	// Reattach attaches controllers to plugins already serving (in a test
+	// process) instead of starting their binaries.
+	Reattach map[string]*plugin.ReattachConfig
+	// Registry receives metrics; a fresh one when nil.
+	Registry *prometheus.Registry
+}
+
+// Agent is a running krane host.
+type Agent struct {
+	log    hclog.Logger
+	opts   Options
+	reg    *prometheus.Registry
+	supM   *supervisor.Metrics
+	syncM  *syncer.Metrics
+	hostM  *hostMetrics
+	leader leaderState
+
+	// life serialises Run's start/stop and Reload; mu guards the fields
+	// below and is never held while waiting for a plugin or loop to stop
+	// (a starting plugin's hook takes mu).
+	life        sync.Mutex
+	mu          sync.Mutex
+	cfg         *config.Config
+	conn        *grpc.ClientConn
+	client      clusterv1.ClusterServiceClient
+	reporter    *status.Reporter
+	controllers map[string]*controllerRun
+	kindOwner   map[string]string
+	runCtx      context.Context
+	cancelCore  context.CancelFunc
+	coreDone    chan struct{}
+}
+
+// controllerRun is one enabled controller: its plugin and its kinds' loops.
+type controllerRun struct {
+	plugin *supervisor.Plugin
+	cancel context.CancelFunc
+	ctx    context.Context
+
+	mu    sync.Mutex
+	loops map[string]*loopRun
+}
+
+type loopRun struct {
+	loop   *syncer.Loop
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New prepares an agent for cfg.
+func New(cfg *config.Config, log hclog.Logger, opts Options) *Agent {
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	a := &Agent{
+		log: log, opts: opts, reg: reg, cfg: cfg,
+		supM:        supervisor.NewMetrics(reg),
+		syncM:       syncer.NewMetrics(reg),
+		hostM:       newHostMetrics(reg),
+		controllers: map[string]*controllerRun{},
+		kindOwner:   map[string]string{},
+	}
+	a.leader.gauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "krane_host_leader", Help: "1 while this replica holds the lease and runs the controllers (always 1 without leader election)."})
+	if !cfg.Leader.Enabled {
+		a.leader.gauge.Set(1)
+	}
+	reg.MustRegister(a.leader.gauge)
+	return a
+}
+
+// Run connects to ctrl and runs every enabled controller until ctx ends,
+// then stops them gracefully.
+func (a *Agent) Run(ctx context.Context) error {
+	a.life.Lock()
+	a.mu.Lock()
+	a.runCtx = ctx
+	a.mu.Unlock()
+	if err := a.startCore(); err != nil {
+		a.life.Unlock()
+		return err
+	}
+	a.mu.Lock()
+	for _, ctl := range a.cfg.Enabled() {
+		a.startController(ctl)
+	}
+	a.mu.Unlock()
+	a.life.Unlock()
+	<-ctx.Done()
+	a.life.Lock()
+	defer a.life.Unlock()
+	a.stopAllControllers()
+	a.stopCore()
+	return nil
+}
+
+// startCore dials ctrl and starts the status reporter and heartbeats.
+func (a *Agent) startCore() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	conn, err := ctrlclient.Dial(a.cfg, "krane/"+version.Version)
+	if err != nil {
+		return err
+	}
+	a.conn = conn
+	a.client = ctrlclient.New(conn)
+	if a.reporter == nil {
+		a.reporter = status.New(a.client, a.log.Named("status"), a.reg, 100000)
+	}
+	ctx, cancel := context.WithCancel(a.runCtx)
+	a.cancelCore = cancel
+	a.coreDone = make(chan struct{})
+	reporter, client, done := newReporterFor(a, a.client), a.client, a.coreDone
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); reporter.Run(ctx, 4) }()
+	go func() { defer wg.Done(); a.heartbeat(ctx, client) }()
+	go func() { wg.Wait(); close(done) }()
+	a.log.Info("connecting to ctrl", "url", a.cfg.ControlPlane.URL, "region", a.cfg.Region, "cluster", a.cfg.ClusterID)
+	return nil
+}
+
+// newReporterFor rebuilds the reporter on a new connection but keeps its
+// metrics registered once.
+func newReporterFor(a *Agent, client clusterv1.ClusterServiceClient) *status.Reporter {
+	a.reporter.SetClient(client)
+	return a.reporter
+}
+
+// stopCore stops the reporter and heartbeats and closes the connection.
+func (a *Agent) stopCore() {
+	a.mu.Lock()
+	cancel, done, conn := a.cancelCore, a.coreDone, a.conn
+	a.cancelCore, a.conn = nil, nil
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	if conn != nil {
+		conn.Close()
+	}
+}
+
+func (a *Agent) heartbeat(ctx context.Context, client clusterv1.ClusterServiceClient) {
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		cursors := map[string]uint64{}
+		a.eachLoop(func(kind string, l *syncer.Loop) { cursors[kind] = l.Cursor() })
+		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := client.Heartbeat(hctx, &clusterv1.HeartbeatRequest{AgentVersion: version.Version, Cursors: cursors})
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			a.log.Debug("heartbeat failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) supervisorHost() supervisor.Host {
+	return supervisor.Host{
+		Region: a.cfg.Region, ClusterID: a.cfg.ClusterID, LogLevel: a.cfg.Log.Level,
+		Kube:    sdk.KubeSource{InCluster: a.cfg.Kubernetes.Kubeconfig == "", Path: a.cfg.Kubernetes.Kubeconfig, Context: a.cfg.Kubernetes.Context, QPS: a.cfg.Kubernetes.QPS, Burst: a.cfg.Kubernetes.Burst},
+		Environ: pluginEnviron(os.Environ(), a.cfg.ControlPlane.TokenEnv),
+	}
+}
+
+// pluginEnviron is the host's environment without what may carry its ctrl
+// token: the control_plane.token_env variable and every KRANE_* variable
+// (the host's configuration overrides, KRANE_CONTROL_PLANE__TOKEN among
+// them; plugins get their config through Configure). Plugins never hold
+// the cluster's credentials; what needs them, the host does for them.
+func pluginEnviron(environ []string, tokenEnv string) []string {
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return name == tokenEnv || strings.HasPrefix(name, "KRANE_")
+	})
+}
+
+// startController runs one controller's plugin; its loops start when the
+// plugin describes its kinds. Caller holds a.mu.
+func (a *Agent) startController(ctl config.Controller) {
+	ctx, cancel := context.WithCancel(a.runCtx)
+	run := &controllerRun{cancel: cancel, ctx: ctx, loops: map[string]*loopRun{}}
+	hooks := supervisor.Hooks{
+		Started: func(info sdk.Info) error { return a.claimKinds(ctl.Name, run, info) },
+		Status:  a.reporter.Submit,
+	}
+	host := a.supervisorHost()
+	host.Services = a.HostFor(ctl.Name)
+	p := supervisor.New(ctl, host, hooks, a.log, a.supM)
+	if rc := a.opts.Reattach[ctl.Name]; rc != nil {
+		p.WithReattach(rc)
+	}
+	run.plugin = p
+	a.controllers[ctl.Name] = run
+	go p.Run(ctx)
+	a.log.Info("controller enabled", "controller", ctl.Name, "path", ctl.Path, "pinned", ctl.SHA256 != "")
+}
+
+// claimKinds makes sure no other controller reconciles the plugin's kinds
+// and runs a sync loop per kind (kept across plugin restarts).
+func (a *Agent) claimKinds(name string, run *controllerRun, info sdk.Info) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want := map[string]bool{}
+	for _, k := range info.Kinds {
+		if owner, ok := a.kindOwner[k.Kind]; ok && owner != name {
+			return fmt.Errorf("kind %q is already reconciled by controller %q; disable one of them in krane.hcl", k.Kind, owner)
+		}
+		want[k.Kind] = true
+	}
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	for kind, lr := range run.loops {
+		if !want[kind] {
+			lr.cancel()
+			delete(run.loops, kind)
+			delete(a.kindOwner, kind)
+			a.log.Warn("plugin no longer reconciles a kind; its loop stopped (objects untouched)", "controller", name, "kind", kind)
+		}
+	}
+	for kind := range want {
+		if _, ok := run.loops[kind]; ok {
+			continue
+		}
+		a.kindOwner[kind] = name
+		lctx, cancel := context.WithCancel(run.ctx)
+		l := syncer.NewLoop(kind, a.cfg.Region, a.client, run.plugin, a.reporter, a.log.Named("sync"), a.syncM, a.syncOptions())
+		lr := &loopRun{loop: l, cancel: cancel, done: make(chan struct{})}
+		run.loops[kind] = lr
+		go func() {
+			defer close(lr.done)
+			l.Run(lctx)
+		}()
+	}
+	return nil
+}
+
+func (a *Agent) syncOptions() syncer.Options {
+	o := syncer.DefaultOptions()
+	s := a.cfg.Sync
+	o.Workers, o.ResyncInterval, o.ReconnectMin, o.ReconnectMax = s.Workers, s.ResyncInterval, s.ReconnectMin, s.ReconnectMax
+	o.ApplyTimeout, o.MaxPending = s.ApplyTimeout, s.MaxPending
+	o.GC = syncer.GCOptions{MaxDeleteFraction: a.cfg.GC.MaxDeleteFraction, MinDeletes: a.cfg.GC.MinDeletes, AllowMassDelete: a.cfg.GC.AllowMassDelete}
+	return o
+}
+
+// stopController stops a controller's loops and plugin; nothing in the
+// cluster is deleted (a disabled controller's objects are left alone).
+// Caller holds a.life but not a.mu.
+func (a *Agent) stopController(name string) {
+	a.mu.Lock()
+	run, ok := a.controllers[name]
+	if !ok {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.controllers, name)
+	run.mu.Lock()
+	loops := slices.Collect(maps.Values(run.loops))
+	for kind := range run.loops {
+		delete(a.kindOwner, kind)
+	}
+	run.mu.Unlock()
+	a.mu.Unlock()
+	run.cancel()
+	for _, lr := range loops {
+		<-lr.done
+	}
+	<-run.plugin.Done()
+	a.log.Info("controller stopped", "controller", name)
+}
+
+func (a *Agent) stopAllControllers() {
+	a.mu.Lock()
+	names := slices.Collect(maps.Keys(a.controllers))
+	a.mu.Unlock()
+	for _, name := range names {
+		a.stopController(name)
+	}
+}
+
+// Reload applies a new configuration: controllers whose block changed are
+// restarted, disabled ones stopped, new ones started; the others keep
+// running untouched. A change of identity, ctrl connection or Kubernetes
+// access restarts every controller (without restarting the process).
+func (a *Agent) Reload(next *config.Config) error {
+	a.life.Lock()
+	defer a.life.Unlock()
+	a.mu.Lock()
+	prev, running := a.cfg, a.runCtx != nil
+	a.cfg = next
+	a.mu.Unlock()
+	if !running {
+		return nil
+	}
+	global := prev.Region != next.Region || prev.ClusterID != next.ClusterID ||
+		prev.ControlPlane != next.ControlPlane || prev.Kubernetes != next.Kubernetes || prev.Log != next.Log
+	if global {
+		a.log.Info("identity, ctrl or Kubernetes settings changed: restarting every controller")
+		a.stopAllControllers()
+		a.stopCore()
+		if err := a.startCore(); err != nil {
+			return err
+		}
+		a.mu.Lock()
+		for _, ctl := range next.Enabled() {
+			a.startController(ctl)
+		}
+		a.mu.Unlock()
+		return nil
+	}
+	names := map[string]bool{}
+	for n := range prev.Controllers {
+		names[n] = true
+	}
+	for n := range next.Controllers {
+		names[n] = true
+	}
+	for name := range names {
+		old, had := prev.Controllers[name]
+		nc, has := next.Controllers[name]
+		wasOn, isOn := had && old.Enabled, has && nc.Enabled
+		switch {
+		case wasOn && !isOn:
+			a.log.Info("controller disabled by reload; stopping it and leaving its objects alone", "controller", name)
+			a.stopController(name)
+		case !wasOn && isOn:
+			a.mu.Lock()
+			a.startController(nc)
+			a.mu.Unlock()
+		case wasOn && isOn && !reflect.DeepEqual(old, nc):
+			a.log.Info("controller changed by reload; restarting it", "controller", name)
+			a.stopController(name)
+			a.mu.Lock()
+			a.startController(nc)
+			a.mu.Unlock()
+		}
+	}
+	opts := a.syncOptions()
+	a.eachLoop(func(_ string, l *syncer.Loop) { l.SetOptions(opts) })
+	return nil
+}
+
+func (a *Agent) eachLoop(f func(kind string, l *syncer.Loop)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.eachLoopLocked(f)
+}
+
+func (a *Agent) eachLoopLocked(f func(kind string, l *syncer.Loop)) {
+	for _, run := range a.controllers {
+		run.mu.Lock()
+		for kind, lr := range run.loops {
+			f(kind, lr.loop)
+		}
+		run.mu.Unlock()
+	}
+}
+
+// Loop returns the sync loop of kind, if one runs.
+func (a *Agent) Loop(kind string) *syncer.Loop {
+	var found *syncer.Loop
+	a.eachLoop(func(k string, l *syncer.Loop) {
+		if k == kind {
+			found = l
+		}
+	})
+	return found
+}
+
+// Plugin returns the supervisor of a running controller, or nil.
+func (a *Agent) Plugin(name string) *supervisor.Plugin {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if run, ok := a.controllers[name]; ok {
+		return run.plugin
+	}
+	return nil
+}
+
+// Ready reports whether every enabled controller's plugin runs and every
+// kind it reconciles has completed a bootstrap; otherwise why not.
+func (a *Agent) Ready() (bool, []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var why []string
+	for name, run := range a.controllers {
+		if !run.plugin.Running() {
+			msg := fmt.Sprintf("controller %s: plugin not running", name)
+			if err := run.plugin.LastError(); err != nil {
+				msg += ": " + err.Error()
+			}
+			why = append(why, msg)
+			continue
+		}
+		run.mu.Lock()
+		for kind, lr := range run.loops {
+			if !lr.loop.Bootstrapped() {
+				why = append(why, fmt.Sprintf("kind %s: bootstrap not complete", kind))
+			}
+		}
+		run.mu.Unlock()
+	}
+	sort.Strings(why)
+	return len(why) == 0, why
+}
+
+// Handler serves /healthz, /readyz and /metrics.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if standby, leader := a.standby(); standby {
+			fmt.Fprintf(w, "standby (lease held by %q)\n", leader)
+			return
+		}
+		ok, why := a.Ready()
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, strings.Join(why, "\n"))
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	return mux
+}
+
+// Serve serves Handler on the configured address until ctx ends.
+func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

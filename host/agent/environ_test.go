@@ -1,0 +1,17 @@
+package agent
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestPluginEnvironHidesTheToken(t *testing.T) {
+	in := []string{"PATH=/bin", "HOME=/nonexistent", "CTRL_CLUSTER_TOKEN=krane_c_x_y", "KRANE_CONTROL_PLANE__TOKEN=krane_c_x_y", "KRANE_REGION=eu", "KUBECONFIG=/k"}
+	got := pluginEnviron(in, "CTRL_CLUSTER_TOKEN")
+	if want := []string{"PATH=/bin", "HOME=/nonexistent", "KUBECONFIG=/k"}; !slices.Equal(got, want) {
+		t.Fatalf("plugin environment %v, want %v", got, want)
+	}
+	if len(in) != 6 {
+		t.Fatal("the host's environment was changed")
+	}
+}

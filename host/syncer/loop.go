@@ -1,0 +1,447 @@
+// Package syncer runs one sync loop per resource kind: it streams desired
+// state from ctrl, applies it through the kind's plugin, garbage-collects
+// after a complete bootstrap, and resyncs periodically.
+//
+// The loop keeps the invariants of ARCHITECTURE.md §4:
+//   - per-object order and parallelism across objects (queue.go);
+//   - one bad object blocks nothing: permanent failures are parked,
+//     reported upstream and retried slowly; the cursor moves on;
+//   - the cursor V means every change <= V is applied or parked, so a
+//     reconnect resumes from V; a new plugin instance re-bootstraps from 0;
+//   - GC deletes only after an explicit BootstrapComplete, only what the
+//     plugin's inventory (objects carrying Krane's label) holds, and never
+//     more than a fraction of it in one pass unless overridden.
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/sdk"
+)
+
+// PluginSource hands out the running plugin of a kind.
+type PluginSource interface {
+	// Acquire blocks until the plugin runs and returns it with a channel
+	// that is closed when that plugin instance stops.
+	Acquire(ctx context.Context) (sdk.Controller, <-chan struct{}, error)
+}
+
+// FailureReporter tells ctrl about changes that could not be applied.
+type FailureReporter interface {
+	ApplyFailed(kind, id string, version uint64, err error)
+	ApplyRecovered(kind, id string, version uint64)
+}
+
+// Options tune a loop.
+type Options struct {
+	Workers        int
+	ResyncInterval time.Duration
+	ReconnectMin   time.Duration
+	ReconnectMax   time.Duration
+	ApplyTimeout   time.Duration
+	MaxPending     int
+	// Retry backs off retryable failures; after MaxAttempts the change is
+	// parked like a permanent one. Park backs off retries of parked changes.
+	Retry       Backoff
+	Park        Backoff
+	MaxAttempts int
+	GC          GCOptions
+}
+
+// GCOptions is the deletion brake.
+type GCOptions struct {
+	MaxDeleteFraction float64
+	MinDeletes        int
+	AllowMassDelete   bool
+}
+
+// DefaultOptions are sane production defaults.
+func DefaultOptions() Options {
+	return Options{
+		Workers: 16, ResyncInterval: time.Minute, ReconnectMin: time.Second, ReconnectMax: 5 * time.Second,
+		ApplyTimeout: 30 * time.Second, MaxPending: 10000,
+		Retry: Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second}, MaxAttempts: 8,
+		Park: Backoff{Min: 30 * time.Second, Max: 10 * time.Minute},
+		GC:   GCOptions{MaxDeleteFraction: 0.25, MinDeletes: 5},
+	}
+}
+
+// Loop syncs one kind.
+type Loop struct {
+	Kind    string
+	Region  string
+	Client  clusterv1.ClusterServiceClient
+	Plugin  PluginSource
+	Reports FailureReporter
+	Log     hclog.Logger
+	Metrics *Metrics
+
+	opts atomic.Pointer[Options]
+
+	mu           sync.Mutex
+	q            *queue
+	bootstrapped atomic.Bool // a complete bootstrap happened since start
+	resyncNow    chan struct{}
+}
+
+// NewLoop builds a loop; Run starts it.
+func NewLoop(kind, region string, client clusterv1.ClusterServiceClient, plugin PluginSource, reports FailureReporter, log hclog.Logger, m *Metrics, opts Options) *Loop {
+	l := &Loop{Kind: kind, Region: region, Client: client, Plugin: plugin, Reports: reports, Log: log.With("kind", kind), Metrics: m, resyncNow: make(chan struct{}, 1)}
+	l.SetOptions(opts)
+	return l
+}
+
+// SetOptions changes tunables of a running loop (config reload).
+func (l *Loop) SetOptions(o Options) { l.opts.Store(&o) }
+
+func (l *Loop) options() Options { return *l.opts.Load() }
+
+// Bootstrapped reports whether a complete bootstrap has been applied.
+func (l *Loop) Bootstrapped() bool { return l.bootstrapped.Load() }
+
+// Cursor is the committed cursor (0 before the first session).
+func (l *Loop) Cursor() uint64 {
+	l.mu.Lock()
+	q := l.q
+	l.mu.Unlock()
+	if q == nil {
+		return 0
+	}
+	return q.Cursor()
+}
+
+// Resync asks for a resync now.
+func (l *Loop) Resync() {
+	select {
+	case l.resyncNow <- struct{}{}:
+	default:
+	}
+}
+
+// Run syncs until ctx ends. Each plugin instance gets its own session,
+// which starts with a bootstrap from version 0: a restarted plugin has lost
+// nothing in the cluster, but the host no longer knows what it finished.
+func (l *Loop) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		ctl, stopped, err := l.Plugin.Acquire(ctx)
+		if err != nil {
+			return
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-stopped:
+				cancel()
+			case <-sctx.Done():
+			}
+		}()
+		l.session(sctx, ctl)
+		cancel()
+	}
+}
+
+func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
+	o := l.options()
+	q := newQueue(o.Retry, o.Park, o.MaxAttempts)
+	l.mu.Lock()
+	l.q = q
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	for range o.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.work(ctx, ctl, q)
+		}()
+	}
+	defer wg.Wait()
+
+	// applied is closed once the first bootstrap of this session is applied
+	// and garbage-collected; resyncs start only then.
+	applied := make(chan struct{})
+	var once sync.Once
+	markApplied := func() { once.Do(func() { close(applied) }) }
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		l.resyncLoop(ctx, ctl, q, applied)
+	}()
+
+	// complete is set when a BootstrapComplete marker arrives: from then on
+	// the queue holds the full snapshot and reconnects resume from the
+	// cursor; before it, a broken stream restarts the bootstrap from 0.
+	complete := false
+	for ctx.Err() == nil {
+		after := q.Cursor()
+		if !complete {
+			after = 0
+		}
+		err := l.stream(ctx, ctl, q, after, &complete, markApplied)
+		if ctx.Err() != nil {
+			return
+		}
+		l.Metrics.Reconnects.WithLabelValues(l.Kind).Inc()
+		wait := Jitter(o.ReconnectMin, o.ReconnectMax)
+		l.Log.Warn("watch stream ended, reconnecting", "error", err, "cursor", q.Cursor(), "in", wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		o = l.options()
+	}
+}
+
+// stream reads one Watch stream until it fails.
+func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after uint64, complete *bool, onApplied func()) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := l.Client.Watch(sctx, &clusterv1.WatchRequest{Kind: l.Kind, Region: l.Region, AfterVersion: after})
+	if err != nil {
+		return fmt.Errorf("open watch: %w", err)
+	}
+	l.Log.Debug("watching", "after_version", after)
+	var live map[string]struct{}
+	if after == 0 {
+		live = map[string]struct{}{}
+	}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("ctrl closed the stream")
+			}
+			return err
+		}
+		switch e := ev.Event.(type) {
+		case *clusterv1.WatchEvent_Change:
+			ch := changeFromProto(e.Change)
+			if ch.Kind != "" && ch.Kind != l.Kind {
+				l.Log.Error("ctrl sent a change of another kind; ignoring it", "got_kind", ch.Kind, "id", ch.ID)
+				continue
+			}
+			ch.Kind = l.Kind
+			if live != nil && !ch.Deleted {
+				live[ch.ID] = struct{}{}
+			}
+			if err := q.WaitCapacity(ctx, l.options().MaxPending); err != nil {
+				return err
+			}
+			q.Add(ch)
+		case *clusterv1.WatchEvent_BootstrapComplete:
+			max := e.BootstrapComplete.GetMaxVersion()
+			q.MarkReceived(max)
+			if live != nil {
+				l.Log.Info("bootstrap received", "objects", len(live), "max_version", max)
+				*complete = true
+				snapshot := live
+				live = nil
+				go l.afterBootstrap(ctx, ctl, q, max, snapshot, onApplied)
+			}
+		case *clusterv1.WatchEvent_KeepAlive:
+			l.Metrics.Head.WithLabelValues(l.Kind).Set(float64(e.KeepAlive.GetHeadVersion()))
+		}
+		cur := q.Cursor()
+		l.Metrics.Cursor.WithLabelValues(l.Kind).Set(float64(cur))
+	}
+}
+
+// afterBootstrap waits until the bootstrap is applied (or parked), then
+// garbage-collects what the snapshot did not name.
+func (l *Loop) afterBootstrap(ctx context.Context, ctl sdk.Controller, q *queue, max uint64, live map[string]struct{}, done func()) {
+	if err := waitCursor(ctx, q, max); err != nil {
+		return
+	}
+	l.collect(ctx, ctl, q, max, live, "bootstrap")
+	l.bootstrapped.Store(true)
+	done()
+	l.Log.Info("bootstrap applied", "objects", len(live), "cursor", q.Cursor(), "parked", q.Parked())
+}
+
+func waitCursor(ctx context.Context, q *queue, v uint64) error {
+	for q.Cursor() < v {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// collect deletes inventory objects that the snapshot at version `asOf`
+// did not name, subject to the brake.
+func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf uint64, desired map[string]struct{}, why string) {
+	o := l.options()
+	ictx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
+	items, err := ctl.Inventory(ictx, l.Kind)
+	cancel()
+	if err != nil {
+		l.Log.Error("inventory failed; skipping garbage collection this time", "error", err, "pass", why)
+		return
+	}
+	var doomed []sdk.InventoryItem
+	for _, it := range items {
+		if _, ok := desired[it.ID]; ok || it.ID == "" {
+			continue
+		}
+		// Created or changed by a change newer than the snapshot: keep it.
+		if applied, busy := q.Applied(it.ID); busy || applied > asOf || it.Version > asOf {
+			continue
+		}
+		doomed = append(doomed, it)
+	}
+	if len(doomed) == 0 {
+		return
+	}
+	allowed := max(o.GC.MinDeletes, int(o.GC.MaxDeleteFraction*float64(len(items))))
+	if len(doomed) > allowed && !o.GC.AllowMassDelete {
+		l.Metrics.GCBrakeTrips.WithLabelValues(l.Kind).Inc()
+		l.Log.Error("garbage collection brake tripped: refusing to delete objects that desired state no longer names",
+			"pass", why, "would_delete", len(doomed), "managed", len(items), "allowed", allowed,
+			"example", doomed[0].ID,
+			"fix", "if this is intended, set gc { allow_mass_delete = true } in krane.hcl (or KRANE_GC__ALLOW_MASS_DELETE=true) and reload, then turn it off again")
+		return
+	}
+	for _, it := range doomed {
+		q.Collect(sdk.Change{Kind: l.Kind, ID: it.ID, Version: asOf, Deleted: true})
+	}
+	l.Metrics.GCDeletions.WithLabelValues(l.Kind).Add(float64(len(doomed)))
+	l.Log.Info("garbage collecting objects desired state no longer names", "pass", why, "count", len(doomed), "managed", len(items))
+}
+
+// resyncLoop re-reads desired state every interval (jittered) after the
+// first complete bootstrap, re-applies it (plugins answer UNCHANGED cheaply
+// when nothing drifted) and collects what should not exist.
+func (l *Loop) resyncLoop(ctx context.Context, ctl sdk.Controller, q *queue, bootstrapped <-chan struct{}) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-bootstrapped:
+	}
+	for {
+		iv := l.options().ResyncInterval
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(Jitter(iv*9/10, iv*11/10)):
+		case <-l.resyncNow:
+		}
+		if err := l.resync(ctx, ctl, q); err != nil && ctx.Err() == nil {
+			l.Log.Warn("resync failed; will retry at the next interval", "error", err)
+		}
+	}
+}
+
+func (l *Loop) resync(ctx context.Context, ctl sdk.Controller, q *queue) error {
+	start := time.Now()
+	st, err := l.Client.ListDesired(ctx, &clusterv1.ListDesiredRequest{Kind: l.Kind, Region: l.Region})
+	if err != nil {
+		return fmt.Errorf("list desired: %w", err)
+	}
+	desired := map[string]struct{}{}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			return fmt.Errorf("list desired: %w", err)
+		}
+		if c := ev.GetChange(); c != nil {
+			ch := changeFromProto(c)
+			ch.Kind = l.Kind
+			desired[ch.ID] = struct{}{}
+			q.Repair(ch)
+			continue
+		}
+		if b := ev.GetBootstrapComplete(); b != nil {
+			l.collect(ctx, ctl, q, b.GetMaxVersion(), desired, "resync")
+			break
+		}
+	}
+	l.Metrics.ResyncSeconds.WithLabelValues(l.Kind).Observe(time.Since(start).Seconds())
+	l.Metrics.Parked.WithLabelValues(l.Kind).Set(float64(q.Parked()))
+	return nil
+}
+
+// work applies tasks until ctx ends.
+func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
+	for {
+		t, err := q.Next(ctx)
+		if err != nil {
+			return
+		}
+		o := l.options()
+		actx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
+		start := time.Now()
+		res, err := ctl.Apply(actx, t.change)
+		cancel()
+		if ctx.Err() != nil {
+			// The session is ending (plugin restart, shutdown): the next
+			// session re-bootstraps, so this task's outcome does not matter.
+			q.Done(t, retryable)
+			return
+		}
+		out := succeeded
+		switch {
+		case err == nil:
+		case sdk.IsPermanent(err):
+			out = permanent
+		default:
+			out = retryable
+		}
+		parked := q.Done(t, out)
+		l.observe(t, res, err, parked, time.Since(start))
+	}
+}
+
+func (l *Loop) observe(t *task, res sdk.Result, err error, parked bool, took time.Duration) {
+	source := [...]string{fromStream: "stream", repair: "resync", collect: "gc"}[t.kind]
+	result := res.String()
+	if err != nil {
+		result = "error"
+		if sdk.IsPermanent(err) {
+			result = "permanent_error"
+		}
+	}
+	l.Metrics.Applies.WithLabelValues(l.Kind, source, result).Inc()
+	l.Metrics.ApplySeconds.WithLabelValues(l.Kind, result).Observe(took.Seconds())
+	c := t.change
+	switch {
+	case err == nil:
+		if t.kind == repair && res == sdk.Applied {
+			l.Metrics.ResyncWrites.WithLabelValues(l.Kind).Inc()
+			l.Log.Info("resync repaired drift", "id", c.ID, "version", c.Version)
+		}
+		if l.Reports != nil {
+			l.Reports.ApplyRecovered(l.Kind, c.ID, c.Version)
+		}
+		l.Log.Trace("applied", "id", c.ID, "version", c.Version, "result", result, "took", took)
+	case parked:
+		l.Log.Error("change parked: it will be retried rarely and whenever a newer version arrives", "id", c.ID, "version", c.Version, "error", err)
+		if l.Reports != nil {
+			l.Reports.ApplyFailed(l.Kind, c.ID, c.Version, err)
+		}
+	default:
+		l.Log.Warn("apply failed; retrying with backoff", "id", c.ID, "version", c.Version, "error", err)
+	}
+}
+
+func changeFromProto(c *clusterv1.ResourceChange) sdk.Change {
+	ch := sdk.Change{Kind: c.GetKind(), ID: c.GetId(), Version: c.GetVersion(), Deleted: c.GetDeleted()}
+	if a := c.GetSpec(); a != nil {
+		ch.Spec = specFromAny(a)
+	}
+	return ch
+}
+
+func specFromAny(a *anypb.Any) sdk.Spec {
+	return sdk.Spec{TypeURL: a.GetTypeUrl(), Value: a.GetValue()}
+}
