@@ -1,0 +1,569 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+
+	"krane.dev/internal/kinds"
+	"krane.dev/internal/version"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/sdk"
+	"krane.dev/sdk/kube"
+)
+
+// Name is the controller's name in krane.hcl.
+const Name = "deployment"
+
+var replicaSetsGVR = appsv1.SchemeGroupVersion.WithResource("replicasets")
+
+// Controller reconciles kind "deployment". Create it with New.
+type Controller struct {
+	log     hclog.Logger
+	counter *kube.CallCounter
+
+	mu   sync.RWMutex
+	cfg  Config
+	kube *kubeState
+	host sdk.Host
+
+	// Secret environments (secrets.go).
+	envCache envCache
+	verified verifiedSecrets
+	stats    secretCounters
+
+	nsLocks keyedMutex
+
+	subsMu sync.Mutex
+	subs   map[*dirtySet]struct{}
+
+	// deletes remembers the version of recent deletes: a deleted workload
+	// has no annotation left to carry it, and ctrl ignores a status whose
+	// observed version is older than the one it has.
+	deletes recentVersions
+}
+
+// kubeState is what one Configure built: clients and informer caches.
+type kubeState struct {
+	client      kubernetes.Interface
+	dynamic     dynamic.Interface
+	metadata    metadata.Interface
+	replicaSets appslisters.ReplicaSetLister
+	pods        corelisters.PodLister
+	secrets     corelisters.SecretLister
+	namespaces  corelisters.NamespaceLister
+	nodes       cache.GenericLister
+	stop        func()
+}
+
+// Option configures a Controller.
+type Option func(*Controller)
+
+// WithCallCounter counts every API call the controller makes (tests use it
+// to prove that unchanged Applies write nothing; a host may export it).
+func WithCallCounter(c *kube.CallCounter) Option { return func(ctl *Controller) { ctl.counter = c } }
+
+// New returns an unconfigured controller.
+func New(log hclog.Logger, opts ...Option) *Controller {
+	c := &Controller{log: log, subs: map[*dirtySet]struct{}{}, cfg: Defaults()}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+func (c *Controller) Describe(context.Context) (sdk.Info, error) {
+	return sdk.Info{
+		Name:    Name,
+		Version: version.Version,
+		Kinds: []sdk.KindInfo{{
+			Kind:        kinds.Deployment,
+			Description: "a user workload: one ReplicaSet per deployment, its pods reported as instances",
+			SpecType:    string((&clusterv1.Deployment{}).ProtoReflect().Descriptor().FullName()),
+		}},
+		ConfigSchema: configSchema,
+	}, nil
+}
+
+func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+	cfg, err := ParseConfig(req.Config)
+	if err != nil {
+		return err
+	}
+	rc, err := kube.RESTConfig(req.Kube)
+	if err != nil {
+		return err
+	}
+	if c.counter != nil {
+		c.counter.Wrap(rc)
+	}
+	k := &kubeState{}
+	if k.client, err = kubernetes.NewForConfig(rc); err != nil {
+		return err
+	}
+	if k.dynamic, err = dynamic.NewForConfig(rc); err != nil {
+		return err
+	}
+	if k.metadata, err = metadata.NewForConfig(rc); err != nil {
+		return err
+	}
+	if cfg.RuntimeClass != "" {
+		// Without its RuntimeClass every pod is refused at creation; say so
+		// now, naming the key, rather than as pods that never appear.
+		_, err := k.client.NodeV1().RuntimeClasses().Get(ctx, cfg.RuntimeClass, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return &sdk.ConfigError{Key: "runtime_class", Reason: fmt.Sprintf("RuntimeClass %q does not exist in this cluster: install it, or set runtime_class to one that does (\"\" for none)", cfg.RuntimeClass)}
+		}
+		if err != nil {
+			return fmt.Errorf("read RuntimeClass %q: %w", cfg.RuntimeClass, err)
+		}
+	}
+	if err := c.startInformers(ctx, k); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	old := c.kube
+	c.cfg, c.kube, c.host = cfg, k, req.Host
+	c.mu.Unlock()
+	c.envCache.setTTL(cfg.cacheTTL)
+	if old != nil {
+		old.stop()
+	}
+	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "runtime_class", cfg.RuntimeClass, "status_resync_interval", cfg.resync)
+	return nil
+}
+
+// startInformers fills k's caches. Only Krane's own ReplicaSets, pods,
+// Secrets and namespaces are watched (label-selected), so the caches stay
+// small and nothing else is ever touched or read; nodes are watched as
+// metadata only, for their zone.
+func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
+	stripManagedFields := func(obj any) (any, error) {
+		if m, err := meta.Accessor(obj); err == nil {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	}
+	ours := informers.NewSharedInformerFactoryWithOptions(k.client, 0,
+		informers.WithTransform(stripManagedFields),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.ManagedSelector(Component) }))
+	namespaces := informers.NewSharedInformerFactoryWithOptions(k.client, 0,
+		informers.WithTransform(stripManagedFields),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.ManagedByLabel + "=" + kube.ManagedBy }))
+	nodes := metadatainformer.NewSharedInformerFactoryWithOptions(k.metadata, 0, metadatainformer.WithTransform(stripManagedFields))
+
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.markDirty,
+		UpdateFunc: func(_, obj any) { c.markDirty(obj) },
+		DeleteFunc: c.markDirty,
+	}
+	rsInf, podInf := ours.Apps().V1().ReplicaSets(), ours.Core().V1().Pods()
+	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	k.replicaSets, k.pods = rsInf.Lister(), podInf.Lister()
+	// Secrets need no event handler: they are only compared at Apply.
+	k.secrets = ours.Core().V1().Secrets().Lister()
+	k.namespaces = namespaces.Core().V1().Namespaces().Lister()
+	k.nodes = nodes.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Lister()
+
+	stop := make(chan struct{})
+	k.stop = sync.OnceFunc(func() {
+		close(stop)
+		ours.Shutdown()
+		namespaces.Shutdown()
+		nodes.Shutdown()
+	})
+	ours.Start(stop)
+	namespaces.Start(stop)
+	nodes.Start(stop)
+	// A missing permission makes the informers retry forever: bound the
+	// wait even when the host gave no deadline.
+	ctx, cancel := context.WithTimeout(ctx, cacheSyncTimeout)
+	defer cancel()
+	synced := map[string]bool{}
+	for typ, ok := range ours.WaitForCacheSync(ctx.Done()) {
+		synced[typ.String()] = ok
+	}
+	for typ, ok := range namespaces.WaitForCacheSync(ctx.Done()) {
+		synced[typ.String()] = ok
+	}
+	for gvr, ok := range nodes.WaitForCacheSync(ctx.Done()) {
+		synced[gvr.String()] = ok
+	}
+	for typ, ok := range synced {
+		if !ok {
+			k.stop()
+			return fmt.Errorf("informer cache for %s did not sync: is the API server reachable with this kubeconfig, and does the identity have the ClusterRole from rbac.yaml?", typ)
+		}
+	}
+	return nil
+}
+
+func (c *Controller) state() (Config, *kubeState) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.cfg, c.kube
+}
+
+func (c *Controller) hostServices() sdk.Host {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.host
+}
+
+func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
+	cfg, k := c.state()
+	if k == nil {
+		return 0, fmt.Errorf("apply deployment %s: plugin not configured yet", ch.ID)
+	}
+	if ch.Kind != kinds.Deployment {
+		return 0, sdk.Permanent(fmt.Errorf("kind %q is not reconciled by the deployment plugin", ch.Kind))
+	}
+	if errs := validation.IsValidLabelValue(ch.ID); len(errs) > 0 || ch.ID == "" {
+		return 0, sdk.InvalidField("id", "%q is not usable as a label value: %s", ch.ID, firstOr(errs, "empty"))
+	}
+	if ch.Deleted {
+		return c.remove(ctx, k, ch.ID, ch.Version, "")
+	}
+	d := &clusterv1.Deployment{}
+	if err := ch.Spec.Decode(d); err != nil {
+		return 0, err
+	}
+	if err := validate(ch.ID, d, cfg); err != nil {
+		return 0, err
+	}
+	if d.GetReplicas() == 0 {
+		// Stopped: nothing may run, and an empty ReplicaSet is no use.
+		return c.remove(ctx, k, ch.ID, ch.Version, d.GetK8SNamespace())
+	}
+	rs := buildReplicaSet(ch.ID, ch.Version, d, cfg)
+	desired, err := kube.ToUnstructured(rs)
+	if err != nil {
+		return 0, fmt.Errorf("deployment %s: convert ReplicaSet: %w", ch.ID, err)
+	}
+	var secret *secretPlan
+	if cfg.DecryptEnv && len(d.GetEncryptedEnv()) > 0 {
+		secret = newSecretPlan(ch.ID, d)
+	}
+	if !c.unchanged(k, ch.ID, desired) {
+		return c.write(ctx, k, ch.ID, desired, secret)
+	}
+	if secret == nil {
+		return sdk.Unchanged, nil
+	}
+	// The ReplicaSet is right; its Secret may not be (edited, deleted, or
+	// not yet checked by this process).
+	owner := c.liveOwner(k, desired)
+	if c.secretCurrent(k, secret, owner) {
+		return sdk.Unchanged, nil
+	}
+	unlock := c.nsLocks.rlock(secret.namespace)
+	wrote, err := c.ensureSecret(ctx, k, c.hostServices(), secret, owner)
+	unlock()
+	if err != nil || !wrote {
+		return sdk.Unchanged, err
+	}
+	return sdk.Applied, nil
+}
+
+// liveOwner is the owner reference to the desired ReplicaSet as the cache
+// has it, nil when it does not exist yet.
+func (c *Controller) liveOwner(k *kubeState, desired *unstructured.Unstructured) *metav1.OwnerReference {
+	live, err := k.replicaSets.ReplicaSets(desired.GetNamespace()).Get(desired.GetName())
+	if err != nil || live.DeletionTimestamp != nil {
+		return nil
+	}
+	return ownerRef(live.Name, live.UID)
+}
+
+// unchanged reports, from the informer cache alone (no API call), whether
+// the deployment's only ReplicaSet is the desired one with every field we
+// set still holding our value.
+func (c *Controller) unchanged(k *kubeState, id string, desired *unstructured.Unstructured) bool {
+	current, err := k.replicaSets.List(byDeployment(id))
+	if err != nil {
+		return false
+	}
+	// A ReplicaSet already being deleted (a replaced template whose pods
+	// are still stopping) is on its way out and needs nothing from us.
+	current = slices.DeleteFunc(current, func(rs *appsv1.ReplicaSet) bool { return rs.DeletionTimestamp != nil })
+	if len(current) != 1 {
+		return false
+	}
+	live := current[0]
+	if live.Namespace != desired.GetNamespace() || live.Name != desired.GetName() {
+		return false
+	}
+	drift, err := kube.DriftObject(desired.Object, live)
+	switch {
+	case err != nil || drift == "":
+	case desired.GetAnnotations()[kube.VersionAnnotation] != live.Annotations[kube.VersionAnnotation]:
+		c.log.Debug("new version", "deployment", id, "replicaset", live.Namespace+"/"+live.Name, "field", drift)
+	default:
+		// Same version, different object: someone edited it.
+		c.log.Info("drift, re-applying", "deployment", id, "replicaset", live.Namespace+"/"+live.Name, "field", drift)
+	}
+	return err == nil && drift == ""
+}
+
+// write applies the desired ReplicaSet (with its Secret first, see
+// secrets.go), then deletes the deployment's other ReplicaSets (an older
+// template, a former name or namespace) and Secrets: their pods go with
+// them, so the running pods always match the desired template.
+func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured, secret *secretPlan) (sdk.Result, error) {
+	ns, name := desired.GetNamespace(), desired.GetName()
+	if live, err := k.replicaSets.ReplicaSets(ns).Get(name); err == nil && live.DeletionTimestamp != nil {
+		return 0, fmt.Errorf("deployment %s: ReplicaSet %s/%s is being deleted (by hand?); it is created again once it is gone (retrying)", id, ns, name)
+	}
+	host := c.hostServices()
+	unlock := c.nsLocks.rlock(ns)
+	err := c.ensureNamespace(ctx, k, ns)
+	owner := c.liveOwner(k, desired)
+	if err == nil && secret != nil {
+		// Before the ReplicaSet: its pods must find the Secret.
+		_, err = c.ensureSecret(ctx, k, host, secret, owner)
+	}
+	var applied *unstructured.Unstructured
+	if err == nil {
+		applied, err = c.applyReplicaSet(ctx, k, id, desired)
+		err = classify(err, id)
+	}
+	if err == nil && secret != nil && (owner == nil || owner.UID != applied.GetUID()) {
+		// Now the ReplicaSet exists: it owns the Secret.
+		_, err = c.ensureSecret(ctx, k, host, secret, ownerRef(applied.GetName(), applied.GetUID()))
+	}
+	unlock()
+	if err != nil {
+		return 0, err
+	}
+	// Older ReplicaSets of the deployment come from the cache: one the
+	// cache has not seen yet leaves two behind, which the next apply or
+	// resync finds (unchanged wants exactly one) and cleans up.
+	all, err := k.replicaSets.List(byDeployment(id))
+	if err != nil {
+		return 0, fmt.Errorf("deployment %s: applied %s/%s, but listing its older ReplicaSets failed (retrying): %w", id, ns, name, err)
+	}
+	var stale []appsv1.ReplicaSet
+	for _, rs := range all {
+		if rs.Namespace != ns || rs.Name != name {
+			stale = append(stale, *rs)
+		}
+	}
+	moved, err := c.deleteReplicaSets(ctx, k, id, stale)
+	if err != nil {
+		return 0, err
+	}
+	delete(moved, ns) // holds the new ReplicaSet
+	if err := c.deleteStaleSecrets(ctx, k, id, secret); err != nil {
+		return 0, err
+	}
+	if err := c.removeNamespacesIfUnused(ctx, k, id, moved); err != nil {
+		return 0, err
+	}
+	c.deletes.forget(id)
+	return sdk.Applied, nil
+}
+
+// applyReplicaSet server-side applies the ReplicaSet. An apply takes back
+// every field we set, but cannot remove a list entry someone added under
+// their own field manager (an env var, a container added by hand). When
+// such drift survives the apply, the template is replaced with an update
+// (optimistic: it fails on a concurrent change and is retried).
+func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	out, err := kube.Apply(ctx, k.dynamic, replicaSetsGVR, desired)
+	if err != nil {
+		return nil, err
+	}
+	drift := kube.Drift(desired.Object, out.Object)
+	if drift == "" {
+		return out, nil
+	}
+	c.log.Info("drift survived the apply, replacing the template", "deployment", id, "replicaset", out.GetNamespace()+"/"+out.GetName(), "field", drift)
+	rs := k.dynamic.Resource(replicaSetsGVR).Namespace(out.GetNamespace())
+	var updated *unstructured.Unstructured
+	// The ReplicaSet controller writes status (and so bumps the resource
+	// version) all the time: re-read and retry on a conflict.
+	err = retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		for _, path := range [][]string{{"spec", "template"}, {"spec", "replicas"}, {"spec", "selector"}} {
+			v, _, _ := unstructured.NestedFieldCopy(desired.Object, path...)
+			if err := unstructured.SetNestedField(out.Object, v, path...); err != nil {
+				return fmt.Errorf("replace %s: %w", path[len(path)-1], err)
+			}
+		}
+		var err error
+		updated, err = rs.Update(ctx, out, metav1.UpdateOptions{FieldManager: kube.FieldManager})
+		if apierrors.IsConflict(err) {
+			if fresh, gerr := rs.Get(ctx, out.GetName(), metav1.GetOptions{}); gerr == nil {
+				out = fresh
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replace template of ReplicaSet %s/%s: %w", out.GetNamespace(), out.GetName(), err)
+	}
+	return updated, nil
+}
+
+// remove deletes every ReplicaSet of the deployment and then the
+// namespaces left empty. specNamespace, when known, is checked too, so a
+// retry after a failed namespace removal still finds it.
+func (c *Controller) remove(ctx context.Context, k *kubeState, id string, version uint64, specNamespace string) (sdk.Result, error) {
+	// Recorded first: the status of the vanishing workload may be reported
+	// while the deletes below are still running.
+	c.deletes.put(id, version)
+	// A live list, not the cache: a ReplicaSet created a moment ago must
+	// not be missed and left running.
+	all, err := k.client.AppsV1().ReplicaSets("").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
+	if err != nil {
+		return 0, fmt.Errorf("deployment %s: list its ReplicaSets: %w", id, err)
+	}
+	namespaces, err := c.deleteReplicaSets(ctx, k, id, all.Items)
+	if err != nil {
+		return 0, err
+	}
+	// Owned by their ReplicaSet, the Secrets would go with it; deleting them
+	// here also covers one orphaned by a crash before its owner was set.
+	if err := c.deleteSecrets(ctx, k, id); err != nil {
+		return 0, err
+	}
+	if specNamespace != "" {
+		namespaces[specNamespace] = true
+	}
+	if err := c.removeNamespacesIfUnused(ctx, k, id, namespaces); err != nil {
+		return 0, err
+	}
+	return sdk.Deleted, nil
+}
+
+// deleteReplicaSets deletes rss (foreground: a ReplicaSet disappears only
+// after its pods) and returns the namespaces they were in.
+func (c *Controller) deleteReplicaSets(ctx context.Context, k *kubeState, id string, rss []appsv1.ReplicaSet) (map[string]bool, error) {
+	namespaces := map[string]bool{}
+	for _, rs := range rss {
+		namespaces[rs.Namespace] = true
+		if rs.DeletionTimestamp != nil {
+			continue
+		}
+		err := k.client.AppsV1().ReplicaSets(rs.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
+			PropagationPolicy: ptr(metav1.DeletePropagationForeground),
+			Preconditions:     &metav1.Preconditions{UID: &rs.UID},
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return nil, classify(fmt.Errorf("delete ReplicaSet %s/%s: %w", rs.Namespace, rs.Name, err), id)
+		}
+		c.log.Info("ReplicaSet deleted", "deployment", id, "replicaset", rs.Namespace+"/"+rs.Name)
+	}
+	return namespaces, nil
+}
+
+func (c *Controller) removeNamespacesIfUnused(ctx context.Context, k *kubeState, id string, namespaces map[string]bool) error {
+	var errs []error
+	for _, ns := range slices.Sorted(maps.Keys(namespaces)) {
+		unlock := c.nsLocks.lock(ns)
+		errs = append(errs, c.removeNamespaceIfUnused(ctx, k, ns))
+		unlock()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deployment %s: %w", id, err)
+	}
+	return nil
+}
+
+// classify marks API errors that a retry cannot fix as permanent, with a
+// hint for the operator.
+func classify(err error, id string) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		return fmt.Errorf("deployment %s: its namespace is being deleted; retrying once it is gone: %w", id, err)
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsRequestEntityTooLargeError(err):
+		return sdk.Permanent(fmt.Errorf("deployment %s: the API server rejected the ReplicaSet: %w", id, err))
+	case apierrors.IsForbidden(err):
+		return sdk.Permanent(fmt.Errorf("deployment %s: %w (does the plugin's identity have the ClusterRole from rbac.yaml?)", id, err))
+	}
+	return fmt.Errorf("deployment %s: %w", id, err)
+}
+
+func (c *Controller) Inventory(_ context.Context, kind string) ([]sdk.InventoryItem, error) {
+	_, k := c.state()
+	if kind != kinds.Deployment || k == nil {
+		return nil, nil
+	}
+	rss, err := k.replicaSets.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]sdk.InventoryItem{}
+	for _, rs := range rss {
+		id := rs.Labels[LabelDeployment]
+		if id == "" || rs.DeletionTimestamp != nil {
+			continue
+		}
+		// While a template is being replaced, two ReplicaSets share an id:
+		// the newer version is the applied one.
+		if v := kube.AppliedVersion(rs.Annotations); v >= byID[id].Version {
+			byID[id] = sdk.InventoryItem{Kind: kinds.Deployment, ID: id, Version: v, SpecHash: rs.Annotations[kube.SpecHashAnnotation]}
+		}
+	}
+	items := slices.Collect(maps.Values(byID))
+	slices.SortFunc(items, func(a, b sdk.InventoryItem) int { return cmp.Compare(a.ID, b.ID) })
+	return items, nil
+}
+
+func (c *Controller) Shutdown(ctx context.Context) error {
+	c.mu.Lock()
+	k := c.kube
+	c.kube = nil
+	c.mu.Unlock()
+	if k == nil {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { k.stop(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("informers did not stop before the deadline: %w", ctx.Err())
+	}
+}
+
+// byDeployment selects one deployment's objects.
+func byDeployment(id string) labels.Selector {
+	return labels.SelectorFromSet(labels.Set{kube.ManagedByLabel: kube.ManagedBy, kube.ComponentLabel: Component, LabelDeployment: id})
+}
+
+// cacheSyncTimeout bounds Configure's wait for the informer caches.
+const cacheSyncTimeout = 2 * time.Minute
+
+// statusTick is how long status changes are coalesced before a report.
+const statusTick = 250 * time.Millisecond

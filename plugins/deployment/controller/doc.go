@@ -1,0 +1,20 @@
+// Package controller reconciles kind "deployment" (krane.cluster.v1.Deployment):
+// a user workload runs as one ReplicaSet in the workload's namespace, and its
+// pods are reported upstream as instances.
+//
+// Files by concern:
+//   - config.go: the plugin's `config {}` block, its JSON Schema and defaults;
+//   - validate.go: checks a desired Deployment before anything reaches the
+//     cluster (invalid input is a permanent error naming the field);
+//   - build.go: pure functions from a Deployment to the ReplicaSet;
+//   - controller.go: Describe, Configure, Apply, Inventory, Shutdown;
+//   - namespace.go: namespaces created on demand and removed when empty;
+//   - status.go: WatchStatus, pods and ReplicaSets to DeploymentStatus.
+//
+// Pod replacement. A ReplicaSet never replaces running pods when its
+// template changes, so the template is immutable per ReplicaSet: the
+// ReplicaSet is named <k8s_name>-<template hash> and its selector includes
+// the hash. A template change (image, env, resources, probes, command...)
+// applies a new ReplicaSet and then deletes the old one (foreground, so its
+// pods go with it); a replica change keeps the name and only scales.
+package controller

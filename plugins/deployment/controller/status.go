@@ -1,0 +1,355 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+
+	"krane.dev/internal/kinds"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/sdk"
+	"krane.dev/sdk/kube"
+)
+
+// WatchStatus reports one DeploymentStatus per deployment, built from the
+// ReplicaSet and pod caches. Events only mark a deployment dirty; every
+// statusTick the dirty ones are rebuilt and sent if they differ from what
+// this stream sent last, so a burst of pod events is one report. Every
+// status_resync_interval everything is sent again, changed or not, so a
+// report lost upstream heals without anyone asking.
+func (c *Controller) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {
+	dirty := c.subscribe()
+	defer c.unsubscribe(dirty)
+	type sent struct {
+		status  *clusterv1.DeploymentStatus
+		version uint64
+	}
+	last := map[string]sent{}
+	var lastFull time.Time
+	tick := time.NewTicker(statusTick)
+	defer tick.Stop()
+	for {
+		cfg, k := c.state()
+		if k != nil {
+			full := time.Since(lastFull) >= cfg.resync
+			var ids []string
+			if full {
+				lastFull = time.Now()
+				dirty.drain()
+				ids = c.knownIDs(k)
+				for id := range last {
+					ids = append(ids, id)
+				}
+				slices.Sort(ids)
+				ids = slices.Compact(ids)
+			} else {
+				ids = dirty.drain()
+			}
+			for _, id := range ids {
+				st, ver := c.deploymentStatus(k, id)
+				prev, seen := last[id]
+				if st.GetDeleted() {
+					ver = max(ver, prev.version) // never older than what ctrl has
+				}
+				if !full && seen && prev.version == ver && proto.Equal(prev.status, st) {
+					continue
+				}
+				err := send(sdk.StatusReport{Kind: kinds.Deployment, ID: id, ObservedVersion: ver, ObservedAt: time.Now(), Status: st})
+				if err != nil {
+					return err
+				}
+				// A deleted status is sent when it happens and once more with
+				// the next full pass; then the deployment is forgotten.
+				if st.GetDeleted() && full {
+					delete(last, id)
+				} else {
+					last[id] = sent{st, ver}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// knownIDs lists every deployment with a ReplicaSet or a pod in the caches.
+func (c *Controller) knownIDs(k *kubeState) []string {
+	var ids []string
+	rss, _ := k.replicaSets.List(labels.Everything())
+	for _, rs := range rss {
+		ids = append(ids, rs.Labels[LabelDeployment])
+	}
+	pods, _ := k.pods.List(labels.Everything())
+	for _, p := range pods {
+		ids = append(ids, p.Labels[LabelDeployment])
+	}
+	return slices.DeleteFunc(ids, func(id string) bool { return id == "" })
+}
+
+// deploymentStatus builds one deployment's status from the caches and
+// returns the version its current ReplicaSet was applied at.
+func (c *Controller) deploymentStatus(k *kubeState, id string) (*clusterv1.DeploymentStatus, uint64) {
+	sel := byDeployment(id)
+	rss, _ := k.replicaSets.List(sel)
+	pods, _ := k.pods.List(sel)
+	st := &clusterv1.DeploymentStatus{DeploymentId: id, Deleted: len(rss) == 0 && len(pods) == 0}
+	var ver uint64
+	cur := currentReplicaSet(rss)
+	if cur == nil || cur.DeletionTimestamp != nil {
+		ver = c.deletes.get(id)
+	}
+	if cur != nil {
+		st.K8SName = k8sNameOf(cur)
+		ver = max(ver, kube.AppliedVersion(cur.Annotations))
+		if cur.DeletionTimestamp == nil && cur.Spec.Replicas != nil {
+			st.DesiredReplicas = *cur.Spec.Replicas
+			st.ReadyReplicas = cur.Status.ReadyReplicas
+			st.AvailableReplicas = cur.Status.AvailableReplicas
+		}
+	}
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return cmp.Compare(a.Name, b.Name) })
+	for _, p := range pods {
+		st.Instances = append(st.Instances, instanceOf(p, c.zoneOf(k, p.Spec.NodeName)))
+	}
+	return st, ver
+}
+
+// currentReplicaSet is the one applied last: not being deleted, newest
+// version. While a template is replaced, the old one is already deleting.
+func currentReplicaSet(rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
+	var best *appsv1.ReplicaSet
+	rank := func(rs *appsv1.ReplicaSet) (bool, uint64) {
+		return rs.DeletionTimestamp == nil, kube.AppliedVersion(rs.Annotations)
+	}
+	for _, rs := range rss {
+		if best == nil {
+			best = rs
+			continue
+		}
+		alive, v := rank(rs)
+		bestAlive, bestV := rank(best)
+		if alive && !bestAlive || alive == bestAlive && v > bestV {
+			best = rs
+		}
+	}
+	return best
+}
+
+func (c *Controller) zoneOf(k *kubeState, node string) string {
+	if node == "" {
+		return ""
+	}
+	obj, err := k.nodes.Get(node)
+	if err != nil {
+		return ""
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return ""
+	}
+	return m.GetLabels()[zoneKey]
+}
+
+// Container waiting reasons that mean the instance cannot start without a
+// change (of the image, the spec, or the code).
+var failedReasons = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true,
+	"CrashLoopBackOff": true, "CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
+}
+
+const maxMessage = 1024
+
+// instanceOf maps a pod to an instance. It is pure, so every state is
+// unit-tested.
+func instanceOf(p *corev1.Pod, zone string) *clusterv1.Instance {
+	in := &clusterv1.Instance{K8SName: p.Name, Zone: zone}
+	port := int32(defaultPort)
+	for _, c := range p.Spec.Containers {
+		if c.Name != containerName {
+			continue
+		}
+		in.CpuMillicores = c.Resources.Limits.Cpu().MilliValue()
+		in.MemoryMib = c.Resources.Limits.Memory().Value() / (1024 * 1024)
+		if len(c.Ports) > 0 {
+			port = c.Ports[0].ContainerPort
+		}
+	}
+	if p.Status.PodIP != "" {
+		in.Address = net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))
+	}
+	in.Status, in.Reason, in.Message = podState(p)
+	if len(in.Message) > maxMessage {
+		in.Message = in.Message[:maxMessage]
+	}
+	return in
+}
+
+func podState(p *corev1.Pod) (clusterv1.Instance_Status, string, string) {
+	const (
+		pending = clusterv1.Instance_STATUS_PENDING
+		running = clusterv1.Instance_STATUS_RUNNING
+		failed  = clusterv1.Instance_STATUS_FAILED
+	)
+	// A terminating pod still runs, but must not get new traffic.
+	if p.DeletionTimestamp != nil {
+		return pending, "Terminating", "the instance is shutting down"
+	}
+	switch p.Status.Phase {
+	case corev1.PodFailed:
+		return failed, cmp.Or(p.Status.Reason, "Failed"), cmp.Or(p.Status.Message, "the pod failed and is not restarted")
+	case corev1.PodSucceeded:
+		return failed, "Completed", "the container exited; a deployment is expected to keep running"
+	}
+	var waiting *corev1.ContainerStateWaiting
+	for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		w := cs.State.Waiting
+		if w == nil {
+			continue
+		}
+		if failedReasons[w.Reason] {
+			msg := w.Message
+			// For a crash loop, the crash itself says more than "back-off".
+			if t := cs.LastTerminationState.Terminated; w.Reason == "CrashLoopBackOff" && t != nil && t.Message != "" {
+				msg = t.Message
+			}
+			return failed, w.Reason, msg
+		}
+		if waiting == nil {
+			waiting = w
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse {
+			return pending, cmp.Or(cond.Reason, "Unschedulable"), cond.Message
+		}
+	}
+	if p.Status.Phase == corev1.PodRunning && podReady(p) {
+		return running, "", ""
+	}
+	if waiting != nil {
+		return pending, waiting.Reason, waiting.Message
+	}
+	if p.Status.Phase == corev1.PodRunning {
+		return pending, "NotReady", "the readiness probe has not passed yet"
+	}
+	return pending, cmp.Or(string(p.Status.Phase), "Pending"), p.Status.Message
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// dirtySet collects the deployments whose objects changed since the last
+// drain; one per WatchStatus stream.
+type dirtySet struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+}
+
+func (d *dirtySet) add(id string) {
+	d.mu.Lock()
+	d.ids[id] = struct{}{}
+	d.mu.Unlock()
+}
+
+func (d *dirtySet) drain() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ids := slices.Sorted(maps.Keys(d.ids))
+	clear(d.ids)
+	return ids
+}
+
+func (c *Controller) subscribe() *dirtySet {
+	d := &dirtySet{ids: map[string]struct{}{}}
+	c.subsMu.Lock()
+	c.subs[d] = struct{}{}
+	c.subsMu.Unlock()
+	return d
+}
+
+func (c *Controller) unsubscribe(d *dirtySet) {
+	c.subsMu.Lock()
+	delete(c.subs, d)
+	c.subsMu.Unlock()
+}
+
+// markDirty is the ReplicaSet and pod informers' event handler.
+func (c *Controller) markDirty(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	id := m.GetLabels()[LabelDeployment]
+	if id == "" {
+		return
+	}
+	c.subsMu.Lock()
+	defer c.subsMu.Unlock()
+	for d := range c.subs {
+		d.add(id)
+	}
+}
+
+// recentVersions remembers a version per id for a while (entries older
+// than recentFor are dropped), so it stays small whoever reads it.
+type recentVersions struct {
+	mu sync.Mutex
+	m  map[string]recentVersion
+}
+
+type recentVersion struct {
+	version uint64
+	at      time.Time
+}
+
+const recentFor = 15 * time.Minute
+
+func (r *recentVersions) put(id string, version uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]recentVersion{}
+	}
+	now := time.Now()
+	maps.DeleteFunc(r.m, func(_ string, v recentVersion) bool { return now.Sub(v.at) > recentFor })
+	r.m[id] = recentVersion{version, now}
+}
+
+func (r *recentVersions) forget(id string) {
+	r.mu.Lock()
+	delete(r.m, id)
+	r.mu.Unlock()
+}
+
+func (r *recentVersions) get(id string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v, ok := r.m[id]; ok && time.Since(v.at) <= recentFor {
+		return v.version
+	}
+	return 0
+}

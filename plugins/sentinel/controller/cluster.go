@@ -1,0 +1,439 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"krane.dev/sdk/kube"
+)
+
+// bySentinel indexes cached objects by their unkey.com/sentinel.id label.
+const bySentinel = "sentinel"
+
+// cluster is one configuration of the plugin: clients, informer caches of
+// the namespace's sentinel objects, and the watch on the CiliumNetworkPolicy
+// CRD. Configure replaces it as a whole.
+type cluster struct {
+	p   params
+	log hclog.Logger
+
+	client kubernetes.Interface
+	dyn    dynamic.Interface
+
+	namespaces  cache.Indexer
+	deployments cache.Indexer
+	replicaSets cache.Indexer
+	pods        cache.Indexer
+	services    cache.Indexer
+	pdbs        cache.Indexer
+	// policies is nil while cilium.io/v2 CiliumNetworkPolicy is not served.
+	policies atomic.Pointer[policyCache]
+
+	// changed is told the sentinel id of every object event, changedAll
+	// that every sentinel's status may have changed.
+	changed    func(id string)
+	changedAll func()
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// policyCache is the informer of the gossip policies; it exists while the
+// CRD is served.
+type policyCache struct {
+	indexer cache.Indexer
+	stop    chan struct{}
+}
+
+type clusterDeps struct {
+	rest              *rest.Config
+	params            params
+	log               hclog.Logger
+	changed           func(id string)
+	changedAll        func()
+	discoveryInterval time.Duration
+}
+
+// startCluster checks that the plugin's identity may do what it needs, fills
+// the caches and starts watching for the policy CRD.
+func startCluster(ctx context.Context, d clusterDeps) (*cluster, error) {
+	client, err := kubernetes.NewForConfig(d.rest)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(d.rest)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	c := &cluster{p: d.params, log: d.log, client: client, dyn: dyn, changed: d.changed, changedAll: d.changedAll, ctx: cctx, cancel: cancel}
+	ok := false
+	defer func() {
+		if !ok {
+			c.close()
+		}
+	}()
+	if err := c.preflight(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startInformers(ctx); err != nil {
+		return nil, err
+	}
+	served, err := c.policyServed()
+	if err != nil {
+		return nil, fmt.Errorf("discovery of cilium.io/v2: %w", err)
+	}
+	if served {
+		if err := c.startPolicyInformer(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		c.logPolicyCRDMissing(d.discoveryInterval)
+	}
+	c.done.Add(1)
+	go c.watchPolicyCRD(d.discoveryInterval)
+	ok = true
+	return c, nil
+}
+
+// close stops the informers and the CRD watch.
+func (c *cluster) close() {
+	c.cancel()
+	c.done.Wait()
+	if pc := c.policies.Swap(nil); pc != nil {
+		close(pc.stop)
+	}
+}
+
+// preflight lists each resource once so that a missing permission fails
+// Configure with a message saying which, instead of an informer that never
+// syncs.
+func (c *cluster) preflight(ctx context.Context) error {
+	ns := c.p.Namespace
+	one := metav1.ListOptions{Limit: 1}
+	checks := []struct {
+		what string
+		call func() error
+	}{
+		{"list deployments.apps", func() error { _, err := c.client.AppsV1().Deployments(ns).List(ctx, one); return err }},
+		{"list replicasets.apps", func() error { _, err := c.client.AppsV1().ReplicaSets(ns).List(ctx, one); return err }},
+		{"list pods", func() error { _, err := c.client.CoreV1().Pods(ns).List(ctx, one); return err }},
+		{"list services", func() error { _, err := c.client.CoreV1().Services(ns).List(ctx, one); return err }},
+		{"list poddisruptionbudgets.policy", func() error {
+			_, err := c.client.PolicyV1().PodDisruptionBudgets(ns).List(ctx, one)
+			return err
+		}},
+		{"list namespaces (field selector metadata.name=" + ns + ")", func() error {
+			_, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", ns).String()})
+			return err
+		}},
+	}
+	for _, chk := range checks {
+		if err := chk.call(); err != nil {
+			if apierrors.IsForbidden(err) {
+				return fmt.Errorf("the plugin may not %s in namespace %q: grant the ClusterRole of the plugin's rbac.yaml to its identity: %w", chk.what, ns, err)
+			}
+			return fmt.Errorf("%s in namespace %q: %w", chk.what, ns, err)
+		}
+	}
+	return nil
+}
+
+func (c *cluster) startInformers(ctx context.Context) error {
+	ns := c.p.Namespace
+	selector := kube.ManagedSelector(Component)
+	objects := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
+		informers.WithNamespace(ns),
+		// Only Krane's sentinel objects: the cache stays small and the
+		// plugin never sees anything it does not manage. Pods and
+		// ReplicaSets carry the pod template's labels.
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		informers.WithTransform(stripManagedFields))
+	namespaces := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
+		}),
+		informers.WithTransform(stripManagedFields))
+
+	for _, x := range []struct {
+		into *cache.Indexer
+		inf  cache.SharedIndexInformer
+	}{
+		{&c.deployments, objects.Apps().V1().Deployments().Informer()},
+		{&c.replicaSets, objects.Apps().V1().ReplicaSets().Informer()},
+		{&c.pods, objects.Core().V1().Pods().Informer()},
+		{&c.services, objects.Core().V1().Services().Informer()},
+		{&c.pdbs, objects.Policy().V1().PodDisruptionBudgets().Informer()},
+	} {
+		if err := x.inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
+			return err
+		}
+		if _, err := x.inf.AddEventHandler(c.eventHandler()); err != nil {
+			return err
+		}
+		*x.into = x.inf.GetIndexer()
+	}
+	c.namespaces = namespaces.Core().V1().Namespaces().Informer().GetIndexer()
+
+	objects.Start(c.ctx.Done())
+	namespaces.Start(c.ctx.Done())
+	for _, f := range []informers.SharedInformerFactory{objects, namespaces} {
+		for typ, synced := range f.WaitForCacheSync(ctx.Done()) {
+			if !synced {
+				return fmt.Errorf("informer cache of %v in namespace %q did not sync: %w", typ, ns, context.Cause(ctx))
+			}
+		}
+	}
+	return nil
+}
+
+// eventHandler tells the status reporter which sentinel an event concerns.
+func (c *cluster) eventHandler() cache.ResourceEventHandler {
+	notify := func(obj any) {
+		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = tomb.Obj
+		}
+		if m, err := meta.Accessor(obj); err == nil {
+			if id := m.GetLabels()[LabelSentinel]; id != "" {
+				c.changed(id)
+			}
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { notify(obj) },
+		UpdateFunc: func(_, obj any) { notify(obj) },
+		DeleteFunc: notify,
+	}
+}
+
+func sentinelIndex(obj any) ([]string, error) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, nil
+	}
+	if id := m.GetLabels()[LabelSentinel]; id != "" {
+		return []string{id}, nil
+	}
+	return nil, nil
+}
+
+// stripManagedFields drops managedFields from cached objects: they are
+// large and nothing here reads them.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// ---- the CiliumNetworkPolicy CRD ----
+
+// policyServed asks discovery whether cilium.io/v2 serves
+// ciliumnetworkpolicies (one GET, no write).
+func (c *cluster) policyServed() (bool, error) {
+	list, err := c.client.Discovery().ServerResourcesForGroupVersion(PolicyGVR.GroupVersion().String())
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, r := range list.APIResources {
+		if r.Name == PolicyGVR.Resource {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (c *cluster) startPolicyInformer(ctx context.Context) error {
+	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, 0, c.p.Namespace, func(o *metav1.ListOptions) {
+		o.LabelSelector = kube.ManagedSelector(Component)
+	})
+	inf := f.ForResource(PolicyGVR).Informer()
+	if err := inf.SetTransform(stripManagedFields); err != nil {
+		return err
+	}
+	if err := inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
+		return err
+	}
+	if _, err := inf.AddEventHandler(c.eventHandler()); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	f.Start(stop)
+	for _, synced := range f.WaitForCacheSync(mergeDone(ctx, c.ctx)) {
+		if !synced {
+			close(stop)
+			return fmt.Errorf("informer cache of CiliumNetworkPolicies in namespace %q did not sync (may the plugin list and watch ciliumnetworkpolicies.cilium.io?)", c.p.Namespace)
+		}
+	}
+	c.policies.Store(&policyCache{indexer: inf.GetIndexer(), stop: stop})
+	return nil
+}
+
+func (c *cluster) logPolicyCRDMissing(interval time.Duration) {
+	c.log.Warn(fmt.Sprintf("CiliumNetworkPolicy CRD (cilium.io/v2) is not served by this cluster: sentinels get their Deployment, Services and PodDisruptionBudget but no gossip policy; the plugin checks every %s and applies the policies once the CRD is installed", interval))
+}
+
+// watchPolicyCRD polls discovery and follows the CRD: when it appears, the
+// policy cache starts and every sentinel's missing policy is applied; when
+// it goes away, the cache stops. No restart is needed either way.
+func (c *cluster) watchPolicyCRD(interval time.Duration) {
+	defer c.done.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		served, err := c.policyServed()
+		if err != nil {
+			c.log.Debug("discovery of cilium.io/v2 failed; keeping the last answer", "error", err)
+			continue
+		}
+		switch cur := c.policies.Load(); {
+		case served && cur == nil:
+			if err := c.startPolicyInformer(c.ctx); err != nil {
+				c.log.Error("CiliumNetworkPolicy CRD is served but its cache failed to start; retrying", "error", err)
+				continue
+			}
+			n, err := c.applyMissingPolicies(c.ctx)
+			if err != nil {
+				c.log.Error("applying gossip policies after the CRD appeared; the next resync retries", "applied", n, "error", err)
+			} else {
+				c.log.Info("CiliumNetworkPolicy CRD is now served: gossip policies applied", "applied", n)
+			}
+			c.changedAll()
+		case !served && cur != nil:
+			if c.policies.CompareAndSwap(cur, nil) {
+				close(cur.stop)
+			}
+			c.logPolicyCRDMissing(interval)
+			c.changedAll()
+		}
+	}
+}
+
+// applyMissingPolicies applies the gossip policy of every managed sentinel
+// that has none, building it from the live Deployment. Existing policies
+// are left to Apply, which owns their updates.
+func (c *cluster) applyMissingPolicies(ctx context.Context) (int, error) {
+	pc := c.policies.Load()
+	if pc == nil {
+		return 0, nil
+	}
+	var errs []error
+	n := 0
+	for _, obj := range c.deployments.List() {
+		d := obj.(*appsv1.Deployment)
+		id := identityFromDeployment(d)
+		if id.ID == "" || d.DeletionTimestamp != nil {
+			continue
+		}
+		if _, exists, _ := pc.indexer.GetByKey(c.p.Namespace + "/" + gossipName(d.Name)); exists {
+			continue
+		}
+		desired, err := buildGossipPolicy(id, c.p, ownerRef(d))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := kube.Apply(ctx, c.dyn, PolicyGVR, desired); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// ---- cache lookups ----
+
+func (c *cluster) deploymentsOf(id string) []*appsv1.Deployment {
+	return byIndex[*appsv1.Deployment](c.deployments, id)
+}
+
+func (c *cluster) replicaSetsOf(id string) []*appsv1.ReplicaSet {
+	return byIndex[*appsv1.ReplicaSet](c.replicaSets, id)
+}
+
+func (c *cluster) podsOf(id string) []*corev1.Pod { return byIndex[*corev1.Pod](c.pods, id) }
+
+func (c *cluster) servicesOf(id string) []*corev1.Service {
+	return byIndex[*corev1.Service](c.services, id)
+}
+
+func (c *cluster) pdbsOf(id string) []*policyv1.PodDisruptionBudget {
+	return byIndex[*policyv1.PodDisruptionBudget](c.pdbs, id)
+}
+
+func (c *cluster) policiesOf(id string) []*unstructured.Unstructured {
+	pc := c.policies.Load()
+	if pc == nil {
+		return nil
+	}
+	return byIndex[*unstructured.Unstructured](pc.indexer, id)
+}
+
+func byIndex[T any](idx cache.Indexer, id string) []T {
+	objs, _ := idx.ByIndex(bySentinel, id)
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// cached returns the object namespace/name from idx, or nil.
+func cached[T any](idx cache.Indexer, namespace, name string) T {
+	var zero T
+	key := name
+	if namespace != "" {
+		key = namespace + "/" + name
+	}
+	obj, exists, _ := idx.GetByKey(key)
+	if !exists {
+		return zero
+	}
+	t, _ := obj.(T)
+	return t
+}
+
+// mergeDone is a channel closed when either context ends.
+func mergeDone(a, b context.Context) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		select {
+		case <-a.Done():
+		case <-b.Done():
+		}
+	}()
+	return ch
+}
