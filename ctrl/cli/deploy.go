@@ -1,0 +1,576 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+)
+
+// deployCmd holds what every `ctrl deploy` subcommand shares.
+type deployCmd struct {
+	api  apiFlags
+	poll time.Duration
+}
+
+func newDeploy() *cobra.Command {
+	d := &deployCmd{}
+	cmd := &cobra.Command{
+		Use:   "deploy",
+		Short: "Create, follow, roll back, promote and stop deployments (the operators' deploy API)",
+		Long: "Talks to ctrl's DeploymentService with an operator token (CTRL_TOKEN) at CTRL_ADDR.\n" +
+			"Text output is for people; -o json prints protobuf JSON for scripts. " +
+			"With --wait, the command follows the deploy region by region and exits 0 only when it is ready.",
+	}
+	d.api.add(cmd)
+	cmd.PersistentFlags().DurationVar(&d.poll, "poll-interval", 500*time.Millisecond, "how often --wait asks for progress")
+	_ = cmd.PersistentFlags().MarkHidden("poll-interval")
+	cmd.AddCommand(d.create(), d.get(), d.list(), d.rollback(), d.promote(), d.stop())
+	return cmd
+}
+
+// client connects and returns the API client and a closer.
+func (d *deployCmd) client() (ctrlv1.DeploymentServiceClient, func(), error) {
+	conn, err := d.api.dial()
+	if err != nil {
+		return nil, nil, err
+	}
+	return ctrlv1.NewDeploymentServiceClient(conn), func() { conn.Close() }, nil
+}
+
+func (d *deployCmd) create() *cobra.Command {
+	var (
+		env, secretEnv       []string
+		secretFiles          []string
+		timeout              time.Duration
+		hcPath, hcMethod     string
+		hcPort               int32
+		wait                 bool
+		waitTimeout          time.Duration
+		replicas, port       int32
+		cpuMillis, memoryMiB int64
+		workspace, proj, app string
+		environment, image   string
+		idempotencyKey, sig  string
+		regions, command     []string
+	)
+	cmd := &cobra.Command{
+		Use:   "create --workspace W --project P --app A --environment E --image I [--region R]...",
+		Short: "Create a deployment (and, with --wait, follow it until it is ready or failed)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := d.api.json()
+			if err != nil {
+				return err
+			}
+			vars, err := parseEnv(env)
+			if err != nil {
+				return err
+			}
+			secrets, err := secretEnvFrom(secretFiles, secretEnv, os.LookupEnv)
+			if err != nil {
+				return err
+			}
+			if idempotencyKey == "" {
+				idempotencyKey = randomKey() // makes our own retries safe
+			}
+			r := &ctrlv1.CreateDeploymentRequest{
+				WorkspaceId: workspace, ProjectId: proj, AppId: app, EnvironmentId: environment, Image: image,
+				Regions: regions, Replicas: replicas, CpuMillicores: cpuMillis, MemoryMib: memoryMiB, EnvVars: vars, SecretEnv: secrets,
+				Port: port, Command: command, ShutdownSignal: sig, IdempotencyKey: idempotencyKey,
+				TimeoutSeconds: int32(timeout / time.Second),
+			}
+			if hcPath != "" {
+				r.Healthcheck = &clusterv1.Healthcheck{Path: hcPath, Method: hcMethod, Port: hcPort}
+			}
+			api, closeConn, err := d.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.CreateDeploymentResponse, error) {
+				return api.CreateDeployment(ctx, r)
+			})
+			if err != nil {
+				return apiError("create the deployment", err)
+			}
+			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, asJSON)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&workspace, "workspace", "", "workspace id (required)")
+	f.StringVar(&proj, "project", "", "project id (required)")
+	f.StringVar(&app, "app", "", "app id (required)")
+	f.StringVar(&environment, "environment", "", "environment id (required)")
+	f.StringVar(&image, "image", "", "container image, e.g. registry.example.com/team/app:1.2.3 (required)")
+	f.StringSliceVar(&regions, "region", nil, "region to run in (repeat or comma-separate); default every region with a registered cluster")
+	f.Int32Var(&replicas, "replicas", 0, "instances per region (0: 1)")
+	f.Int64Var(&cpuMillis, "cpu", 0, "CPU per instance in millicores (0: 250)")
+	f.Int64Var(&memoryMiB, "memory", 0, "memory per instance in MiB (0: 256)")
+	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringArrayVar(&secretEnv, "secret-env", nil, "secret variable, sealed by ctrl: KEY=VALUE, or KEY alone to take the value from this command's environment "+
+		"(repeatable; a value on the command line shows in process lists and shell history: prefer KEY alone or --secret-env-file)")
+	f.StringArrayVar(&secretFiles, "secret-env-file", nil, "file of secret variables in dotenv form: KEY=VALUE lines, # comments, optional export and quotes (repeatable; --secret-env wins)")
+	f.Int32Var(&port, "port", 0, "port the container listens on (0: 8080)")
+	f.StringArrayVar(&command, "command", nil, "command and arguments, one per flag (repeatable); default the image's")
+	f.StringVar(&hcPath, "healthcheck-path", "", "HTTP path of the health check, e.g. /healthz (none when empty)")
+	f.StringVar(&hcMethod, "healthcheck-method", "GET", "GET or POST")
+	f.Int32Var(&hcPort, "healthcheck-port", 0, "port of the health check (0: --port)")
+	f.StringVar(&sig, "shutdown-signal", "", "SIGTERM (default), SIGINT, SIGQUIT or SIGKILL")
+	f.DurationVar(&timeout, "timeout", 0, "how long the deploy may take to run in every region (0: ctrl's deploy.timeout)")
+	f.StringVar(&idempotencyKey, "idempotency-key", "", "repeat a create safely: the same key returns the same deployment (default: a random key per command)")
+	f.BoolVar(&wait, "wait", false, "follow the deploy and exit 0 only when it is ready")
+	f.DurationVar(&waitTimeout, "wait-timeout", 30*time.Minute, "give up following after this long (the deploy itself goes on)")
+	for _, name := range []string{"workspace", "project", "app", "environment", "image"} {
+		_ = cmd.MarkFlagRequired(name)
+	}
+	return cmd
+}
+
+// created prints a new deployment's id, or follows it with --wait.
+func (d *deployCmd) created(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, wait bool, waitTimeout time.Duration, asJSON bool) error {
+	out := cmd.OutOrStdout()
+	if !wait {
+		if asJSON {
+			return printJSON(out, &ctrlv1.CreateDeploymentResponse{DeploymentId: id})
+		}
+		fmt.Fprintln(out, id)
+		fmt.Fprintf(cmd.ErrOrStderr(), "Deployment %s created; follow it with `ctrl deploy get %s --wait`.\n", id, id)
+		return nil
+	}
+	progress := cmd.OutOrStdout()
+	if asJSON {
+		progress = cmd.ErrOrStderr()
+	}
+	fmt.Fprintf(progress, "deployment %s created; following it (interrupting stops the following, not the deploy)\n", id)
+	return d.follow(cmd, api, id, waitTimeout, asJSON)
+}
+
+// follow polls a deployment until it is ready, failed or stopped, printing
+// one line per change of status or of a region's counts (to stdout in text
+// mode, to stderr with -o json, whose stdout is only the final document).
+func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, waitTimeout time.Duration, asJSON bool) error {
+	progress := cmd.OutOrStdout()
+	if asJSON {
+		progress = cmd.ErrOrStderr()
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), waitTimeout)
+	defer cancel()
+	begin := time.Now()
+	last := ""
+	for {
+		info, err := withRetry(ctx, func(ctx context.Context) (*ctrlv1.DeploymentInfo, error) {
+			return api.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: id})
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("stopped following deployment %s after %s; the deploy goes on (see `ctrl deploy get %s`)", id, time.Since(begin).Round(time.Second), id)
+			}
+			return apiError("read deployment "+id, err)
+		}
+		if line := progressLine(info); line != last {
+			fmt.Fprintf(progress, "[%6.1fs] %s\n", time.Since(begin).Seconds(), line)
+			last = line
+		}
+		switch info.GetStatus() {
+		case ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_STOPPED:
+			return finish(cmd, info, time.Since(begin), asJSON)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped following deployment %s after %s (status %s); the deploy goes on (see `ctrl deploy get %s`)",
+				id, time.Since(begin).Round(time.Second), statusName(info.GetStatus()), id)
+		case <-time.After(d.poll):
+		}
+	}
+}
+
+// finish prints the summary and turns anything but ready into an error.
+func finish(cmd *cobra.Command, info *ctrlv1.DeploymentInfo, took time.Duration, asJSON bool) error {
+	out := cmd.OutOrStdout()
+	if asJSON {
+		if err := printJSON(out, info); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "deployment %s is %s after %s: %s", info.GetId(), statusName(info.GetStatus()), took.Round(100*time.Millisecond), regionSummary(info))
+		if info.GetLive() {
+			fmt.Fprint(out, "; live")
+		}
+		fmt.Fprintln(out)
+	}
+	switch info.GetStatus() {
+	case ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY:
+		return nil
+	case ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED:
+		return fmt.Errorf("deployment %s failed: %s", info.GetId(), info.GetError())
+	}
+	return fmt.Errorf("deployment %s is %s, not ready", info.GetId(), statusName(info.GetStatus()))
+}
+
+// progressLine: "network  eu 1/2 running, 1 pending | us 0/2 running".
+func progressLine(info *ctrlv1.DeploymentInfo) string {
+	s := fmt.Sprintf("%-9s", statusName(info.GetStatus())) // "deploying" is the longest
+	if len(info.GetRegions()) > 0 {
+		s += "  " + regionCounts(info)
+	}
+	s = strings.TrimRight(s, " ")
+	if info.GetStatus() == ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED {
+		s += "  " + info.GetError()
+	}
+	return s
+}
+
+func regionCounts(info *ctrlv1.DeploymentInfo) string {
+	var parts []string
+	for _, r := range info.GetRegions() {
+		p := fmt.Sprintf("%s %d/%d running", r.GetRegion(), r.GetRunning(), r.GetDesiredReplicas())
+		if r.GetPending() > 0 {
+			p += fmt.Sprintf(", %d pending", r.GetPending())
+		}
+		if r.GetFailed() > 0 {
+			p += fmt.Sprintf(", %d failed", r.GetFailed())
+		}
+		if r.GetDesiredStatus() == "stopped" {
+			p += " (stopped)"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " | ")
+}
+
+func regionSummary(info *ctrlv1.DeploymentInfo) string {
+	if len(info.GetRegions()) == 0 {
+		return "no regions"
+	}
+	var parts []string
+	for _, r := range info.GetRegions() {
+		parts = append(parts, fmt.Sprintf("%s %d/%d", r.GetRegion(), r.GetRunning(), r.GetDesiredReplicas()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func statusName(s ctrlv1.DeploymentStatus) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "DEPLOYMENT_STATUS_"))
+}
+
+func (d *deployCmd) get() *cobra.Command {
+	var wait bool
+	var waitTimeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "get DEPLOYMENT_ID",
+		Short: "Show a deployment: status, error, regions and instances (with --wait, follow it)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := d.api.json()
+			if err != nil {
+				return err
+			}
+			api, closeConn, err := d.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			if wait {
+				return d.follow(cmd, api, args[0], waitTimeout, asJSON)
+			}
+			info, err := api.GetDeployment(cmd.Context(), &ctrlv1.GetDeploymentRequest{DeploymentId: args[0]})
+			if err != nil {
+				return apiError("read deployment "+args[0], err)
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), info)
+			}
+			printDeployment(cmd.OutOrStdout(), info)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the deploy and exit 0 only when it is ready")
+	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", 30*time.Minute, "give up following after this long")
+	return cmd
+}
+
+func printDeployment(out io.Writer, d *ctrlv1.DeploymentInfo) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "Deployment:\t%s\n", d.GetId())
+	fmt.Fprintf(w, "Status:\t%s\n", statusName(d.GetStatus()))
+	if d.GetError() != "" {
+		fmt.Fprintf(w, "Error:\t%s\n", d.GetError())
+	}
+	fmt.Fprintf(w, "Live:\t%v\n", d.GetLive())
+	fmt.Fprintf(w, "Image:\t%s\n", d.GetImage())
+	fmt.Fprintf(w, "Environment:\t%s (workspace %s, project %s, app %s)\n", d.GetEnvironmentId(), d.GetWorkspaceId(), d.GetProjectId(), d.GetAppId())
+	fmt.Fprintf(w, "Size:\t%d replicas per region, %dm CPU, %d MiB\n", d.GetReplicas(), d.GetCpuMillicores(), d.GetMemoryMib())
+	if d.GetRolledBackFrom() != "" {
+		fmt.Fprintf(w, "Rolled back from:\t%s\n", d.GetRolledBackFrom())
+	}
+	if len(d.GetEnvVars()) > 0 {
+		fmt.Fprintf(w, "Env:\t%s\n", strings.Join(slices.Sorted(maps.Keys(d.GetEnvVars())), ", "))
+	}
+	if len(d.GetSecretEnvKeys()) > 0 {
+		fmt.Fprintf(w, "Secret env:\t%s (sealed; values are never shown)\n", strings.Join(d.GetSecretEnvKeys(), ", "))
+	}
+	fmt.Fprintf(w, "Created:\t%s\n", d.GetCreatedAt().AsTime().Format(time.RFC3339))
+	w.Flush()
+	if len(d.GetRegions()) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "REGION\tDESIRED\tRUNNING\tPENDING\tFAILED\tSTATE")
+	for _, r := range d.GetRegions() {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\n", r.GetRegion(), r.GetDesiredReplicas(), r.GetRunning(), r.GetPending(), r.GetFailed(), r.GetDesiredStatus())
+	}
+	w.Flush()
+	var instances [][]string
+	for _, r := range d.GetRegions() {
+		for _, in := range r.GetInstances() {
+			why := in.GetReason()
+			if in.GetMessage() != "" {
+				why = strings.TrimPrefix(why+": "+in.GetMessage(), ": ")
+			}
+			instances = append(instances, []string{r.GetRegion(), in.GetClusterId(), in.GetK8SName(), in.GetStatus(), why})
+		}
+	}
+	if len(instances) > 0 {
+		fmt.Fprintln(out)
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "REGION\tCLUSTER\tINSTANCE\tSTATUS\tREASON")
+		for _, row := range instances {
+			fmt.Fprintln(w, strings.Join(row, "\t"))
+		}
+		w.Flush()
+	}
+}
+
+func (d *deployCmd) list() *cobra.Command {
+	var environment string
+	var limit int32
+	cmd := &cobra.Command{
+		Use:   "list --environment E",
+		Short: "List an environment's deployments, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := d.api.json()
+			if err != nil {
+				return err
+			}
+			api, closeConn, err := d.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			all := &ctrlv1.ListDeploymentsResponse{}
+			token := ""
+			for limit <= 0 || int32(len(all.Deployments)) < limit {
+				size := int32(100)
+				if limit > 0 {
+					size = min(size, limit-int32(len(all.Deployments)))
+				}
+				page, err := api.ListDeployments(cmd.Context(), &ctrlv1.ListDeploymentsRequest{EnvironmentId: environment, PageSize: size, PageToken: token})
+				if err != nil {
+					return apiError("list deployments", err)
+				}
+				all.Deployments = append(all.Deployments, page.GetDeployments()...)
+				if token = page.GetNextPageToken(); token == "" {
+					break
+				}
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), all)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "DEPLOYMENT\tSTATUS\tLIVE\tIMAGE\tREGIONS\tCREATED")
+			for _, d := range all.GetDeployments() {
+				live := ""
+				if d.GetLive() {
+					live = "live"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", d.GetId(), statusName(d.GetStatus()), live, d.GetImage(), regionSummary(d),
+					d.GetCreatedAt().AsTime().Format(time.RFC3339))
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&environment, "environment", "", "environment id (required)")
+	cmd.Flags().Int32Var(&limit, "limit", 20, "at most this many (0: all)")
+	_ = cmd.MarkFlagRequired("environment")
+	return cmd
+}
+
+func (d *deployCmd) rollback() *cobra.Command {
+	var environment, target, key string
+	var wait bool
+	var waitTimeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "rollback --environment E [--target DEPLOYMENT_ID]",
+		Short: "Deploy an earlier deployment's configuration again; it becomes live when ready",
+		Long: "Creates a new deployment with the configuration (image, size, variables, regions) of --target, " +
+			"by default the last deployment before the live one that became ready. It becomes the environment's live deployment once ready.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := d.api.json()
+			if err != nil {
+				return err
+			}
+			if key == "" {
+				key = randomKey()
+			}
+			api, closeConn, err := d.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.CreateDeploymentResponse, error) {
+				return api.Rollback(ctx, &ctrlv1.RollbackRequest{EnvironmentId: environment, TargetDeploymentId: target, IdempotencyKey: key})
+			})
+			if err != nil {
+				return apiError("roll back", err)
+			}
+			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&environment, "environment", "", "environment id (required)")
+	cmd.Flags().StringVar(&target, "target", "", "deployment whose configuration to restore (default: the last ready one before the live one)")
+	cmd.Flags().StringVar(&key, "idempotency-key", "", "repeat a rollback safely (default: a random key per command)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the new deployment and exit 0 only when it is ready")
+	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", 30*time.Minute, "give up following after this long")
+	_ = cmd.MarkFlagRequired("environment")
+	return cmd
+}
+
+func (d *deployCmd) promote() *cobra.Command {
+	return d.simple("promote DEPLOYMENT_ID", "Make a ready deployment its environment's live one", "promoted",
+		func(ctx context.Context, api ctrlv1.DeploymentServiceClient, id string) error {
+			_, err := api.Promote(ctx, &ctrlv1.PromoteRequest{DeploymentId: id})
+			return err
+		})
+}
+
+func (d *deployCmd) stop() *cobra.Command {
+	return d.simple("stop DEPLOYMENT_ID", "Remove a deployment from every region (it stops being live)", "stopped",
+		func(ctx context.Context, api ctrlv1.DeploymentServiceClient, id string) error {
+			_, err := api.StopDeployment(ctx, &ctrlv1.StopDeploymentRequest{DeploymentId: id})
+			return err
+		})
+}
+
+// simple is a command that calls one RPC on one deployment id.
+func (d *deployCmd) simple(use, short, done string, call func(context.Context, ctrlv1.DeploymentServiceClient, string) error) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := d.api.json()
+			if err != nil {
+				return err
+			}
+			api, closeConn, err := d.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			if _, err := withRetry(cmd.Context(), func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx, api, args[0]) }); err != nil {
+				return apiError(strings.Fields(use)[0]+" "+args[0], err)
+			}
+			if asJSON {
+				fmt.Fprintf(cmd.OutOrStdout(), "{\"deployment_id\": %q, \"result\": %q}\n", args[0], done)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "deployment %s %s\n", args[0], done)
+			return nil
+		},
+	}
+}
+
+// withRetry retries a call that failed with UNAVAILABLE (ctrl restarting,
+// its database or Restate briefly away): three attempts, 1 s and 2 s apart.
+// Creates carry an idempotency key, so a retry never makes a second
+// deployment.
+func withRetry[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	var v T
+	var err error
+	for attempt := range 3 {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return v, err
+			case <-time.After(time.Duration(attempt) * time.Second):
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		v, err = call(cctx)
+		cancel()
+		if status.Code(err) != codes.Unavailable {
+			return v, err
+		}
+	}
+	return v, err
+}
+
+// apiError words a gRPC error for the terminal: what failed and ctrl's
+// own explanation.
+func apiError(what string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	switch st.Code() {
+	case codes.Unauthenticated:
+		return fmt.Errorf("%s: ctrl refused the token (%s); check CTRL_TOKEN", what, st.Message())
+	case codes.PermissionDenied:
+		return fmt.Errorf("%s: %s (use an operator token, from `ctrl token create-operator`)", what, st.Message())
+	case codes.Unimplemented:
+		return fmt.Errorf("%s: this ctrl does not serve the deploy API (it runs without Restate: set restate.ingress_url)", what)
+	}
+	return fmt.Errorf("%s: %s", what, st.Message())
+}
+
+func parseEnv(pairs []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--env %q: want KEY=VALUE", p)
+		}
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("--env %s is given twice", k)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func randomKey() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return "cli-" + hex.EncodeToString(b)
+}
+
+var jsonOut = protojson.MarshalOptions{Multiline: true, Indent: "  "}
+
+func printJSON(out io.Writer, m proto.Message) error {
+	b, err := jsonOut.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(out, string(b))
+	return err
+}

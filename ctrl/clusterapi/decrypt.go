@@ -1,0 +1,184 @@
+package clusterapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/vault"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// decision is the outcome of one decryption request, as audited.
+type decision struct {
+	outcome string // store.VaultAllowed, VaultDenied or VaultFailed
+	reason  string // for the audit and the caller; never secret material
+	keyID   string
+	code    codes.Code
+}
+
+func denied(code codes.Code, format string, args ...any) decision {
+	return decision{outcome: store.VaultDenied, code: code, reason: fmt.Sprintf(format, args...)}
+}
+
+func failed(code codes.Code, format string, args ...any) decision {
+	return decision{outcome: store.VaultFailed, code: code, reason: fmt.Sprintf(format, args...)}
+}
+
+// DecryptEnv opens a deployment's sealed environment for a cluster that
+// runs it: only a cluster token of a region where the deployment is
+// scheduled, only for the blob ctrl stored for it. Every call that reaches
+// this handler is audited, and nothing is returned unless its audit entry
+// was written.
+func (s *Server) DecryptEnv(ctx context.Context, req *clusterv1.DecryptEnvRequest) (*clusterv1.DecryptEnvResponse, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := req.GetDeploymentId()
+	env, d := s.decrypt(ctx, who, id, req.GetEncryptedEnv())
+	entry := store.VaultAuditEntry{DeploymentID: id, ClusterID: who.ClusterID, Region: who.Region, TokenID: who.TokenID,
+		Outcome: d.outcome, Reason: d.reason, KeyID: d.keyID}
+	if err := s.store.RecordVaultAudit(context.WithoutCancel(ctx), entry); err != nil {
+		clear(env)
+		s.m.decrypts.WithLabelValues(store.VaultFailed).Inc()
+		s.log.Error("cannot audit a decryption request; refusing it", "deployment", id, "cluster", who.ClusterID, "region", who.Region, "error", err)
+		return nil, status.Errorf(codes.Unavailable, "ctrl cannot record the audit of this decryption (database unavailable); retry with backoff")
+	}
+	markAudited(ctx)
+	s.m.decrypts.WithLabelValues(d.outcome).Inc()
+	if d.outcome != store.VaultAllowed {
+		s.log.Warn("decryption refused", "deployment", id, "cluster", who.ClusterID, "region", who.Region, "outcome", d.outcome, "reason", d.reason)
+		return nil, status.Error(d.code, d.reason)
+	}
+	s.log.Info("secret environment opened", "deployment", id, "cluster", who.ClusterID, "region", who.Region, "key", d.keyID, "variables", len(env))
+	return &clusterv1.DecryptEnvResponse{Env: env}, nil
+}
+
+func (s *Server) decrypt(ctx context.Context, who auth.Identity, id string, blob []byte) (map[string]string, decision) {
+	switch {
+	case id == "" || len(id) > 64:
+		return nil, denied(codes.InvalidArgument, "deployment_id: a deployment id (dep_...) is required")
+	case len(blob) == 0:
+		return nil, denied(codes.InvalidArgument, "encrypted_env: the sealed environment to open is required")
+	case len(blob) > vault.MaxBlobSize:
+		return nil, denied(codes.InvalidArgument, "encrypted_env: %d bytes; no sealed environment is larger than %d", len(blob), vault.MaxBlobSize)
+	}
+	stored, regions, err := s.store.SealedEnv(ctx, id)
+	// An unknown deployment is refused like another region's, so the answer
+	// tells nobody which ids exist elsewhere.
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(regions, who.Region)) {
+		return nil, denied(codes.PermissionDenied, "deployment %s is not scheduled to run in region %s: a cluster may open only the secrets of deployments it runs", id, who.Region)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, failed(status.FromContextError(ctx.Err()).Code(), "the request was cancelled")
+		}
+		return nil, failed(codes.Unavailable, "ctrl cannot read the deployment (database unavailable); retry with backoff")
+	}
+	if len(stored) == 0 {
+		return nil, denied(codes.PermissionDenied, "deployment %s has no secret environment", id)
+	}
+	if len(stored) != len(blob) || subtle.ConstantTimeCompare(stored, blob) != 1 {
+		return nil, denied(codes.PermissionDenied, "encrypted_env is not the sealed environment ctrl stored for deployment %s", id)
+	}
+	if s.vault == nil {
+		return nil, failed(codes.FailedPrecondition, "ctrl has no vault keyring (vault.keyring_file), so it cannot open sealed environments")
+	}
+	env, keyID, err := s.vault.Open(id, blob)
+	var unknown *vault.UnknownKeyError
+	switch {
+	case errors.As(err, &unknown):
+		d := failed(codes.FailedPrecondition, "%v; put the key back in ctrl's keyring", err)
+		d.keyID = keyID
+		return nil, d
+	case err != nil:
+		d := failed(codes.Internal, "the sealed environment stored for deployment %s does not open with ctrl's keyring (%v); an operator must look at it", id, err)
+		d.keyID = keyID
+		return nil, d
+	}
+	return env, decision{outcome: store.VaultAllowed, reason: "opened with key " + keyID, keyID: keyID, code: codes.OK}
+}
+
+// auditedKey marks, in a call's context, that the handler wrote the call's
+// audit entry.
+type auditedKey struct{}
+
+func markAudited(ctx context.Context) {
+	if f, ok := ctx.Value(auditedKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
+}
+
+// decryptMethod is the full gRPC method name of ClusterService.DecryptEnv.
+const decryptMethod = "/krane.cluster.v1.ClusterService/DecryptEnv"
+
+// DecryptAuditInterceptor completes the vault audit: DecryptEnv calls that
+// authentication refused before the handler ran with PERMISSION_DENIED (a
+// valid token of the wrong kind, such as an operator's, or a cluster token
+// claiming another region) are recorded too, with the token's public id.
+// Calls without a valid token (UNAUTHENTICATED) are only logged and
+// counted by ctrl/auth: they identify nobody, and recording them would let
+// anyone grow the table. Install it outside (before) the authentication
+// interceptor.
+func DecryptAuditInterceptor(st *store.Store, log hclog.Logger) grpc.UnaryServerInterceptor {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	log = log.Named("clusterapi")
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != decryptMethod {
+			return handler(ctx, req)
+		}
+		audited := &atomic.Bool{}
+		resp, err := handler(context.WithValue(ctx, auditedKey{}, audited), req)
+		if audited.Load() || status.Code(err) != codes.PermissionDenied {
+			return resp, err
+		}
+		entry := store.VaultAuditEntry{Outcome: store.VaultDenied, Reason: status.Convert(err).Message(), TokenID: tokenID(ctx)}
+		if r, ok := req.(*clusterv1.DecryptEnvRequest); ok {
+			entry.DeploymentID = r.GetDeploymentId()
+		}
+		if md, ok := metadata.FromIncomingContext(ctx); ok {
+			// What the caller claimed; unverified, hence the prefix.
+			if v := md.Get(auth.RegionHeader); len(v) > 0 {
+				entry.Region = "claimed:" + v[0]
+			}
+		}
+		if aerr := st.RecordVaultAudit(context.WithoutCancel(ctx), entry); aerr != nil {
+			log.Error("cannot audit a refused decryption request", "deployment", entry.DeploymentID, "token_id", entry.TokenID, "error", aerr)
+		}
+		return resp, err
+	}
+}
+
+// tokenID is the public id of the call's bearer token, "" when it has
+// none. The secret part never leaves auth.Parse.
+func tokenID(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get("authorization")
+	if len(v) == 0 {
+		return ""
+	}
+	scheme, token, ok := strings.Cut(v[0], " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return ""
+	}
+	p, err := auth.Parse(strings.TrimSpace(token))
+	if err != nil {
+		return ""
+	}
+	return p.ID
+}

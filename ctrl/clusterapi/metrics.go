@@ -1,0 +1,64 @@
+package clusterapi
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	activeStreams   *prometheus.GaugeVec
+	rowsStreamed    *prometheus.CounterVec
+	skippedRows     *prometheus.CounterVec
+	headVersion     *prometheus.GaugeVec
+	watchQuery      *prometheus.HistogramVec
+	reports         *prometheus.CounterVec
+	headPollErrors  prometheus.Counter
+	bootstrapStream *prometheus.HistogramVec
+	decrypts        *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns, sub = "krane", "ctrl"
+	m := &metrics{
+		activeStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_streams_active",
+			Help: "Open desired-state streams (Watch, ListDesired and the typed watches), by region and kind.",
+		}, []string{"region", "kind"}),
+		rowsStreamed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_rows_streamed_total",
+			Help: "Desired-state rows sent to agents, by region, kind and phase (bootstrap or stream).",
+		}, []string{"region", "kind", "phase"}),
+		skippedRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_rows_skipped_total",
+			Help: "Rows that could not be converted and were not sent (each one is logged with kind, id and version).",
+		}, []string{"kind"}),
+		headVersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "head_version",
+			Help: "Newest committed version per region and kind, as seen by this process's head poller.",
+		}, []string{"region", "kind"}),
+		watchQuery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_query_seconds",
+			Help:    "Latency of one page query of a desired-state stream, by kind and phase (bootstrap or stream).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"kind", "phase"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "status_reports_total",
+			Help: "Status reports by kind and result (accepted, stale, not_found, invalid, error).",
+		}, []string{"kind", "result"}),
+		headPollErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "head_poll_errors_total",
+			Help: "Failed reads of change_heads by the head poller.",
+		}),
+		bootstrapStream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "bootstrap_seconds",
+			Help:    "Duration of a whole snapshot (bootstrap or ListDesired), by kind.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 9),
+		}, []string{"kind"}),
+		decrypts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "vault_decrypts_total",
+			Help: "DecryptEnv requests by outcome (allowed, denied, failed); each one is in the vault_audit table.",
+		}, []string{"outcome"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.activeStreams, m.rowsStreamed, m.skippedRows, m.headVersion, m.watchQuery, m.reports,
+			m.headPollErrors, m.bootstrapStream, m.decrypts)
+	}
+	return m
+}

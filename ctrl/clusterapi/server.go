@@ -1,0 +1,179 @@
+// Package clusterapi serves krane.cluster.v1.ClusterService: the streams
+// through which every cluster's krane agent receives desired state, and the
+// calls through which it reports actual state.
+//
+// Streams read the store page by page, ordered by version, and never hold a
+// whole region in memory. Idle streams wait on the process's single head
+// poller (poller.go), which reads the tiny change_heads table every
+// PollInterval and wakes only the streams whose (region, kind) advanced; they
+// also re-check the database and send a KeepAlive every KeepAlive interval.
+//
+// A row that cannot be converted to its payload (corrupt JSON in a column)
+// is skipped: the stream and its cursor move on, the row is logged at error
+// level with its kind, region, id and version, and counted in
+// krane_ctrl_watch_rows_skipped_total. Sending it with an empty payload
+// would make agents apply garbage, and stopping would block every other
+// object; the next write of the row gives it a new version that is streamed
+// normally.
+//
+// Every call must carry an authenticated cluster identity (ctrl/auth puts it
+// in the context); requests naming another region than the token's are
+// refused with PERMISSION_DENIED.
+package clusterapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/vault"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// StatusListener is told about accepted status reports and recorded apply
+// errors after they commit (the Restate layer uses it to wake waiting
+// workflows). Calls happen on the report's RPC, so they must return
+// quickly.
+type StatusListener interface {
+	DeploymentReported(ctx context.Context, deploymentID, region string)
+	SentinelReported(ctx context.Context, sentinelID string)
+}
+
+// Options configure a Server. Zero values take the defaults.
+type Options struct {
+	Store  *store.Store
+	Logger hclog.Logger
+	// Registerer receives the metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// PageSize is how many rows one query reads. Default 500.
+	PageSize int
+	// KeepAlive is how often an idle stream re-checks the database and
+	// sends a KeepAlive. Default 15s.
+	KeepAlive time.Duration
+	// PollInterval is how often the head poller reads change_heads. Default
+	// 50ms.
+	PollInterval time.Duration
+	// Listener, when set, is told about accepted reports.
+	Listener StatusListener
+	// Vault opens sealed environments for DecryptEnv; nil when ctrl has no
+	// keyring (DecryptEnv then fails with FAILED_PRECONDITION).
+	Vault *vault.Source
+}
+
+// Server implements clusterv1.ClusterServiceServer.
+type Server struct {
+	clusterv1.UnimplementedClusterServiceServer
+
+	store     *store.Store
+	log       hclog.Logger
+	m         *metrics
+	pageSize  int
+	keepAlive time.Duration
+	listener  StatusListener
+	vault     *vault.Source
+	poller    *headPoller
+	stopping  chan struct{}
+
+	labelsMu sync.Mutex
+	labels   map[string]bool
+}
+
+// New returns a Server. Call Run to start its head poller; without it,
+// streams only notice new changes at KeepAlive intervals.
+func New(o Options) (*Server, error) {
+	if o.Store == nil {
+		return nil, errors.New("clusterapi: a store is required")
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = 500
+	}
+	if o.KeepAlive <= 0 {
+		o.KeepAlive = 15 * time.Second
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 50 * time.Millisecond
+	}
+	log := o.Logger.Named("clusterapi")
+	m := newMetrics(o.Registerer)
+	return &Server{
+		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
+		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
+		stopping: make(chan struct{}),
+		labels:   map[string]bool{},
+	}, nil
+}
+
+// Run polls the change heads until ctx is done, then ends every open
+// stream with UNAVAILABLE (so a graceful gRPC stop does not wait on them).
+func (s *Server) Run(ctx context.Context) {
+	s.poller.run(ctx)
+	close(s.stopping)
+}
+
+// caller returns the authenticated cluster.
+func caller(ctx context.Context) (auth.Identity, error) {
+	id, ok := auth.FromContext(ctx)
+	if !ok || id.Kind != store.ClusterToken || id.Region == "" {
+		return auth.Identity{}, status.Error(codes.Unauthenticated, "no cluster identity on this call: send `authorization: Bearer <cluster token>`")
+	}
+	return id, nil
+}
+
+// regionFor checks that a request's region is the caller's own.
+func regionFor(id auth.Identity, requested string) (string, error) {
+	if requested == "" || requested == id.Region {
+		return id.Region, nil
+	}
+	return "", status.Errorf(codes.PermissionDenied, "this token is bound to region %q; it cannot read region %q", id.Region, requested)
+}
+
+func checkKind(kind string) error {
+	if !store.ValidKind(kind) {
+		return status.Errorf(codes.InvalidArgument, "kind %q is not a valid kind name (lowercase letters, digits, '.' and '-', e.g. \"deployment\")", kind)
+	}
+	return nil
+}
+
+// maxKindLabels bounds the kind label values of the metrics: kind names
+// come from callers, and an unbounded label set would grow the metrics
+// without limit. Beyond it, kinds are counted as "other".
+const maxKindLabels = 64
+
+// kindLabel is the metric label value for kind.
+func (s *Server) kindLabel(kind string) string {
+	s.labelsMu.Lock()
+	defer s.labelsMu.Unlock()
+	if s.labels[kind] {
+		return kind
+	}
+	if len(s.labels) >= maxKindLabels {
+		return "other"
+	}
+	s.labels[kind] = true
+	return kind
+}
+
+// storeError turns a store error into a status: the caller's own
+// cancellation as such, anything else as UNAVAILABLE with what to do.
+func storeError(ctx context.Context, err error, what string) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return status.Errorf(codes.Unavailable, "%s: the desired-state database is unavailable (%v); retry with backoff", what, err)
+}
+
+func errorf(code codes.Code, format string, args ...any) error {
+	return status.Error(code, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,291 @@
+package clusterapi
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// sink is how one RPC puts events on its wire.
+type sink struct {
+	change func(store.Change) error
+	// bootstrapComplete and keepAlive are nil for RPCs without such
+	// messages (the typed watches).
+	bootstrapComplete func(head uint64) error
+	keepAlive         func(head uint64) error
+}
+
+// follow says what a stream does after its snapshot (if any).
+type follow int
+
+const (
+	// followAlways streams changes after the snapshot (Watch).
+	followAlways follow = iota
+	// followNever closes after the snapshot (ListDesired).
+	followNever
+	// followIfResuming: a request from version 0 gets the snapshot and a
+	// clean close; a request from a cursor streams changes (typed watches).
+	followIfResuming
+)
+
+// serve runs one desired-state stream of kind in region from cursor after.
+func (s *Server) serve(ctx context.Context, kind, region string, after uint64, f follow, out sink) error {
+	gauge := s.m.activeStreams.WithLabelValues(region, s.kindLabel(kind))
+	gauge.Inc()
+	defer gauge.Dec()
+
+	cursor := after
+	if after == 0 || f == followNever {
+		head, err := s.snapshot(ctx, kind, region, out)
+		if err != nil {
+			return err
+		}
+		if out.bootstrapComplete != nil {
+			if err := out.bootstrapComplete(head); err != nil {
+				return err
+			}
+		}
+		if f != followAlways {
+			return nil
+		}
+		cursor = head
+	}
+	return s.stream(ctx, kind, region, cursor, out)
+}
+
+// snapshot sends every live row of kind in region from one consistent
+// snapshot, page by page, and returns the version it is consistent with.
+func (s *Server) snapshot(ctx context.Context, kind, region string, out sink) (uint64, error) {
+	start := time.Now()
+	sn, err := s.store.OpenSnapshot(ctx, kind, region)
+	if err != nil {
+		return 0, storeError(ctx, err, "cannot start the snapshot")
+	}
+	defer sn.Close()
+	label := s.kindLabel(kind)
+	rows := s.m.rowsStreamed.WithLabelValues(region, label, "bootstrap")
+	queries := s.m.watchQuery.WithLabelValues(label, "bootstrap")
+	sent := 0
+	for !sn.Done() {
+		qStart := time.Now()
+		page, err := sn.Next(ctx, s.pageSize)
+		queries.Observe(time.Since(qStart).Seconds())
+		if err != nil {
+			return 0, storeError(ctx, err, "snapshot page failed; reconnect from version 0")
+		}
+		for _, c := range page {
+			if !s.convertible(c, region) {
+				continue
+			}
+			if err := out.change(c); err != nil {
+				return 0, err
+			}
+			sent++
+			rows.Inc()
+		}
+	}
+	elapsed := time.Since(start)
+	s.m.bootstrapStream.WithLabelValues(label).Observe(elapsed.Seconds())
+	s.log.Debug("snapshot sent", "kind", kind, "region", region, "rows", sent, "head", sn.Head(), "duration", elapsed)
+	return sn.Head(), nil
+}
+
+// stream sends every change with version > cursor as it commits, until the
+// client goes away, the server stops, or the database fails.
+func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64, out sink) error {
+	key := store.HeadKey{Region: region, Kind: kind}
+	label := s.kindLabel(kind)
+	rows := s.m.rowsStreamed.WithLabelValues(region, label, "stream")
+	queries := s.m.watchQuery.WithLabelValues(label, "stream")
+	ticker := time.NewTicker(s.keepAlive)
+	defer ticker.Stop()
+	keepAliveDue := false
+	for {
+		// Take the wake-up channel before querying, so a commit that lands
+		// after the query still wakes us.
+		wake := s.poller.wait(key)
+		for {
+			qStart := time.Now()
+			page, err := s.store.ChangesAfter(ctx, kind, region, cursor, s.pageSize)
+			queries.Observe(time.Since(qStart).Seconds())
+			if err != nil {
+				return storeError(ctx, err, "reading changes failed; reconnect with after_version="+strconv.FormatUint(cursor, 10))
+			}
+			for _, c := range page {
+				if s.convertible(c, region) {
+					if err := out.change(c); err != nil {
+						return err
+					}
+					rows.Inc()
+				}
+				cursor = c.Version // also past a skipped row: it must not block the stream
+			}
+			if len(page) < s.pageSize {
+				break
+			}
+		}
+		if keepAliveDue && out.keepAlive != nil {
+			if err := out.keepAlive(max(cursor, s.poller.head(key))); err != nil {
+				return err
+			}
+		}
+		keepAliveDue = false
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-s.stopping:
+			return status.Errorf(codes.Unavailable, "ctrl is shutting down; reconnect with after_version=%d", cursor)
+		case <-wake:
+		case <-ticker.C:
+			keepAliveDue = true
+		}
+	}
+}
+
+// convertible logs and counts a row that cannot be converted; such a row is
+// skipped (see the package documentation).
+func (s *Server) convertible(c store.Change, region string) bool {
+	if c.Err == nil {
+		return true
+	}
+	s.m.skippedRows.WithLabelValues(s.kindLabel(c.Kind)).Inc()
+	s.log.Error("skipping a desired-state row that cannot be converted; fix the row and write it again (it gets a new version)",
+		"kind", c.Kind, "region", region, "id", c.ID, "version", c.Version, "error", c.Err)
+	return false
+}
+
+// resourceChange is the generic wire form: no payload for deletes.
+func resourceChange(c store.Change) (*clusterv1.ResourceChange, error) {
+	rc := &clusterv1.ResourceChange{Kind: c.Kind, Id: c.ID, Version: c.Version, Deleted: c.Deleted}
+	if !c.Deleted {
+		spec, err := anypb.New(c.Spec)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "pack %s %s: %v", c.Kind, c.ID, err)
+		}
+		rc.Spec = spec
+	}
+	return rc, nil
+}
+
+func genericSink(send func(*clusterv1.WatchEvent) error) sink {
+	return sink{
+		change: func(c store.Change) error {
+			rc, err := resourceChange(c)
+			if err != nil {
+				return err
+			}
+			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: rc}})
+		},
+		bootstrapComplete: func(head uint64) error {
+			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head}}})
+		},
+		keepAlive: func(head uint64) error {
+			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_KeepAlive{KeepAlive: &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now()}}})
+		},
+	}
+}
+
+// Watch streams one kind's desired state in the caller's region.
+func (s *Server) Watch(req *clusterv1.WatchRequest, stream clusterv1.ClusterService_WatchServer) error {
+	ctx := stream.Context()
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	region, err := regionFor(id, req.GetRegion())
+	if err != nil {
+		return err
+	}
+	if err := checkKind(req.GetKind()); err != nil {
+		return err
+	}
+	return s.serve(ctx, req.GetKind(), region, req.GetAfterVersion(), followAlways, genericSink(stream.Send))
+}
+
+// ListDesired streams a consistent snapshot of one kind, then closes.
+func (s *Server) ListDesired(req *clusterv1.ListDesiredRequest, stream clusterv1.ClusterService_ListDesiredServer) error {
+	ctx := stream.Context()
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	region, err := regionFor(id, req.GetRegion())
+	if err != nil {
+		return err
+	}
+	if err := checkKind(req.GetKind()); err != nil {
+		return err
+	}
+	return s.serve(ctx, req.GetKind(), region, 0, followNever, genericSink(stream.Send))
+}
+
+// typedWatch serves the seeds' typed watches on the same machinery.
+func (s *Server) typedWatch(ctx context.Context, kind, requestedRegion string, after uint64, send func(store.Change) error) error {
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	region, err := regionFor(id, requestedRegion)
+	if err != nil {
+		return err
+	}
+	return s.serve(ctx, kind, region, after, followIfResuming, sink{change: send})
+}
+
+// WatchDeployments is the typed watch of kind "deployment".
+func (s *Server) WatchDeployments(req *clusterv1.WatchDeploymentsRequest, stream clusterv1.ClusterService_WatchDeploymentsServer) error {
+	return s.typedWatch(stream.Context(), kinds.Deployment, req.GetRegion(), req.GetVersionLastSeen(), func(c store.Change) error {
+		return stream.Send(deploymentState(c))
+	})
+}
+
+// WatchSentinels is the typed watch of kind "sentinel".
+func (s *Server) WatchSentinels(req *clusterv1.WatchSentinelsRequest, stream clusterv1.ClusterService_WatchSentinelsServer) error {
+	return s.typedWatch(stream.Context(), kinds.Sentinel, req.GetRegion(), req.GetVersionLastSeen(), func(c store.Change) error {
+		return stream.Send(sentinelState(c))
+	})
+}
+
+// WatchCiliumNetworkPolicies is the typed watch of kind
+// "ciliumnetworkpolicy".
+func (s *Server) WatchCiliumNetworkPolicies(req *clusterv1.WatchCiliumNetworkPoliciesRequest, stream clusterv1.ClusterService_WatchCiliumNetworkPoliciesServer) error {
+	return s.typedWatch(stream.Context(), kinds.CiliumNetworkPolicy, req.GetRegion(), req.GetVersionLastSeen(), func(c store.Change) error {
+		return stream.Send(ciliumState(c))
+	})
+}
+
+func deploymentState(c store.Change) *clusterv1.DeploymentState {
+	d := c.Spec.(*clusterv1.Deployment)
+	if c.Deleted {
+		return &clusterv1.DeploymentState{Version: c.Version, State: &clusterv1.DeploymentState_Delete{
+			Delete: &clusterv1.DeleteDeployment{Id: c.ID, K8SNamespace: d.GetK8SNamespace(), K8SName: d.GetK8SName()}}}
+	}
+	return &clusterv1.DeploymentState{Version: c.Version, State: &clusterv1.DeploymentState_Apply{Apply: d}}
+}
+
+func sentinelState(c store.Change) *clusterv1.SentinelState {
+	sn := c.Spec.(*clusterv1.Sentinel)
+	if c.Deleted {
+		return &clusterv1.SentinelState{Version: c.Version, State: &clusterv1.SentinelState_Delete{
+			Delete: &clusterv1.DeleteSentinel{Id: c.ID, K8SName: sn.GetK8SName()}}}
+	}
+	return &clusterv1.SentinelState{Version: c.Version, State: &clusterv1.SentinelState_Apply{Apply: sn}}
+}
+
+func ciliumState(c store.Change) *clusterv1.CiliumNetworkPolicyState {
+	p := c.Spec.(*clusterv1.CiliumNetworkPolicy)
+	if c.Deleted {
+		return &clusterv1.CiliumNetworkPolicyState{Version: c.Version, State: &clusterv1.CiliumNetworkPolicyState_Delete{
+			Delete: &clusterv1.DeleteCiliumNetworkPolicy{Id: c.ID, K8SNamespace: p.GetK8SNamespace(), K8SName: p.GetK8SName()}}}
+	}
+	return &clusterv1.CiliumNetworkPolicyState{Version: c.Version, State: &clusterv1.CiliumNetworkPolicyState_Apply{Apply: p}}
+}

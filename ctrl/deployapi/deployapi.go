@@ -1,0 +1,575 @@
+// Package deployapi serves krane.ctrl.v1.DeploymentService, the operators'
+// deploy API: create a deployment (which starts its DeployWorkflow in
+// Restate), read and list deployments with their per-region state, roll
+// an environment back, promote a ready deployment, stop one.
+//
+// Every call needs an operator token; ctrl/auth's interceptors enforce it
+// before a handler runs. Inputs are checked here and refused with
+// InvalidArgument naming the field; a state that forbids the call is
+// FailedPrecondition; the database or Restate being unreachable is
+// Unavailable (retry; creation is idempotent with an idempotency key).
+//
+// Ids are made here, once: "dep_" and 20 random base32 characters; the
+// workload's Kubernetes name is "dep-" and the same characters, in the
+// namespace "ws-<workspace id>" (made a DNS label).
+package deployapi
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/restatedev/sdk-go/ingress"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/vault"
+	"krane.dev/ctrl/workflows"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+)
+
+// Options configure a Server.
+type Options struct {
+	Store   *store.Store
+	Ingress *ingress.Client
+	Log     hclog.Logger
+	// DefaultTimeout is deploy.timeout: a deploy's wait when its request
+	// says none (stored with the deployment).
+	DefaultTimeout time.Duration
+	// Vault seals secret variables; nil when ctrl has no keyring (requests
+	// with secrets are then refused).
+	Vault *vault.Source
+}
+
+// Server implements ctrlv1.DeploymentServiceServer.
+type Server struct {
+	ctrlv1.UnimplementedDeploymentServiceServer
+	store   *store.Store
+	ingress *ingress.Client
+	log     hclog.Logger
+	timeout time.Duration
+	vault   *vault.Source
+}
+
+// New returns a Server.
+func New(o Options) *Server {
+	if o.Log == nil {
+		o.Log = hclog.NewNullLogger()
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = 5 * time.Minute
+	}
+	return &Server{store: o.Store, ingress: o.Ingress, log: o.Log.Named("deployapi"), timeout: o.DefaultTimeout, vault: o.Vault}
+}
+
+// Register adds the service to gs.
+func (s *Server) Register(gs *grpc.Server) { ctrlv1.RegisterDeploymentServiceServer(gs, s) }
+
+// Defaults of a deployment's size when a request leaves them 0.
+const (
+	DefaultReplicas      = 1
+	DefaultCPUMillicores = 250
+	DefaultMemoryMiB     = 256
+	DefaultPort          = 8080
+)
+
+// CreateDeployment records a pending deployment and starts its workflow.
+func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploymentRequest) (*ctrlv1.CreateDeploymentResponse, error) {
+	if resp, err := s.replay(ctx, req.GetIdempotencyKey()); resp != nil || err != nil {
+		return resp, err
+	}
+	secrets := req.GetSecretEnv()
+	if len(secrets) > 0 && s.vault == nil {
+		return nil, status.Error(codes.FailedPrecondition, "secret_env: this ctrl has no vault keyring (vault.keyring_file), so it cannot seal secrets; "+
+			"an operator creates one with `ctrl vault init`")
+	}
+	if t := req.GetTimeoutSeconds(); t < 0 || t > workflows.MaxTimeout {
+		return nil, invalid(&workflows.FieldError{Field: "timeout_seconds", Reason: fmt.Sprintf("%d is out of range 0..%d (0: ctrl's deploy.timeout)", t, workflows.MaxTimeout)})
+	}
+	if err := workflows.ValidRegions("regions", req.GetRegions()); err != nil {
+		return nil, invalid(err)
+	}
+	id := workflows.NewDeploymentID()
+	spec := workflows.Spec{
+		ID: id, WorkspaceID: req.GetWorkspaceId(), ProjectID: req.GetProjectId(), EnvironmentID: req.GetEnvironmentId(), AppID: req.GetAppId(),
+		K8sName: workflows.K8sName(id), K8sNamespace: workflows.Namespace(req.GetWorkspaceId()),
+		Image: req.GetImage(), Replicas: or(req.GetReplicas(), DefaultReplicas), CPUMillicores: or(req.GetCpuMillicores(), DefaultCPUMillicores),
+		MemoryMiB: or(req.GetMemoryMib(), DefaultMemoryMiB), EnvVars: req.GetEnvVars(), Healthcheck: workflows.HealthcheckFromProto(req.GetHealthcheck()),
+		Port: or(req.GetPort(), DefaultPort), Command: req.GetCommand(), ShutdownSignal: req.GetShutdownSignal(),
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, invalid(err)
+	}
+	if err := checkSecretValues(secrets); err != nil {
+		return nil, invalid(err)
+	}
+	secretKeys := slices.Sorted(maps.Keys(secrets))
+	if err := workflows.ValidSecretEnvKeys("secret_env", secretKeys, spec.EnvVars); err != nil {
+		return nil, invalid(err)
+	}
+	if err := s.checkRegions(ctx, req.GetRegions()); err != nil {
+		return nil, err
+	}
+	// Sealed now, for this deployment's id, before the row is written:
+	// plaintext never reaches the database or the workflow's journal.
+	if len(secrets) > 0 {
+		blob, err := s.vault.Seal(id, secrets)
+		if err != nil {
+			return nil, invalid(&workflows.FieldError{Field: "secret_env", Reason: err.Error()})
+		}
+		spec.EncryptedEnv, spec.SecretEnvKeys = blob, secretKeys
+	}
+	return s.create(ctx, spec, req.GetRegions(), req.GetTimeoutSeconds(), req.GetIdempotencyKey(), "created by "+caller(ctx))
+}
+
+// checkSecretValues refuses what a container environment cannot carry.
+// Errors name the variable, never its value.
+func checkSecretValues(secrets map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(secrets)) {
+		if strings.ContainsRune(secrets[k], 0) {
+			return &workflows.FieldError{Field: "secret_env", Reason: fmt.Sprintf("the value of %s contains a NUL byte, which no process environment can hold", k)}
+		}
+	}
+	return nil
+}
+
+func or[T int32 | int64](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// replay answers a request whose idempotency key was used before: the
+// same deployment, before any other check (the world may have changed since
+// the first call). nil, nil when the key is new or empty.
+func (s *Server) replay(ctx context.Context, key string) (*ctrlv1.CreateDeploymentResponse, error) {
+	if key == "" {
+		return nil, nil
+	}
+	if len(key) > 128 {
+		return nil, invalid(&workflows.FieldError{Field: "idempotency_key", Reason: "at most 128 characters"})
+	}
+	id, err := s.store.DeploymentByIdempotencyKey(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, s.storeError(ctx, err, "looking up the idempotency key failed")
+	}
+	return s.ensureStarted(ctx, id)
+}
+
+// ensureStarted starts the workflow of a deployment created earlier if it
+// is still pending (the first call may have failed to start it).
+func (s *Server) ensureStarted(ctx context.Context, id string) (*ctrlv1.CreateDeploymentResponse, error) {
+	stored, err := s.store.GetDeployment(ctx, id)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the deployment failed")
+	}
+	if stored.Status == store.StatusPending {
+		req := workflows.DeployRequest{Deployment: workflows.SpecFromStore(stored), Regions: stored.Regions, TimeoutSeconds: stored.TimeoutSeconds}
+		if err := s.start(ctx, req); err != nil {
+			return nil, err
+		}
+	}
+	return &ctrlv1.CreateDeploymentResponse{DeploymentId: id}, nil
+}
+
+// create writes the pending row and starts the workflow. A key used
+// concurrently returns the deployment of whichever call won.
+func (s *Server) create(ctx context.Context, spec workflows.Spec, regions []string, timeout int32, key, note string) (*ctrlv1.CreateDeploymentResponse, error) {
+	if timeout == 0 {
+		timeout = int32(s.timeout / time.Second)
+	}
+	d := spec.Store()
+	d.Regions, d.TimeoutSeconds, d.IdempotencyKey = regions, timeout, key
+	id, existed, err := s.store.CreateDeployment(ctx, d, note)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "recording the deployment failed")
+	}
+	if existed {
+		return s.ensureStarted(ctx, id)
+	}
+	if err := s.start(ctx, workflows.DeployRequest{Deployment: spec, Regions: regions, TimeoutSeconds: timeout, Note: note}); err != nil {
+		return nil, err
+	}
+	s.log.Info("deployment created", "deployment", id, "environment", spec.EnvironmentID, "image", spec.Image, "by", caller(ctx))
+	return &ctrlv1.CreateDeploymentResponse{DeploymentId: id}, nil
+}
+
+// start starts a deployment's workflow (again: Restate keeps one per id).
+func (s *Server) start(ctx context.Context, req workflows.DeployRequest) error {
+	id := req.Deployment.ID
+	if _, err := workflows.StartDeploy(ctx, s.ingress, req); err != nil {
+		s.log.Warn("cannot start a deploy workflow", "deployment", id, "error", err)
+		return status.Errorf(codes.Unavailable, "deployment %s is recorded (pending) but its deploy workflow could not be started in Restate (%v); "+
+			"call again with the same idempotency_key, or ctrl starts it by itself within a couple of minutes", id, err)
+	}
+	return nil
+}
+
+// checkRegions refuses regions without a registered cluster: a deploy there
+// could only time out.
+func (s *Server) checkRegions(ctx context.Context, regions []string) error {
+	have, err := s.store.ClusterRegions(ctx)
+	if err != nil {
+		return s.storeError(ctx, err, "reading the registered regions failed")
+	}
+	if len(regions) == 0 && len(have) == 0 {
+		return status.Error(codes.FailedPrecondition, "regions: none given, and no region has a registered cluster (register one with `ctrl cluster register`)")
+	}
+	if missing := workflows.MissingRegions(regions, have); len(missing) > 0 {
+		return status.Errorf(codes.FailedPrecondition, "regions: no cluster is registered in %s (regions with clusters: %s)",
+			strings.Join(missing, ", "), strings.Join(have, ", "))
+	}
+	return nil
+}
+
+// GetDeployment returns a deployment with its regions and instances.
+func (s *Server) GetDeployment(ctx context.Context, req *ctrlv1.GetDeploymentRequest) (*ctrlv1.DeploymentInfo, error) {
+	d, err := s.deployment(ctx, "deployment_id", req.GetDeploymentId())
+	if err != nil {
+		return nil, err
+	}
+	states, err := s.store.RegionStates(ctx, d.ID)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the deployment's regions failed")
+	}
+	live, err := s.store.LiveDeployment(ctx, d.EnvironmentID)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the live deployment failed")
+	}
+	return info(d, states[d.ID], live == d.ID, true), nil
+}
+
+// ListDeployments lists an environment's deployments, newest first.
+func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeploymentsRequest) (*ctrlv1.ListDeploymentsResponse, error) {
+	if err := workflows.ValidName("environment_id", req.GetEnvironmentId()); err != nil {
+		return nil, invalid(err)
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0 || size > 100:
+		return nil, invalid(&workflows.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..100 (0: 20)", size)})
+	case size == 0:
+		size = 20
+	}
+	cursor, err := decodePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, invalid(&workflows.FieldError{Field: "page_token", Reason: "not a token from a previous ListDeployments answer"})
+	}
+	list, err := s.store.ListDeployments(ctx, req.GetEnvironmentId(), cursor, size+1)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "listing deployments failed")
+	}
+	resp := &ctrlv1.ListDeploymentsResponse{}
+	if len(list) > size {
+		list = list[:size]
+		last := list[size-1]
+		resp.NextPageToken = encodePageToken(store.DeploymentCursor{CreatedAt: last.CreatedAt.UnixMilli(), ID: last.ID})
+	}
+	ids := make([]string, len(list))
+	for i, d := range list {
+		ids[i] = d.ID
+	}
+	states, err := s.store.RegionStates(ctx, ids...)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the deployments' regions failed")
+	}
+	live, err := s.store.LiveDeployment(ctx, req.GetEnvironmentId())
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the live deployment failed")
+	}
+	for _, d := range list {
+		resp.Deployments = append(resp.Deployments, info(d, states[d.ID], live == d.ID, false))
+	}
+	return resp, nil
+}
+
+// Rollback creates a new deployment with an earlier deployment's
+// configuration, in the regions that one ran in. It becomes live when
+// ready.
+func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ctrlv1.CreateDeploymentResponse, error) {
+	env := req.GetEnvironmentId()
+	if resp, err := s.replay(ctx, req.GetIdempotencyKey()); resp != nil || err != nil {
+		return resp, err
+	}
+	if err := workflows.ValidName("environment_id", env); err != nil {
+		return nil, invalid(err)
+	}
+	live, err := s.store.LiveDeployment(ctx, env)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the live deployment failed")
+	}
+	targetID := req.GetTargetDeploymentId()
+	if targetID == "" {
+		if live == "" {
+			return nil, status.Errorf(codes.FailedPrecondition, "environment %s has no live deployment: name the deployment to roll back to in target_deployment_id", env)
+		}
+		liveDep, err := s.store.GetDeployment(ctx, live)
+		if err != nil {
+			return nil, s.storeError(ctx, err, "reading the live deployment failed")
+		}
+		targetID, err = s.store.LastReadyBefore(ctx, liveDep)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, status.Errorf(codes.FailedPrecondition, "no deployment of environment %s before the live one (%s) ever became ready: name target_deployment_id", env, live)
+		}
+		if err != nil {
+			return nil, s.storeError(ctx, err, "finding the rollback target failed")
+		}
+	}
+	target, err := s.deployment(ctx, "target_deployment_id", targetID)
+	if err != nil {
+		return nil, err
+	}
+	if target.EnvironmentID != env {
+		return nil, invalid(&workflows.FieldError{Field: "target_deployment_id", Reason: fmt.Sprintf("deployment %s belongs to environment %s, not %s", target.ID, target.EnvironmentID, env)})
+	}
+	if target.ID == live {
+		return nil, status.Errorf(codes.FailedPrecondition, "deployment %s is already live in environment %s; there is nothing to roll back", target.ID, env)
+	}
+	ready, err := s.store.EverReady(ctx, target.ID)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the target's history failed")
+	}
+	if !ready {
+		return nil, status.Errorf(codes.FailedPrecondition, "deployment %s never became ready; roll back to one that did (see `ctrl deploy list`)", target.ID)
+	}
+	states, err := s.store.RegionStates(ctx, target.ID)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the target's regions failed")
+	}
+	regions := target.Regions
+	if rs := states[target.ID]; len(rs) > 0 {
+		regions = nil
+		for _, r := range rs {
+			regions = append(regions, r.Region)
+		}
+	}
+	if err := s.checkRegions(ctx, regions); err != nil {
+		return nil, err
+	}
+	id := workflows.NewDeploymentID()
+	spec := workflows.SpecFromStore(target)
+	spec.ID, spec.K8sName, spec.RolledBackFrom = id, workflows.K8sName(id), live
+	if len(target.EncryptedEnv) > 0 {
+		// A blob opens only for the deployment it was sealed for.
+		if spec.EncryptedEnv, err = s.reseal(target, id); err != nil {
+			return nil, err
+		}
+	}
+	note := fmt.Sprintf("rollback to the configuration of %s, by %s", target.ID, caller(ctx))
+	if live != "" {
+		note = fmt.Sprintf("rollback of %s to the configuration of %s, by %s", live, target.ID, caller(ctx))
+	}
+	return s.create(ctx, spec, regions, target.TimeoutSeconds, req.GetIdempotencyKey(), note)
+}
+
+// reseal seals the target's secrets for the rollback's new deployment id.
+func (s *Server) reseal(target store.Deployment, newID string) ([]byte, error) {
+	if s.vault == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "deployment %s has secret variables and this ctrl has no vault keyring (vault.keyring_file) to re-seal them", target.ID)
+	}
+	blob, err := s.vault.Reseal(target.ID, target.EncryptedEnv, newID)
+	var unknown *vault.UnknownKeyError
+	switch {
+	case errors.As(err, &unknown):
+		return nil, status.Errorf(codes.FailedPrecondition, "the secrets of deployment %s cannot be opened: %v", target.ID, err)
+	case err != nil:
+		s.log.Error("cannot re-seal secrets for a rollback", "target", target.ID, "error", err)
+		return nil, status.Errorf(codes.Internal, "the secrets of deployment %s cannot be re-sealed (%v); an operator must look at its stored environment", target.ID, err)
+	}
+	return blob, nil
+}
+
+// Promote makes a ready deployment its environment's live one.
+func (s *Server) Promote(ctx context.Context, req *ctrlv1.PromoteRequest) (*ctrlv1.PromoteResponse, error) {
+	d, err := s.deployment(ctx, "deployment_id", req.GetDeploymentId())
+	if err != nil {
+		return nil, err
+	}
+	_, err = s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		cur, err := tx.LockDeployment(ctx, d.ID)
+		if err != nil {
+			return err
+		}
+		if cur != store.StatusReady {
+			return status.Errorf(codes.FailedPrecondition, "deployment %s is %s; only a ready deployment can be promoted", d.ID, cur)
+		}
+		live, err := tx.LiveDeployment(ctx, d.EnvironmentID)
+		if err != nil || live == d.ID {
+			return err
+		}
+		if err := tx.SetLiveDeployment(ctx, d.EnvironmentID, d.ID); err != nil {
+			return err
+		}
+		msg := "promoted by " + caller(ctx)
+		if live != "" {
+			msg += ", replacing " + live
+		}
+		return tx.RecordEvent(ctx, d.ID, cur, msg)
+	})
+	if err != nil {
+		return nil, s.storeError(ctx, err, "promoting failed")
+	}
+	s.log.Info("deployment promoted", "deployment", d.ID, "environment", d.EnvironmentID, "by", caller(ctx))
+	return &ctrlv1.PromoteResponse{}, nil
+}
+
+// StopDeployment removes a deployment from every region: its topology is
+// stopped with new versions in the same transaction as the status change.
+// A live deployment stops being live. Stopping a stopped or failed
+// deployment (already removed) changes nothing.
+func (s *Server) StopDeployment(ctx context.Context, req *ctrlv1.StopDeploymentRequest) (*ctrlv1.StopDeploymentResponse, error) {
+	d, err := s.deployment(ctx, "deployment_id", req.GetDeploymentId())
+	if err != nil {
+		return nil, err
+	}
+	var before string
+	_, err = s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		var err error
+		if before, err = tx.LockDeployment(ctx, d.ID); err != nil {
+			return err
+		}
+		if before == store.StatusStopped || before == store.StatusFailed {
+			return nil
+		}
+		if _, err := tx.StopTopology(ctx, d.ID, true); err != nil {
+			return err
+		}
+		if _, _, err := tx.TransitionDeployment(ctx, d.ID, []string{before}, store.StatusStopped, "stopped by "+caller(ctx)); err != nil {
+			return err
+		}
+		live, err := tx.LiveDeployment(ctx, d.EnvironmentID)
+		if err != nil || live != d.ID {
+			return err
+		}
+		return tx.SetLiveDeployment(ctx, d.EnvironmentID, "")
+	})
+	if err != nil {
+		return nil, s.storeError(ctx, err, "stopping failed")
+	}
+	if before == store.StatusDeploying || before == store.StatusNetwork {
+		// End the workflow's wait now rather than at its timeout; if this
+		// fails, its next check sees the stopped status anyway.
+		if err := workflows.NotifyDeploy(ctx, s.ingress, d.ID, workflows.Outcome{Result: workflows.ResultStopped}); err != nil {
+			s.log.Warn("cannot tell a deploy workflow its deployment was stopped", "deployment", d.ID, "error", err)
+		}
+	}
+	if before != store.StatusStopped && before != store.StatusFailed {
+		s.log.Info("deployment stopped", "deployment", d.ID, "was", before, "by", caller(ctx))
+	}
+	return &ctrlv1.StopDeploymentResponse{}, nil
+}
+
+// deployment reads one deployment named by a request field.
+func (s *Server) deployment(ctx context.Context, field, id string) (store.Deployment, error) {
+	if id == "" || len(id) > 64 {
+		return store.Deployment{}, invalid(&workflows.FieldError{Field: field, Reason: "a deployment id (dep_...) is required"})
+	}
+	d, err := s.store.GetDeployment(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Deployment{}, status.Errorf(codes.NotFound, "%s: no deployment %q", field, id)
+	}
+	if err != nil {
+		return store.Deployment{}, s.storeError(ctx, err, "reading the deployment failed")
+	}
+	return d, nil
+}
+
+// info is the API view of a deployment; instances only when withInstances.
+func info(d store.Deployment, regions []store.RegionState, live, withInstances bool) *ctrlv1.DeploymentInfo {
+	out := &ctrlv1.DeploymentInfo{
+		Id: d.ID, WorkspaceId: d.WorkspaceID, ProjectId: d.ProjectID, EnvironmentId: d.EnvironmentID, AppId: d.AppID,
+		Image: d.Image, Status: statusEnum(d.Status), Error: d.Error, Replicas: d.Replicas, CpuMillicores: d.CPUMillicores,
+		MemoryMib: d.MemoryMiB, Port: d.Port, Command: d.Command, EnvVars: d.EnvVars, SecretEnvKeys: d.SecretEnvKeys, Healthcheck: d.Healthcheck,
+		Live: live, RolledBackFrom: d.RolledBackFrom, ShutdownSignal: d.ShutdownSignal,
+		CreatedAt: timestamppb.New(d.CreatedAt), UpdatedAt: timestamppb.New(d.UpdatedAt),
+	}
+	for _, r := range regions {
+		rs := &ctrlv1.RegionStatus{Region: r.Region, DesiredReplicas: r.DesiredReplicas, DesiredStatus: r.DesiredStatus,
+			Running: r.Running, Pending: r.Pending, Failed: r.Failed}
+		if withInstances {
+			for _, in := range r.Instances {
+				rs.Instances = append(rs.Instances, &ctrlv1.InstanceInfo{K8SName: in.K8sName, Address: in.Address, Status: in.Status,
+					Reason: in.Reason, Message: in.Message, ClusterId: in.ClusterID})
+			}
+		}
+		out.Regions = append(out.Regions, rs)
+	}
+	return out
+}
+
+func statusEnum(s string) ctrlv1.DeploymentStatus {
+	switch s {
+	case store.StatusPending:
+		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_PENDING
+	case store.StatusDeploying:
+		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_DEPLOYING
+	case store.StatusNetwork:
+		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_NETWORK
+	case store.StatusReady:
+		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY
+	case store.StatusFailed:
+		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED
+	case store.StatusStopped:
+		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_STOPPED
+	}
+	return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_UNSPECIFIED
+}
+
+// Page tokens are "<created_at ms>/<id>", base64url: opaque to clients.
+func encodePageToken(c store.DeploymentCursor) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.CreatedAt, 10) + "/" + c.ID))
+}
+
+func decodePageToken(t string) (store.DeploymentCursor, error) {
+	if t == "" {
+		return store.DeploymentCursor{}, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(t)
+	if err != nil {
+		return store.DeploymentCursor{}, err
+	}
+	ms, id, ok := strings.Cut(string(b), "/")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if !ok || err != nil || id == "" {
+		return store.DeploymentCursor{}, errors.New("malformed page token")
+	}
+	return store.DeploymentCursor{CreatedAt: n, ID: id}, nil
+}
+
+func invalid(err error) error { return status.Error(codes.InvalidArgument, err.Error()) }
+
+// storeError passes a status through (from inside a transaction), and
+// turns anything else into UNAVAILABLE.
+func (s *Server) storeError(ctx context.Context, err error, what string) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	s.log.Error(what, "error", err)
+	return status.Errorf(codes.Unavailable, "%s: ctrl's database is unavailable (%v); retry", what, err)
+}
+
+// caller names the operator token's owner, for history and logs.
+func caller(ctx context.Context) string {
+	if id, ok := auth.FromContext(ctx); ok && id.Name != "" {
+		return id.Name
+	}
+	return "an operator"
+}

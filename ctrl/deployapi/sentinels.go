@@ -1,0 +1,234 @@
+package deployapi
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/restatedev/sdk-go/ingress"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/workflows"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+)
+
+// SentinelOptions configure the sentinel and rollout APIs.
+type SentinelOptions struct {
+	Store *store.Store
+	// IngressURL is Restate's ingress.
+	IngressURL string
+	Log        hclog.Logger
+}
+
+// Sentinels serves krane.ctrl.v1.SentinelService (one sentinel: deploy,
+// read, list) and krane.ctrl.v1.RolloutService (fleet rollouts), both
+// backed by the Restate services of the same names in ctrl/workflows.
+type Sentinels struct {
+	ctrlv1.UnimplementedSentinelServiceServer
+	store *store.Store
+	// ingress answers within 30 s; waiting has no overall timeout (the
+	// caller's deadline bounds it) for deploys that wait minutes.
+	ingress, waiting *ingress.Client
+	log              hclog.Logger
+}
+
+// NewSentinels returns the sentinel and rollout APIs.
+func NewSentinels(o SentinelOptions) *Sentinels {
+	if o.Log == nil {
+		o.Log = hclog.NewNullLogger()
+	}
+	return &Sentinels{store: o.Store, ingress: workflows.NewIngressClient(o.IngressURL), waiting: workflows.NewWaitingIngressClient(o.IngressURL),
+		log: o.Log.Named("sentinelapi")}
+}
+
+// Register adds both services to gs.
+func (s *Sentinels) Register(gs *grpc.Server) {
+	ctrlv1.RegisterSentinelServiceServer(gs, s)
+	ctrlv1.RegisterRolloutServiceServer(gs, &Rollouts{s: s})
+}
+
+// startedWithin is how long DeploySentinel without wait looks for the
+// deploy to have taken the sentinel (so its answer shows the new
+// configuration).
+const startedWithin = 5 * time.Second
+
+// DeploySentinel starts SentinelService.Deploy on one sentinel and, with
+// wait, returns once it is ready or failed.
+func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentinelRequest) (*ctrlv1.DeploySentinelResponse, error) {
+	dr := workflows.SentinelDeployRequest{Image: req.GetImage(), Replicas: req.GetReplicas(), CPUMillicores: req.GetCpuMillicores(),
+		MemoryMiB: req.GetMemoryMib(), TimeoutSeconds: req.GetTimeoutSeconds()}
+	if err := dr.Validate(); err != nil {
+		return nil, invalid(err)
+	}
+	row, err := s.sentinel(ctx, req.GetSentinelId())
+	if err != nil {
+		return nil, err
+	}
+	if row.DesiredState != "running" {
+		return nil, status.Errorf(codes.FailedPrecondition, "sentinel %s is %s: its environment runs no deployment; a deploy of the environment starts it again", row.ID, row.DesiredState)
+	}
+	inv, err := workflows.StartSentinelDeploy(ctx, s.ingress, row.ID, dr)
+	if err != nil {
+		return nil, restateError(ctx, err, "starting the sentinel deploy in Restate")
+	}
+	s.log.Info("sentinel deploy started", "sentinel", row.ID, "image", dr.Image, "replicas", dr.Replicas, "invocation", inv, "by", caller(ctx))
+	resp := &ctrlv1.DeploySentinelResponse{InvocationId: inv}
+	if req.GetWait() {
+		res, err := workflows.SentinelDeployOutcome(ctx, s.waiting, inv)
+		if err != nil {
+			return nil, restateError(ctx, err, "waiting for the sentinel deploy")
+		}
+		resp.Result, resp.Message = res.Status, res.Message
+	} else {
+		// The deploy runs after any earlier one of the same sentinel; until
+		// it took the row, answer with what is there.
+		deadline := time.Now().Add(startedWithin)
+		for time.Now().Before(deadline) {
+			if row, err = s.store.GetSentinel(ctx, row.ID); err != nil || row.DeployRequest == inv {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	if row, err = s.store.GetSentinel(ctx, row.ID); err != nil {
+		return nil, s.storeError(ctx, err, "reading the sentinel failed")
+	}
+	resp.Sentinel = sentinelInfo(row)
+	return resp, nil
+}
+
+// GetSentinel returns one sentinel: desired state, what its cluster
+// reports, where its last deploy stands.
+func (s *Sentinels) GetSentinel(ctx context.Context, req *ctrlv1.GetSentinelRequest) (*ctrlv1.SentinelInfo, error) {
+	row, err := s.sentinel(ctx, req.GetSentinelId())
+	if err != nil {
+		return nil, err
+	}
+	return sentinelInfo(row), nil
+}
+
+// ListSentinels lists sentinels in id order, optionally of one region or
+// environment.
+func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinelsRequest) (*ctrlv1.ListSentinelsResponse, error) {
+	if r := req.GetRegion(); r != "" {
+		if err := workflows.ValidRegions("region", []string{r}); err != nil {
+			return nil, invalid(err)
+		}
+	}
+	if e := req.GetEnvironmentId(); e != "" {
+		if err := workflows.ValidName("environment_id", e); err != nil {
+			return nil, invalid(err)
+		}
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0 || size > 500:
+		return nil, invalid(&workflows.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..500 (0: 100)", size)})
+	case size == 0:
+		size = 100
+	}
+	after := ""
+	if t := req.GetPageToken(); t != "" {
+		b, err := base64.RawURLEncoding.DecodeString(t)
+		if err != nil || len(b) == 0 {
+			return nil, invalid(&workflows.FieldError{Field: "page_token", Reason: "not a token from a previous ListSentinels answer"})
+		}
+		after = string(b)
+	}
+	rows, err := s.store.ListSentinels(ctx, store.SentinelFilter{Region: req.GetRegion(), EnvironmentID: req.GetEnvironmentId()}, after, size+1)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "listing sentinels failed")
+	}
+	resp := &ctrlv1.ListSentinelsResponse{}
+	if len(rows) > size {
+		rows = rows[:size]
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(rows[size-1].ID))
+	}
+	for _, r := range rows {
+		resp.Sentinels = append(resp.Sentinels, sentinelInfo(r))
+	}
+	return resp, nil
+}
+
+// sentinel reads one sentinel named by the request.
+func (s *Sentinels) sentinel(ctx context.Context, id string) (store.SentinelRow, error) {
+	if id == "" || len(id) > 64 {
+		return store.SentinelRow{}, invalid(&workflows.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
+	}
+	row, err := s.store.GetSentinel(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.SentinelRow{}, status.Errorf(codes.NotFound, "sentinel_id: no sentinel %q (see `ctrl sentinel list`)", id)
+	}
+	if err != nil {
+		return store.SentinelRow{}, s.storeError(ctx, err, "reading the sentinel failed")
+	}
+	return row, nil
+}
+
+func (s *Sentinels) storeError(ctx context.Context, err error, what string) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	s.log.Error(what, "error", err)
+	return status.Errorf(codes.Unavailable, "%s: ctrl's database is unavailable (%v); retry", what, err)
+}
+
+func sentinelInfo(r store.SentinelRow) *ctrlv1.SentinelInfo {
+	return &ctrlv1.SentinelInfo{
+		Id: r.ID, Region: r.Region, EnvironmentId: r.EnvironmentID, WorkspaceId: r.WorkspaceID, ProjectId: r.ProjectID, AppId: r.AppID,
+		K8SName: r.K8sName, Image: r.Image, Replicas: r.Replicas, CpuMillicores: r.CPUMillicores, MemoryMib: r.MemoryMiB,
+		DesiredState: r.DesiredState, RunningImage: r.RunningImage, AvailableReplicas: r.AvailableReplicas,
+		UpdatedReplicas: r.UpdatedReplicas, ReadyReplicas: r.ReadyReplicas, ObservedGeneration: r.ObservedGeneration,
+		Health: healthEnum(r.Health), HealthReason: r.HealthReason, DeployStatus: r.DeployStatus, DeployMessage: r.DeployMessage,
+		Version: r.Version, ReportObservedVersion: r.ReportObservedVersion, UpdatedAt: timestamppb.New(r.UpdatedAt),
+	}
+}
+
+func healthEnum(h string) clusterv1.Health {
+	switch h {
+	case "healthy":
+		return clusterv1.Health_HEALTH_HEALTHY
+	case "unhealthy":
+		return clusterv1.Health_HEALTH_UNHEALTHY
+	case "paused":
+		return clusterv1.Health_HEALTH_PAUSED
+	}
+	return clusterv1.Health_HEALTH_UNSPECIFIED
+}
+
+// restateError turns an error of a Restate call into a gRPC status: a
+// handler's terminal error by its code (the message is the handler's), a
+// failure to reach Restate as Unavailable.
+func restateError(ctx context.Context, err error, what string) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	var ie ingress.Error
+	if errors.As(err, &ie) && ie.IsInvocationError() {
+		code := codes.Internal
+		switch ie.Code() {
+		case 400:
+			code = codes.InvalidArgument
+		case 404:
+			code = codes.NotFound
+		case 412:
+			code = codes.FailedPrecondition
+		case 409:
+			code = codes.Aborted
+		}
+		return status.Error(code, ie.Message())
+	}
+	return status.Errorf(codes.Unavailable, "%s failed: Restate is unavailable (%v); retry", what, err)
+}

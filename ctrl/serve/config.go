@@ -1,0 +1,339 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/posflag"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+)
+
+// Config is ctrl's configuration. Every key can be set in the YAML file
+// (--config), in the environment (CTRL_ + the key in upper case with '.'
+// as '_': db.dsn is CTRL_DB_DSN) and by a flag (the key with '.' and '_' as
+// '-': db.dsn is --db-dsn). Flags beat the environment, which beats the file,
+// which beats the defaults.
+type Config struct {
+	DB      DBConfig      `koanf:"db"`
+	Migrate MigrateConfig `koanf:"migrate"`
+	GRPC    GRPCConfig    `koanf:"grpc"`
+	HTTP    HTTPConfig    `koanf:"http"`
+	Watch   WatchConfig   `koanf:"watch"`
+	Auth    AuthConfig    `koanf:"auth"`
+	Log     LogConfig     `koanf:"log"`
+	// Restate, Deploy and Sentinel configure the deploy workflows and the
+	// operators' deploy API; they are off while restate.ingress_url is
+	// empty.
+	Restate  RestateConfig  `koanf:"restate"`
+	Deploy   DeployConfig   `koanf:"deploy"`
+	Sentinel SentinelConfig `koanf:"sentinel"`
+	Vault    VaultConfig    `koanf:"vault"`
+}
+
+// VaultConfig is the keyring that seals deployments' secret variables.
+type VaultConfig struct {
+	KeyringFile string `koanf:"keyring_file"`
+}
+
+type RestateConfig struct {
+	IngressURL      string                `koanf:"ingress_url"`
+	AdminURL        string                `koanf:"admin_url"`
+	Endpoint        RestateEndpointConfig `koanf:"endpoint"`
+	RegisterOnStart bool                  `koanf:"register_on_start"`
+}
+
+type RestateEndpointConfig struct {
+	Listen string `koanf:"listen"`
+	URL    string `koanf:"url"`
+}
+
+// Enabled reports whether ctrl runs its Restate services and deploy API.
+func (c RestateConfig) Enabled() bool { return c.IngressURL != "" }
+
+type DeployConfig struct {
+	Timeout        time.Duration `koanf:"timeout"`
+	ResyncInterval time.Duration `koanf:"resync_interval"`
+}
+
+type SentinelConfig struct {
+	DefaultImage         string `koanf:"default_image"`
+	DefaultReplicas      int    `koanf:"default_replicas"`
+	DefaultCPUMillicores int    `koanf:"default_cpu_millicores"`
+	DefaultMemoryMiB     int    `koanf:"default_memory_mib"`
+	// DeployTimeout bounds a SentinelService.Deploy's wait.
+	DeployTimeout time.Duration `koanf:"deploy_timeout"`
+}
+
+type DBConfig struct {
+	DSN             string        `koanf:"dsn"`
+	MaxOpenConns    int           `koanf:"max_open_conns"`
+	MaxIdleConns    int           `koanf:"max_idle_conns"`
+	ConnMaxLifetime time.Duration `koanf:"conn_max_lifetime"`
+}
+
+type MigrateConfig struct {
+	OnStart bool `koanf:"on_start"`
+}
+
+type GRPCConfig struct {
+	Addr         string `koanf:"addr"`
+	TLSCert      string `koanf:"tls_cert"`
+	TLSKey       string `koanf:"tls_key"`
+	ClientCA     string `koanf:"client_ca"`
+	MaxRecvBytes int    `koanf:"max_recv_bytes"`
+	MaxSendBytes int    `koanf:"max_send_bytes"`
+}
+
+type HTTPConfig struct {
+	Addr string `koanf:"addr"`
+}
+
+type WatchConfig struct {
+	PageSize     int           `koanf:"page_size"`
+	KeepAlive    time.Duration `koanf:"keepalive"`
+	PollInterval time.Duration `koanf:"poll_interval"`
+}
+
+type AuthConfig struct {
+	CacheTTL        time.Duration `koanf:"cache_ttl"`
+	RecheckInterval time.Duration `koanf:"recheck_interval"`
+}
+
+type LogConfig struct {
+	Level  string `koanf:"level"`
+	Format string `koanf:"format"`
+}
+
+type setting struct {
+	key   string
+	def   any
+	usage string
+}
+
+// settings is every configuration key, its default and its help text.
+var settings = []setting{
+	{"db.dsn", "", "MySQL/MariaDB DSN, e.g. ctrl:secret@tcp(db:3306)/ctrl (required)"},
+	{"db.max_open_conns", 50, "maximum open database connections (each bootstrapping stream holds one)"},
+	{"db.max_idle_conns", 10, "maximum idle database connections"},
+	{"db.conn_max_lifetime", 5 * time.Minute, "recycle database connections after this long"},
+	{"migrate.on_start", true, "apply pending schema migrations when ctrl serve starts"},
+	{"grpc.addr", ":7443", "gRPC listen address (ClusterService and operator APIs)"},
+	{"grpc.tls_cert", "", "TLS certificate file (PEM); without it gRPC is plaintext h2c"},
+	{"grpc.tls_key", "", "TLS private key file (PEM)"},
+	{"grpc.client_ca", "", "CA bundle (PEM); when set, clients must present a certificate it signed (mTLS)"},
+	{"grpc.max_recv_bytes", 16 << 20, "largest gRPC message ctrl accepts"},
+	{"grpc.max_send_bytes", 16 << 20, "largest gRPC message ctrl sends"},
+	{"http.addr", ":9090", "HTTP listen address for /healthz, /readyz and /metrics"},
+	{"watch.page_size", 500, "rows per query when streaming desired state"},
+	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
+	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
+	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s)"},
+	{"auth.recheck_interval", 2 * time.Second, "how often open streams re-check their token"},
+	{"restate.ingress_url", "", "Restate ingress URL, e.g. http://restate:8080; empty turns the deploy workflows and the deploy API off"},
+	{"restate.admin_url", "", "Restate admin API URL, e.g. http://restate:9070 (registration of ctrl's endpoint)"},
+	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2; keep it on a private network)"},
+	{"restate.endpoint.url", "", "URL Restate calls the endpoint at; default http://<listen host, or this hostname>:<port>"},
+	{"restate.register_on_start", true, "register the endpoint with Restate when ctrl starts (idempotent; retried in the background)"},
+	{"deploy.timeout", 5 * time.Minute, "how long a deploy waits for every region to run when its request does not say"},
+	{"deploy.resync_interval", 30 * time.Second, "how often deploys in progress are checked again (lost wake-ups, workflows that never started, overdue deploys)"},
+	{"sentinel.default_image", "", "image of the sentinel a deploy creates for an environment that has none (required with restate.ingress_url)"},
+	{"sentinel.default_replicas", 2, "replicas of a new sentinel"},
+	{"sentinel.default_cpu_millicores", 250, "CPU of a new sentinel, in millicores"},
+	{"sentinel.default_memory_mib", 256, "memory of a new sentinel, in MiB"},
+	{"sentinel.deploy_timeout", 10 * time.Minute, "how long a sentinel deploy (and each sentinel of a rollout) waits for its cluster to run the new configuration healthy, when the request does not say"},
+	{"vault.keyring_file", "", "keyring file sealing deployments' secret variables (mode 0600; `ctrl vault init` creates it, reloaded when it changes); empty: no secrets"},
+	{"log.level", "info", "log level: trace, debug, info, warn, error"},
+	{"log.format", "json", "log format: json or text"},
+}
+
+// ConfigFlag names the flag (and CTRL_CONFIG the variable) of the optional
+// YAML configuration file.
+const ConfigFlag = "config"
+
+func flagName(key string) string { return strings.NewReplacer(".", "-", "_", "-").Replace(key) }
+func envName(key string) string {
+	return "CTRL_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+}
+
+// AddFlags defines a flag on fs for every key include accepts (every key
+// when include is nil).
+func AddFlags(fs *pflag.FlagSet, include func(key string) bool) {
+	for _, s := range settings {
+		if include != nil && !include(s.key) {
+			continue
+		}
+		name, usage := flagName(s.key), s.usage+" (env "+envName(s.key)+")"
+		switch d := s.def.(type) {
+		case string:
+			fs.String(name, d, usage)
+		case int:
+			fs.Int(name, d, usage)
+		case bool:
+			fs.Bool(name, d, usage)
+		case time.Duration:
+			fs.Duration(name, d, usage)
+		default:
+			panic(fmt.Sprintf("serve: setting %s has an unsupported type %T", s.key, d))
+		}
+	}
+}
+
+// AddConfigFlag defines --config on fs.
+func AddConfigFlag(fs *pflag.FlagSet) {
+	fs.String(ConfigFlag, "", "YAML configuration file (env CTRL_CONFIG); flags and CTRL_* variables override it")
+}
+
+// LoadConfig merges defaults, the file named by --config (or CTRL_CONFIG),
+// CTRL_* variables and the flags set on fs. Unknown keys in the file are
+// errors, so a typo does not silently leave a default in place.
+func LoadConfig(fs *pflag.FlagSet) (Config, error) {
+	k := koanf.New(".")
+	defaults := map[string]any{}
+	known := map[string]bool{}
+	byEnv := map[string]string{}
+	byFlag := map[string]string{}
+	for _, s := range settings {
+		defaults[s.key] = s.def
+		known[s.key] = true
+		byEnv[envName(s.key)] = s.key
+		byFlag[flagName(s.key)] = s.key
+	}
+	if err := k.Load(confmap.Provider(defaults, "."), nil); err != nil {
+		return Config{}, err
+	}
+
+	path := os.Getenv("CTRL_CONFIG")
+	if fs != nil {
+		if f := fs.Lookup(ConfigFlag); f != nil && f.Changed {
+			path = f.Value.String()
+		}
+	}
+	if path != "" {
+		fk := koanf.New(".")
+		if err := fk.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		}
+		var unknown []string
+		for _, key := range fk.Keys() {
+			if !known[key] {
+				unknown = append(unknown, key)
+			}
+		}
+		if len(unknown) > 0 {
+			sort.Strings(unknown)
+			return Config{}, fmt.Errorf("config file %s: unknown keys %s (known keys: see `ctrl serve --help`)", path, strings.Join(unknown, ", "))
+		}
+		if err := k.Merge(fk); err != nil {
+			return Config{}, err
+		}
+	}
+
+	if err := k.Load(env.Provider(".", env.Opt{
+		Prefix: "CTRL_",
+		TransformFunc: func(name, value string) (string, any) {
+			return byEnv[name], value // "" (an unknown CTRL_ variable) is skipped
+		},
+	}), nil); err != nil {
+		return Config{}, err
+	}
+
+	if fs != nil {
+		if err := k.Load(posflag.ProviderWithFlag(fs, ".", k, func(f *pflag.Flag) (string, any) {
+			key, ok := byFlag[f.Name]
+			if !ok || !f.Changed {
+				return "", nil
+			}
+			return key, posflag.FlagVal(fs, f)
+		}), nil); err != nil {
+			return Config{}, err
+		}
+	}
+
+	var cfg Config
+	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf"}); err != nil {
+		return Config{}, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// Validate checks what Start needs.
+func (c Config) Validate() error {
+	var errs []error
+	if c.DB.DSN == "" {
+		errs = append(errs, errors.New("db.dsn is required (--db-dsn or CTRL_DB_DSN)"))
+	}
+	if (c.GRPC.TLSCert == "") != (c.GRPC.TLSKey == "") {
+		errs = append(errs, errors.New("grpc.tls_cert and grpc.tls_key must be set together"))
+	}
+	if c.GRPC.ClientCA != "" && c.GRPC.TLSCert == "" {
+		errs = append(errs, errors.New("grpc.client_ca (mTLS) needs grpc.tls_cert and grpc.tls_key"))
+	}
+	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
+		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))
+	}
+	if c.Log.Format != "json" && c.Log.Format != "text" {
+		errs = append(errs, fmt.Errorf("log.format %q is not json or text", c.Log.Format))
+	}
+	if hclogLevel(c.Log.Level) == 0 {
+		errs = append(errs, fmt.Errorf("log.level %q is not trace, debug, info, warn or error", c.Log.Level))
+	}
+	errs = append(errs, c.validateRestate()...)
+	return errors.Join(errs...)
+}
+
+func (c Config) validateRestate() []error {
+	r := c.Restate
+	if !r.Enabled() {
+		if r.AdminURL != "" {
+			return []error{errors.New("restate.admin_url is set but restate.ingress_url is not: set both to run the deploy workflows, or neither")}
+		}
+		return nil
+	}
+	var errs []error
+	checkURL := func(key, v string) {
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("%s %q is not an http:// or https:// URL", key, v))
+		}
+	}
+	checkURL("restate.ingress_url", r.IngressURL)
+	if r.AdminURL != "" {
+		checkURL("restate.admin_url", r.AdminURL)
+	} else if r.RegisterOnStart {
+		errs = append(errs, errors.New("restate.register_on_start needs restate.admin_url (or turn registration off and run `ctrl restate register`)"))
+	}
+	if r.Endpoint.URL != "" {
+		checkURL("restate.endpoint.url", r.Endpoint.URL)
+	}
+	if _, _, err := net.SplitHostPort(r.Endpoint.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("restate.endpoint.listen %q is not host:port", r.Endpoint.Listen))
+	}
+	if c.Deploy.Timeout <= 0 || c.Deploy.Timeout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("deploy.timeout %s is out of range (0, 24h]", c.Deploy.Timeout))
+	}
+	if c.Deploy.ResyncInterval < time.Second {
+		errs = append(errs, fmt.Errorf("deploy.resync_interval %s is below 1s", c.Deploy.ResyncInterval))
+	}
+	s := c.Sentinel
+	if s.DefaultImage == "" {
+		errs = append(errs, errors.New("sentinel.default_image is required with restate.ingress_url: deploys create a sentinel from it for environments that have none"))
+	}
+	if s.DeployTimeout <= 0 || s.DeployTimeout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("sentinel.deploy_timeout %s is out of range (0, 24h]", s.DeployTimeout))
+	}
+	if s.DefaultReplicas < 1 || s.DefaultCPUMillicores < 1 || s.DefaultMemoryMiB < 1 {
+		errs = append(errs, errors.New("sentinel.default_replicas, sentinel.default_cpu_millicores and sentinel.default_memory_mib must be at least 1"))
+	}
+	return errs
+}

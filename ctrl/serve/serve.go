@@ -1,0 +1,406 @@
+// Package serve wires `ctrl serve`: configuration (koanf: flags, CTRL_*
+// variables, an optional YAML file), the store and its migrations, the gRPC
+// server (TLS or h2c, optional mTLS, authentication on every call, the
+// ClusterService) and the HTTP server for /healthz, /readyz and /metrics.
+//
+// With restate.ingress_url set it also runs ctrl's Restate side
+// (restate.go): the endpoint Restate calls (ctrl/workflows), its
+// registration, the Notifier that turns status reports into workflow
+// wake-ups, and the operators' deploy API (ctrl/deployapi). ctrl serves
+// clusters whether or not Restate is reachable; registration retries in the
+// background.
+package serve
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/clusterapi"
+	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/vault"
+	"krane.dev/ctrl/workflows"
+	"krane.dev/internal/version"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// Deps are what other parts of ctrl plug into the server.
+type Deps struct {
+	// RegisterServices registers more gRPC services (the operator APIs) on
+	// the server before it starts. They get the same authentication.
+	RegisterServices func(gs *grpc.Server, st *store.Store) error
+	// Listener is told about accepted status reports (besides the deploy
+	// Notifier, when Restate is configured).
+	Listener clusterapi.StatusListener
+	// WorkflowHooks are passed to the Restate services (tests only).
+	WorkflowHooks workflows.Hooks
+}
+
+type mysqlLogger struct{ log hclog.Logger }
+
+func (l mysqlLogger) Print(v ...any) { l.log.Warn(strings.TrimSpace(fmt.Sprint(v...))) }
+
+// Server is a running ctrl.
+type Server struct {
+	cfg      Config
+	log      hclog.Logger
+	store    *store.Store
+	registry *prometheus.Registry
+	grpc     *grpc.Server
+	http     *http.Server
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	restate  *restateStack // nil when Restate is not configured
+	cancel   context.CancelFunc
+	done     chan struct{}
+	errOnce  sync.Once
+	err      error
+}
+
+// NewLogger builds the process logger from the log settings.
+func NewLogger(c LogConfig, out io.Writer) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name: "ctrl", Level: hclogLevel(c.Level), JSONFormat: c.Format != "text", Output: out, TimeFormat: time.RFC3339Nano,
+	})
+}
+
+func hclogLevel(s string) hclog.Level {
+	switch strings.ToLower(s) {
+	case "trace":
+		return hclog.Trace
+	case "debug":
+		return hclog.Debug
+	case "info", "":
+		return hclog.Info
+	case "warn":
+		return hclog.Warn
+	case "error":
+		return hclog.Error
+	}
+	return hclog.NoLevel
+}
+
+// Start opens the store (migrating it unless disabled), starts the gRPC and
+// HTTP servers and returns at once. Stop (or cancelling ctx) shuts down.
+func Start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	// The driver's own messages (bad idle connections after a database
+	// restart, say) go to the structured log, not to bare stderr.
+	_ = mysql.SetLogger(mysqlLogger{log.Named("mysql")})
+	st, err := store.Open(ctx, cfg.DB.DSN, store.PoolOptions{
+		MaxOpenConns: cfg.DB.MaxOpenConns, MaxIdleConns: cfg.DB.MaxIdleConns, ConnMaxLifetime: cfg.DB.ConnMaxLifetime,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s, err := start(ctx, cfg, log, deps, st)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *store.Store) (*Server, error) {
+	if cfg.Migrate.OnStart {
+		applied, err := st.Migrate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range applied {
+			log.Info("applied migration", "version", m.Version, "source", m.Source, "duration", m.Duration)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	authn := auth.New(st, auth.Options{CacheTTL: cfg.Auth.CacheTTL, RecheckInterval: cfg.Auth.RecheckInterval, Logger: log, Registerer: reg})
+	opts, err := GRPCServerOptions(cfg.GRPC, authn)
+	if err != nil {
+		return nil, err
+	}
+	var keys *vault.Source
+	if cfg.Vault.KeyringFile != "" {
+		if keys, err = vault.Load(cfg.Vault.KeyringFile, log); err != nil {
+			return nil, err
+		}
+	} else {
+		log.Info("vault.keyring_file is not set: deployments cannot have secret variables")
+	}
+	// Outside authentication, so refused decryption requests are audited.
+	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(clusterapi.DecryptAuditInterceptor(st, log))}, opts...)
+	gs := grpc.NewServer(opts...)
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+
+	// The Restate side first: its Notifier listens to the cluster API's
+	// reports, and it registers the deploy API on gs.
+	var stack *restateStack
+	listeners := listenerList{}
+	if deps.Listener != nil {
+		listeners = append(listeners, deps.Listener)
+	}
+	if cfg.Restate.Enabled() {
+		if stack, err = startRestate(runCtx, cfg, log, st, gs, reg, deps.WorkflowHooks, keys); err != nil {
+			cancel()
+			return nil, err
+		}
+		listeners = append(listeners, stack.notifier)
+	} else {
+		log.Warn("restate.ingress_url is not set: the deploy workflows and the deploy API are off")
+	}
+	fail := func(err error) (*Server, error) {
+		cancel()
+		if stack != nil {
+			stack.stop()
+		}
+		return nil, err
+	}
+	api, err := clusterapi.New(clusterapi.Options{
+		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
+		PollInterval: cfg.Watch.PollInterval, Listener: listeners, Vault: keys,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	clusterv1.RegisterClusterServiceServer(gs, api)
+	if deps.RegisterServices != nil {
+		if err := deps.RegisterServices(gs, st); err != nil {
+			return fail(fmt.Errorf("register services: %w", err))
+		}
+	}
+
+	grpcLis, err := net.Listen("tcp", cfg.GRPC.Addr)
+	if err != nil {
+		return fail(fmt.Errorf("listen for gRPC on %s: %w", cfg.GRPC.Addr, err))
+	}
+	httpLis, err := net.Listen("tcp", cfg.HTTP.Addr)
+	if err != nil {
+		grpcLis.Close()
+		return fail(fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTP.Addr, err))
+	}
+	s := &Server{
+		cfg: cfg, log: log, store: st, registry: reg, grpc: gs, grpcLis: grpcLis, httpLis: httpLis,
+		restate: stack, cancel: cancel, done: make(chan struct{}),
+	}
+	s.http = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+
+	var wg sync.WaitGroup
+	apiDone := make(chan struct{})
+	go func() { api.Run(runCtx); close(apiDone) }()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := gs.Serve(grpcLis); err != nil {
+			s.fail(fmt.Errorf("gRPC server: %w", err))
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := s.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.fail(fmt.Errorf("HTTP server: %w", err))
+		}
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-runCtx.Done():
+		}
+		s.shutdown(apiDone)
+		wg.Wait()
+		st.Close()
+		log.Info("ctrl stopped")
+		close(s.done)
+	}()
+	log.Info("ctrl serving", "version", version.Version, "grpc", grpcLis.Addr().String(), "tls", cfg.GRPC.TLSCert != "",
+		"mtls", cfg.GRPC.ClientCA != "", "http", httpLis.Addr().String())
+	return s, nil
+}
+
+// shutdown ends streams (the ClusterService answers UNAVAILABLE with the
+// cursor to resume from), then stops the servers.
+func (s *Server) shutdown(apiDone <-chan struct{}) {
+	s.log.Info("shutting down: ending streams (agents reconnect with their cursor), then stopping the servers")
+	s.cancel()
+	<-apiDone
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		s.grpc.Stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.http.Shutdown(ctx)
+	if s.restate != nil {
+		s.restate.stop()
+	}
+}
+
+func (s *Server) fail(err error) {
+	s.errOnce.Do(func() { s.err = err })
+	s.log.Error("server failed; shutting down", "error", err)
+	s.cancel()
+}
+
+// Stop shuts the server down and waits for it.
+func (s *Server) Stop() error {
+	s.cancel()
+	<-s.done
+	return s.err
+}
+
+// Wait blocks until the server stopped and returns why, if it failed.
+func (s *Server) Wait() error {
+	<-s.done
+	return s.err
+}
+
+// GRPCAddr and HTTPAddr are the listening addresses.
+func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
+func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
+
+// RestateEndpointURL is the URL Restate calls ctrl's services at ("" when
+// Restate is not configured).
+func (s *Server) RestateEndpointURL() string {
+	if s.restate == nil {
+		return ""
+	}
+	return s.restate.url
+}
+
+// WaitRestateRegistered waits until the endpoint is registered with Restate
+// (at once when registration on start is off or Restate is not configured).
+func (s *Server) WaitRestateRegistered(ctx context.Context) error {
+	if s.restate == nil {
+		return nil
+	}
+	select {
+	case <-s.restate.registered:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the Restate endpoint %s is not registered yet: %w", s.restate.url, ctx.Err())
+	}
+}
+
+// listenerList tells every listener about a report.
+type listenerList []clusterapi.StatusListener
+
+func (l listenerList) DeploymentReported(ctx context.Context, deploymentID, region string) {
+	for _, x := range l {
+		x.DeploymentReported(ctx, deploymentID, region)
+	}
+}
+
+func (l listenerList) SentinelReported(ctx context.Context, sentinelID string) {
+	for _, x := range l {
+		x.SentinelReported(ctx, sentinelID)
+	}
+}
+
+// Store is the server's store.
+func (s *Server) Store() *store.Store { return s.store }
+
+// Registry holds the server's metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// GRPCServerOptions are the options of ctrl's gRPC server: transport
+// credentials, authentication interceptors, message size limits and
+// keepalive enforcement that tolerates agents' pings on idle streams.
+func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator) ([]grpc.ServerOption, error) {
+	creds, err := transportCredentials(c)
+	if err != nil {
+		return nil, err
+	}
+	recv, send := c.MaxRecvBytes, c.MaxSendBytes
+	if recv <= 0 {
+		recv = 16 << 20
+	}
+	if send <= 0 {
+		send = 16 << 20
+	}
+	return []grpc.ServerOption{
+		grpc.Creds(creds),
+		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(authn.StreamInterceptor()),
+		grpc.MaxRecvMsgSize(recv),
+		grpc.MaxSendMsgSize(send),
+		// Agents ping idle streams (proxies drop silent connections); allow
+		// it every 10s, even without active calls, instead of GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// And ping them ourselves, so dead peers free their streams.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}, nil
+}
+
+func transportCredentials(c GRPCConfig) (credentials.TransportCredentials, error) {
+	if c.TLSCert == "" {
+		return insecure.NewCredentials(), nil // plaintext HTTP/2 (h2c)
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", c.TLSCert, c.TLSKey, err)
+	}
+	conf := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.ClientCA != "" {
+		pem, err := os.ReadFile(c.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("read client CA %s: %w", c.ClientCA, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA %s holds no PEM certificate", c.ClientCA)
+		}
+		conf.ClientCAs = pool
+		conf.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return credentials.NewTLS(conf), nil
+}
+
+func (s *Server) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.store.Ping(ctx); err != nil {
+			http.Error(w, "not ready: database unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		current, err := s.store.MigrationsCurrent(ctx)
+		if err != nil {
+			http.Error(w, "not ready: cannot read the schema version: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if !current {
+			http.Error(w, "not ready: schema migrations are pending (run `ctrl migrate`)", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	return mux
+}

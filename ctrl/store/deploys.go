@@ -1,0 +1,600 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"krane.dev/internal/kinds"
+)
+
+// Deployment statuses. A deploy moves pending -> deploying -> network ->
+// ready, or to failed from any of the first three; stopped is an operator's
+// decision. Every change is a compare-and-set (TransitionDeployment), so a
+// late or repeated step never overwrites a later status.
+const (
+	StatusPending   = "pending"
+	StatusDeploying = "deploying"
+	StatusNetwork   = "network"
+	StatusReady     = "ready"
+	StatusFailed    = "failed"
+	StatusStopped   = "stopped"
+)
+
+// InProgress lists the statuses of a deploy that has not finished.
+var InProgress = []string{StatusPending, StatusDeploying, StatusNetwork}
+
+const deploymentColumns = `id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name, image,
+  cpu_millicores, memory_mib, replicas, env_vars, encrypted_env, secret_env_keys, healthcheck, port, command, shutdown_signal,
+  status, error, idempotency_key, rolled_back_from, requested_regions, timeout_seconds, created_at, updated_at`
+
+func scanDeploymentRow(s scanner) (Deployment, error) {
+	var (
+		d                         Deployment
+		envVars, command          []byte
+		healthcheck, regions      []byte
+		secretKeys                []byte
+		errMsg, idemKey, rollback sql.NullString
+		created, updated          int64
+	)
+	if err := s.Scan(&d.ID, &d.WorkspaceID, &d.ProjectID, &d.EnvironmentID, &d.AppID, &d.K8sNamespace, &d.K8sName, &d.Image,
+		&d.CPUMillicores, &d.MemoryMiB, &d.Replicas, &envVars, &d.EncryptedEnv, &secretKeys, &healthcheck, &d.Port, &command, &d.ShutdownSignal,
+		&d.Status, &errMsg, &idemKey, &rollback, &regions, &d.TimeoutSeconds, &created, &updated); err != nil {
+		return Deployment{}, err
+	}
+	d.Error, d.IdempotencyKey, d.RolledBackFrom = errMsg.String, idemKey.String, rollback.String
+	d.CreatedAt, d.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+	if err := json.Unmarshal(envVars, &d.EnvVars); err != nil {
+		return Deployment{}, fmt.Errorf("deployments.env_vars of %s is not a JSON object of strings: %w", d.ID, err)
+	}
+	if err := json.Unmarshal(command, &d.Command); err != nil {
+		return Deployment{}, fmt.Errorf("deployments.command of %s is not a JSON array of strings: %w", d.ID, err)
+	}
+	if len(secretKeys) > 0 && string(secretKeys) != "null" {
+		if err := json.Unmarshal(secretKeys, &d.SecretEnvKeys); err != nil {
+			return Deployment{}, fmt.Errorf("deployments.secret_env_keys of %s is not a JSON array of strings: %w", d.ID, err)
+		}
+	}
+	if len(regions) > 0 && string(regions) != "null" {
+		if err := json.Unmarshal(regions, &d.Regions); err != nil {
+			return Deployment{}, fmt.Errorf("deployments.requested_regions of %s is not a JSON array of strings: %w", d.ID, err)
+		}
+	}
+	if len(healthcheck) > 0 && string(healthcheck) != "null" {
+		var h healthcheckJSON
+		if err := json.Unmarshal(healthcheck, &h); err != nil {
+			return Deployment{}, fmt.Errorf("deployments.healthcheck of %s is malformed: %w", d.ID, err)
+		}
+		d.Healthcheck = h.proto()
+	}
+	return d, nil
+}
+
+// insertDeployment inserts a new row in status pending and the first entry
+// of its history. A duplicate id or idempotency key is MySQL error 1062.
+func insertDeployment(ctx context.Context, tx *Tx, d Deployment, note string) error {
+	if err := d.check(); err != nil {
+		return err
+	}
+	d.Status = StatusPending
+	d.applyDefaults()
+	envVars, _ := json.Marshal(d.EnvVars)
+	command, _ := json.Marshal(d.Command)
+	var healthcheck, regions sql.NullString
+	if d.Healthcheck != nil {
+		b, _ := json.Marshal(healthcheckFromProto(d.Healthcheck))
+		healthcheck = sql.NullString{String: string(b), Valid: true}
+	}
+	if len(d.Regions) > 0 {
+		b, _ := json.Marshal(d.Regions)
+		regions = sql.NullString{String: string(b), Valid: true}
+	}
+	now := nowMillis()
+	if _, err := tx.Exec(ctx, `INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
+  image, cpu_millicores, memory_mib, replicas, env_vars, encrypted_env, secret_env_keys, healthcheck, port, command, shutdown_signal,
+  status, idempotency_key, rolled_back_from, requested_regions, timeout_seconds, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		d.ID, d.WorkspaceID, d.ProjectID, d.EnvironmentID, d.AppID, d.K8sNamespace, d.K8sName,
+		d.Image, d.CPUMillicores, d.MemoryMiB, d.Replicas, string(envVars), d.EncryptedEnv, secretKeysJSON(d.SecretEnvKeys), healthcheck, d.Port, string(command), d.ShutdownSignal,
+		d.Status, nullString(d.IdempotencyKey), nullString(d.RolledBackFrom), regions, d.TimeoutSeconds, now, now); err != nil {
+		return fmt.Errorf("store: create deployment %s: %w", d.ID, err)
+	}
+	return tx.RecordEvent(ctx, d.ID, StatusPending, note)
+}
+
+// CreateDeployment inserts a new deployment in status pending. When a
+// deployment with the same idempotency key exists (or is created
+// concurrently), it writes nothing and returns that deployment's id with
+// existed = true.
+func (s *Store) CreateDeployment(ctx context.Context, d Deployment, note string) (id string, existed bool, err error) {
+	if d.IdempotencyKey != "" {
+		id, err := s.DeploymentByIdempotencyKey(ctx, d.IdempotencyKey)
+		if err == nil {
+			return id, true, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return "", false, err
+		}
+	}
+	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error { return insertDeployment(ctx, tx, d, note) })
+	if err != nil && mysqlErrNumber(err) == 1062 && d.IdempotencyKey != "" {
+		// A concurrent request with the same key won the race.
+		if id, err2 := s.DeploymentByIdempotencyKey(ctx, d.IdempotencyKey); err2 == nil {
+			return id, true, nil
+		}
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return d.ID, false, nil
+}
+
+// DeploymentByIdempotencyKey returns the id of the deployment created with
+// key; ErrNotFound when there is none.
+func (s *Store) DeploymentByIdempotencyKey(ctx context.Context, key string) (string, error) {
+	var id string
+	err := s.db.QueryRowContext(ctx, "SELECT id FROM deployments WHERE idempotency_key = ?", key).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: look up idempotency key: %w", err)
+	}
+	return id, nil
+}
+
+// EnsureDeployment inserts d in status pending unless a row with its id
+// exists, and returns the row's status: the deploy workflow's idempotent
+// "create" step (the API normally created the row already).
+func (s *Store) EnsureDeployment(ctx context.Context, d Deployment, note string) (string, error) {
+	var status string
+	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		var err error
+		status, err = tx.LockDeployment(ctx, d.ID)
+		if !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		status = StatusPending
+		return insertDeployment(ctx, tx, d, note)
+	})
+	return status, err
+}
+
+// GetDeployment reads one deployment; ErrNotFound when there is none.
+func (s *Store) GetDeployment(ctx context.Context, id string) (Deployment, error) {
+	d, err := scanDeploymentRow(s.db.QueryRowContext(ctx, "SELECT "+deploymentColumns+" FROM deployments WHERE id = ?", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Deployment{}, ErrNotFound
+	}
+	if err != nil {
+		return Deployment{}, fmt.Errorf("store: read deployment %s: %w", id, err)
+	}
+	return d, nil
+}
+
+// DeploymentCursor is a position in an environment's deployments, newest
+// first (keyset paging: no page re-reads the rows before it).
+type DeploymentCursor struct {
+	CreatedAt int64 // unix milliseconds
+	ID        string
+}
+
+// ListDeployments returns up to limit deployments of an environment, newest
+// first, after the cursor (the zero cursor starts at the newest).
+func (s *Store) ListDeployments(ctx context.Context, environmentID string, after DeploymentCursor, limit int) ([]Deployment, error) {
+	q := "SELECT " + deploymentColumns + " FROM deployments WHERE environment_id = ?"
+	args := []any{environmentID}
+	if after.ID != "" {
+		q += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+		args = append(args, after.CreatedAt, after.CreatedAt, after.ID)
+	}
+	q += " ORDER BY created_at DESC, id DESC LIMIT ?"
+	rows, err := s.db.QueryContext(ctx, q, append(args, limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list deployments of environment %s: %w", environmentID, err)
+	}
+	defer rows.Close()
+	var out []Deployment
+	for rows.Next() {
+		d, err := scanDeploymentRow(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: list deployments of environment %s: %w", environmentID, err)
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// LockDeployment locks a deployment's row until the transaction ends and
+// returns its status; ErrNotFound when there is none. Every status change
+// and every write of the deploy workflow takes this lock first, so they are
+// serialised per deployment.
+func (t *Tx) LockDeployment(ctx context.Context, id string) (string, error) {
+	var status string
+	err := t.QueryRow(ctx, "SELECT status FROM deployments WHERE id = ? FOR UPDATE", id).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("store: deployment %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: lock deployment %s: %w", id, err)
+	}
+	return status, nil
+}
+
+// TransitionDeployment moves a deployment to status to if its status is
+// one of from (compare-and-set), and records the change in its history.
+// message becomes the deployment's error when to is failed. It returns
+// whether it changed anything and the status the deployment has now.
+func (t *Tx) TransitionDeployment(ctx context.Context, id string, from []string, to, message string) (bool, string, error) {
+	cur, err := t.LockDeployment(ctx, id)
+	if err != nil {
+		return false, "", err
+	}
+	if !slices.Contains(from, cur) {
+		return false, cur, nil
+	}
+	var errMsg sql.NullString
+	if to == StatusFailed {
+		errMsg = nullString(message)
+	}
+	if _, err := t.Exec(ctx, "UPDATE deployments SET status = ?, error = ?, updated_at = ? WHERE id = ?", to, errMsg, nowMillis(), id); err != nil {
+		return false, "", fmt.Errorf("store: set status of deployment %s to %s: %w", id, to, err)
+	}
+	if err := t.RecordEvent(ctx, id, to, message); err != nil {
+		return false, "", err
+	}
+	return true, to, nil
+}
+
+// TransitionDeployment is Tx.TransitionDeployment in a transaction of its
+// own.
+func (s *Store) TransitionDeployment(ctx context.Context, id string, from []string, to, message string) (changed bool, current string, err error) {
+	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		changed, current, err = tx.TransitionDeployment(ctx, id, from, to, message)
+		return err
+	})
+	return changed, current, err
+}
+
+// RecordEvent appends to a deployment's history (status is the status the
+// entry is filed under). The caller must hold the deployment's row lock
+// (LockDeployment), so sequence numbers never collide.
+func (t *Tx) RecordEvent(ctx context.Context, id, status, message string) error {
+	if _, err := t.Exec(ctx, `INSERT INTO deployment_events (deployment_id, seq, status, message, created_at)
+SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM deployment_events WHERE deployment_id = ?`,
+		id, status, nullString(message), nowMillis(), id); err != nil {
+		return fmt.Errorf("store: record status %s of deployment %s: %w", status, id, err)
+	}
+	return nil
+}
+
+// DeploymentEvent is one entry of a deployment's status history.
+type DeploymentEvent struct {
+	Seq     int
+	Status  string
+	Message string
+	At      time.Time
+}
+
+// DeploymentEvents returns a deployment's status history, oldest first.
+func (s *Store) DeploymentEvents(ctx context.Context, id string) ([]DeploymentEvent, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT seq, status, COALESCE(message, ''), created_at FROM deployment_events WHERE deployment_id = ? ORDER BY seq", id)
+	if err != nil {
+		return nil, fmt.Errorf("store: read history of deployment %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []DeploymentEvent
+	for rows.Next() {
+		var e DeploymentEvent
+		var at int64
+		if err := rows.Scan(&e.Seq, &e.Status, &e.Message, &at); err != nil {
+			return nil, err
+		}
+		e.At = time.UnixMilli(at).UTC()
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// StopTopology marks every topology row of a deployment stopped (a soft
+// delete). With touch the rows get new versions when the transaction
+// commits; without, the caller stamps the returned refs after the commit
+// (StampCommitted). It returns every row's ref, changed or not, so a step
+// run twice returns the same refs.
+func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) ([]Ref, error) {
+	rows, err := t.Query(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? ORDER BY region FOR UPDATE", deploymentID)
+	if err != nil {
+		return nil, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
+	}
+	var refs []Ref
+	for rows.Next() {
+		var region string
+		if err := rows.Scan(&region); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		refs = append(refs, Ref{Kind: kinds.Deployment, Region: region, ID: deploymentID})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if _, err := t.Exec(ctx, "UPDATE deployment_topology SET desired_status = 'stopped', updated_at = ? WHERE deployment_id = ? AND desired_status <> 'stopped'",
+		nowMillis(), deploymentID); err != nil {
+		return nil, fmt.Errorf("store: stop topology of deployment %s: %w", deploymentID, err)
+	}
+	// The ingress policies that let the environment reach the deployment go
+	// with it (only those that exist: their refs are stamped next).
+	for _, r := range slices.Clone(refs) {
+		id := IngressPolicyID(deploymentID, r.Region)
+		res, err := t.Exec(ctx, "UPDATE cilium_network_policies SET deleted = TRUE, updated_at = ? WHERE id = ? AND region = ? AND deleted = FALSE", nowMillis(), id, r.Region)
+		if err != nil {
+			return nil, fmt.Errorf("store: delete ingress policy of deployment %s in %s: %w", deploymentID, r.Region, err)
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			refs = append(refs, Ref{Kind: kinds.CiliumNetworkPolicy, Region: r.Region, ID: id})
+		}
+	}
+	if touch {
+		for _, r := range refs {
+			t.Touch(r.Kind, r.Region, r.ID)
+		}
+	}
+	return refs, nil
+}
+
+// Instance is one pod of a deployment as its cluster last reported it.
+type Instance struct {
+	Region, ClusterID, K8sName, Address string
+	// Status: pending, running, failed or inactive.
+	Status, Reason, Message string
+	UpdatedAt               time.Time
+}
+
+// RegionState is a deployment in one region: what is desired and what the
+// region's clusters report.
+type RegionState struct {
+	Region          string
+	DesiredReplicas int32
+	// DesiredStatus: running or stopped.
+	DesiredStatus            string
+	Version                  uint64
+	Running, Pending, Failed int32
+	Instances                []Instance
+	// ApplyErrors are the changes of this deployment the region's clusters
+	// could not apply.
+	ApplyErrors []ApplyError
+}
+
+// RegionStates returns the per-region state of each of ids (regions in
+// name order), with three queries whatever the number of ids.
+func (s *Store) RegionStates(ctx context.Context, ids ...string) (map[string][]RegionState, error) {
+	out := map[string][]RegionState{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	in := "(?" + strings.Repeat(", ?", len(ids)-1) + ")"
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	type key struct{ id, region string }
+	index := map[key]int{}
+
+	rows, err := s.db.QueryContext(ctx, `SELECT deployment_id, region, desired_replicas, desired_status, version
+FROM deployment_topology WHERE deployment_id IN `+in+` ORDER BY deployment_id, region`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read topology: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var r RegionState
+		if err := rows.Scan(&id, &r.Region, &r.DesiredReplicas, &r.DesiredStatus, &r.Version); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		index[key{id, r.Region}] = len(out[id])
+		out[id] = append(out[id], r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	rows, err = s.db.QueryContext(ctx, `SELECT deployment_id, region, cluster_id, k8s_name, address, status, reason, COALESCE(message, ''), updated_at
+FROM instances WHERE deployment_id IN `+in+` ORDER BY deployment_id, region, cluster_id, k8s_name`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read instances: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var in Instance
+		var at int64
+		if err := rows.Scan(&id, &in.Region, &in.ClusterID, &in.K8sName, &in.Address, &in.Status, &in.Reason, &in.Message, &at); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		in.UpdatedAt = time.UnixMilli(at).UTC()
+		i, ok := index[key{id, in.Region}]
+		if !ok {
+			continue // a region the deployment has no topology in
+		}
+		r := &out[id][i]
+		r.Instances = append(r.Instances, in)
+		switch in.Status {
+		case "running":
+			r.Running++
+		case "pending":
+			r.Pending++
+		case "failed":
+			r.Failed++
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	rows, err = s.db.QueryContext(ctx, `SELECT kind, region, id, cluster_id, version, message, field, permanent, updated_at
+FROM apply_errors WHERE kind = ? AND id IN `+in+` ORDER BY id, region, cluster_id`, append([]any{kinds.Deployment}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read apply errors: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e ApplyError
+		var at int64
+		if err := rows.Scan(&e.Kind, &e.Region, &e.ID, &e.ClusterID, &e.Version, &e.Message, &e.Field, &e.Permanent, &at); err != nil {
+			return nil, err
+		}
+		e.UpdatedAt = time.UnixMilli(at).UTC()
+		if i, ok := index[key{e.ID, e.Region}]; ok {
+			r := &out[e.ID][i]
+			r.ApplyErrors = append(r.ApplyErrors, e)
+		}
+	}
+	return out, rows.Err()
+}
+
+// ClusterRegions returns the regions that have at least one registered
+// cluster with a valid token, in name order.
+func (s *Store) ClusterRegions(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT c.region FROM clusters c
+WHERE EXISTS (SELECT 1 FROM api_tokens t WHERE t.cluster_id = c.id AND t.kind = 'cluster' AND t.revoked_at IS NULL)
+ORDER BY c.region`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list regions with clusters: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// EnsureSentinels makes sure the environment of each candidate has a
+// running sentinel in the candidate's region, all in one transaction:
+//   - none: the candidate is inserted and versioned in the same
+//     transaction;
+//   - a stopped one: it is set running again, keeping its image and size;
+//   - a running one: nothing changes (a deploy never upgrades a sentinel).
+//
+// It returns the ids it inserted or restarted. Running it again changes
+// nothing, so it is safe in a step that may run twice.
+func (s *Store) EnsureSentinels(ctx context.Context, candidates []Sentinel) ([]string, error) {
+	var changed []string
+	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		changed = nil
+		for _, c := range candidates {
+			var id, state string
+			err := tx.QueryRow(ctx, "SELECT id, desired_state FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
+				c.EnvironmentID, c.Region).Scan(&id, &state)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				if err := tx.PutSentinel(ctx, c); err != nil {
+					return err
+				}
+				changed = append(changed, c.ID)
+			case err != nil:
+				return fmt.Errorf("store: read sentinel of environment %s in %s: %w", c.EnvironmentID, c.Region, err)
+			case state != "running":
+				if _, err := tx.Exec(ctx, "UPDATE sentinels SET desired_state = 'running', updated_at = ? WHERE id = ?", nowMillis(), id); err != nil {
+					return fmt.Errorf("store: restart sentinel %s: %w", id, err)
+				}
+				tx.Touch(kinds.Sentinel, c.Region, id)
+				changed = append(changed, id)
+			}
+		}
+		return nil
+	})
+	return changed, err
+}
+
+// LiveDeployment returns an environment's live deployment ("" when none),
+// locking the environment's row until the transaction ends.
+func (t *Tx) LiveDeployment(ctx context.Context, environmentID string) (string, error) {
+	var live sql.NullString
+	err := t.QueryRow(ctx, "SELECT live_deployment_id FROM environments WHERE id = ? FOR UPDATE", environmentID).Scan(&live)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("store: read live deployment of environment %s: %w", environmentID, err)
+	}
+	return live.String, nil
+}
+
+// SetLiveDeployment makes deploymentID the environment's live deployment
+// ("" clears it).
+func (t *Tx) SetLiveDeployment(ctx context.Context, environmentID, deploymentID string) error {
+	if _, err := t.Exec(ctx, `INSERT INTO environments (id, live_deployment_id, updated_at) VALUES (?, ?, ?)
+ON DUPLICATE KEY UPDATE live_deployment_id = VALUES(live_deployment_id), updated_at = VALUES(updated_at)`,
+		environmentID, nullString(deploymentID), nowMillis()); err != nil {
+		return fmt.Errorf("store: set live deployment of environment %s: %w", environmentID, err)
+	}
+	return nil
+}
+
+// LiveDeployment returns an environment's live deployment ("" when none).
+func (s *Store) LiveDeployment(ctx context.Context, environmentID string) (string, error) {
+	var live sql.NullString
+	err := s.db.QueryRowContext(ctx, "SELECT live_deployment_id FROM environments WHERE id = ?", environmentID).Scan(&live)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("store: read live deployment of environment %s: %w", environmentID, err)
+	}
+	return live.String, nil
+}
+
+// EverReady reports whether a deployment ever reached ready.
+func (s *Store) EverReady(ctx context.Context, id string) (bool, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM deployment_events WHERE deployment_id = ? AND status = 'ready'", id).Scan(&n); err != nil {
+		return false, fmt.Errorf("store: read history of deployment %s: %w", id, err)
+	}
+	return n > 0, nil
+}
+
+// LastReadyBefore returns the newest deployment of d's environment created
+// before d that ever reached ready; ErrNotFound when there is none.
+func (s *Store) LastReadyBefore(ctx context.Context, d Deployment) (string, error) {
+	created := d.CreatedAt.UnixMilli()
+	var id string
+	err := s.db.QueryRowContext(ctx, `SELECT d.id FROM deployments d
+WHERE d.environment_id = ? AND (d.created_at < ? OR (d.created_at = ? AND d.id < ?))
+  AND EXISTS (SELECT 1 FROM deployment_events e WHERE e.deployment_id = d.id AND e.status = 'ready')
+ORDER BY d.created_at DESC, d.id DESC LIMIT 1`, d.EnvironmentID, created, created, d.ID).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: find the last ready deployment before %s: %w", d.ID, err)
+	}
+	return id, nil
+}
+
+// DeploymentsInStatus returns up to limit ids of deployments in status
+// that have not changed since before, oldest change first.
+func (s *Store) DeploymentsInStatus(ctx context.Context, status string, before time.Time, limit int) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT id FROM deployments WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?",
+		status, before.UnixMilli(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: list %s deployments: %w", status, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,98 @@
+// Package store is ctrl's MySQL access: the schema (embedded goose
+// migrations), the version stamping that keeps invariant 1 ("no lost
+// change"), the reads the ClusterService streams from, status reports,
+// clusters and API tokens. SQL here is valid on MySQL 8 and MariaDB 10.11.
+//
+// # Versions
+//
+// Every desired-state row (a deployment's topology in one region, a sentinel,
+// a Cilium network policy, a row of the generic resources table) carries a
+// version. Versions come from one global sequence shared by all kinds and
+// regions (table version_seq, a single row), so they are strictly increasing
+// across the whole control plane, and each version names exactly one row at
+// a time. Agents keep one cursor per kind and ask for "everything in my
+// region with version > cursor".
+//
+// # Design: lock-ordered commit
+//
+// The only code that assigns versions is stamp, run as the LAST step of a
+// write transaction ([Store.WriteTx], [Store.StampCommitted]):
+//
+//  0. lock every touched row (SELECT ... FOR UPDATE, in key order), so a
+//     missing row fails early and row locks are always taken before the
+//     version_seq lock (one global lock order, no lock cycles through it);
+//  1. SELECT head FROM version_seq WHERE id = 1 FOR UPDATE
+//     (an exclusive row lock, held until COMMIT or ROLLBACK);
+//  2. give the touched rows head+1 .. head+n, in the order they were
+//     touched, with a monotonic guard:
+//     UPDATE <table> SET version = v WHERE <key> AND version < v
+//     (a row that does not match is an error and aborts the transaction);
+//  3. raise change_heads(region, kind) to the highest version given to that
+//     pair (the head poller's cheap "did anything change" check);
+//  4. UPDATE version_seq SET head = head + n;
+//  5. COMMIT.
+//
+// Rows are never hard-deleted on this path: a delete is a new version whose
+// row says deleted (a stopped topology, a stopped sentinel, deleted = TRUE).
+//
+// # Why a cursor never skips a change
+//
+// Claim: when a reader's statement sees a row with version M, it also sees
+// every row that is or ever will be stamped with a version v < M (or the row
+// it has become since, stamped with a higher version).
+//
+// Proof. Let T(v) be the transaction that stamped v. T(v) read head = h < v
+// under the exclusive lock on version_seq and held that lock until it
+// committed. T(M) read head >= M-1 >= v, so T(M) took the lock after T(v)
+// released it, and T(v) released it only by committing (a rollback also
+// rolls back its head update, so v would be handed out again and never seen
+// as a gap). Hence T(v) committed before T(M) took the lock, before T(M)
+// committed. A consistent read (InnoDB read view, REPEATABLE READ or READ
+// COMMITTED) that includes T(M)'s commit includes every transaction committed
+// before it, so it includes T(v). The guard in step 2 makes a row's version
+// only ever grow, so "the row stamped v" is visible either with version v or
+// with a later version of the same object.
+//
+// A watch query "version > c ORDER BY version LIMIT n" therefore returns a
+// gap-free prefix of all versions > c that will ever exist for the (region,
+// kind) (minus versions since superseded by a newer stamp of the same row,
+// which the reader sees at their newer version), and setting the cursor to
+// the last version returned can never jump over a change that commits later.
+// Commit order equals version order for every writer in every ctrl process,
+// because the lock lives in the database, not in a process.
+//
+// Bootstrap reads head H and then the rows with version <= H in one
+// read-only snapshot transaction; by the same argument the snapshot holds
+// every version <= H, so continuing the stream from H is gap-free too.
+//
+// Cost: stamping serialises writers for the few statements between step 1
+// and COMMIT. Writers do their content work first, unserialised, and stamp
+// last, so the lock is held for a handful of point updates.
+//
+// [Store.StampCommitted] stamps rows whose content another transaction has
+// already committed (for example a Restate step): content becomes visible
+// before its version does, which is harmless — a reader sees the newer
+// content at the old version, then the new version with the same content.
+// It records the grant under a key (the Restate invocation id) in the same
+// transaction, so a retried step gets the same versions back instead of new
+// ones (exactly-once).
+//
+// # Deploy lifecycle
+//
+// deploys.go holds what the deploy workflow and the operators' API need:
+// creating a deployment (with its idempotency key), status changes as
+// compare-and-set with a history (deployment_events), topology content
+// written without a version for the VersioningService to stamp
+// (PutTopologyContent, StopTopology), sentinels ensured per environment and
+// region (EnsureSentinels), per-region state with instances and apply
+// errors (RegionStates), and each environment's live deployment
+// (environments).
+//
+// # Kinds
+//
+// A registry maps each kind to its table, key columns and row conversion:
+// "deployment" reads deployment_topology joined with deployments, "sentinel"
+// reads sentinels, "ciliumnetworkpolicy" reads cilium_network_policies, and
+// every other kind reads the generic resources table, whose spec is JSON sent
+// as a google.protobuf.Struct. A new kind needs no change here.
+package store

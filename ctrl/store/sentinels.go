@@ -1,0 +1,208 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Sentinel deploy statuses (sentinels.deploy_status). A SentinelService
+// Deploy sets progressing and records itself as the owner
+// (deploy_request); only the owner moves it on to ready or failed, with a
+// compare-and-set (FinishSentinelDeploy).
+const (
+	SentinelIdle        = "idle"
+	SentinelProgressing = "progressing"
+	SentinelReady       = "ready"
+	SentinelFailed      = "failed"
+)
+
+// SentinelRow is a sentinels row: the desired state, what the cluster last
+// reported, and where the last deploy stands.
+type SentinelRow struct {
+	Sentinel
+	Version uint64
+	// Reported by the cluster.
+	RunningImage          string
+	AvailableReplicas     int32
+	UpdatedReplicas       int32
+	ReadyReplicas         int32
+	ObservedGeneration    int64
+	Health                string // unknown, healthy, unhealthy, paused
+	HealthReason          string
+	ReportedDeleted       bool
+	ReportObservedVersion uint64
+	// The last SentinelService.Deploy.
+	DeployStatus  string
+	DeployRequest string
+	DeployMessage string
+
+	CreatedAt, UpdatedAt time.Time
+}
+
+const sentinelColumns = `id, region, workspace_id, project_id, app_id, environment_id, k8s_name, image, replicas,
+  cpu_millicores, memory_mib, desired_state, version, running_image, available_replicas, updated_replicas,
+  ready_replicas, observed_generation, health, health_reason, reported_deleted, report_observed_version,
+  deploy_status, deploy_request, deploy_message, created_at, updated_at`
+
+func scanSentinelRow(s scanner) (SentinelRow, error) {
+	var (
+		r                SentinelRow
+		msg              sql.NullString
+		created, updated int64
+	)
+	err := s.Scan(&r.ID, &r.Region, &r.WorkspaceID, &r.ProjectID, &r.AppID, &r.EnvironmentID, &r.K8sName, &r.Image, &r.Replicas,
+		&r.CPUMillicores, &r.MemoryMiB, &r.DesiredState, &r.Version, &r.RunningImage, &r.AvailableReplicas, &r.UpdatedReplicas,
+		&r.ReadyReplicas, &r.ObservedGeneration, &r.Health, &r.HealthReason, &r.ReportedDeleted, &r.ReportObservedVersion,
+		&r.DeployStatus, &r.DeployRequest, &msg, &created, &updated)
+	r.DeployMessage = msg.String
+	r.CreatedAt, r.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+	return r, err
+}
+
+// GetSentinel reads one sentinel from the primary; ErrNotFound when there
+// is none.
+func (s *Store) GetSentinel(ctx context.Context, id string) (SentinelRow, error) {
+	r, err := scanSentinelRow(s.db.QueryRowContext(ctx, "SELECT "+sentinelColumns+" FROM sentinels WHERE id = ?", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return SentinelRow{}, ErrNotFound
+	}
+	if err != nil {
+		return SentinelRow{}, fmt.Errorf("store: read sentinel %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// LockSentinel reads one sentinel and locks its row until the transaction
+// ends, so a read-modify-write of its configuration cannot merge over a
+// stale row. ErrNotFound when there is none.
+func (t *Tx) LockSentinel(ctx context.Context, id string) (SentinelRow, error) {
+	r, err := scanSentinelRow(t.QueryRow(ctx, "SELECT "+sentinelColumns+" FROM sentinels WHERE id = ? FOR UPDATE", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return SentinelRow{}, ErrNotFound
+	}
+	if err != nil {
+		return SentinelRow{}, fmt.Errorf("store: lock sentinel %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// SetSentinelDeploy records that request owns the sentinel's deploy, now in
+// status (progressing, or ready when nothing had to change), and clears the
+// previous deploy's message.
+func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string) error {
+	res, err := t.Exec(ctx, "UPDATE sentinels SET deploy_status = ?, deploy_request = ?, deploy_message = NULL, updated_at = ? WHERE id = ?",
+		status, request, nowMillis(), id)
+	if err != nil {
+		return fmt.Errorf("store: start deploy of sentinel %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: start deploy of sentinel %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// FinishSentinelDeploy moves a sentinel's deploy from progressing to status
+// (ready or failed) with message, provided request still owns it. It
+// returns whether it changed the row and the deploy status afterwards. A
+// repeated call (a retried step) changes nothing and reports the status it
+// finds.
+func (s *Store) FinishSentinelDeploy(ctx context.Context, id, request, status, message string) (bool, string, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE sentinels SET deploy_status = ?, deploy_message = ?, updated_at = ?
+WHERE id = ? AND deploy_request = ? AND deploy_status = 'progressing'`, status, nullString(message), nowMillis(), id, request)
+	if err != nil {
+		return false, "", fmt.Errorf("store: finish deploy of sentinel %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		return true, status, nil
+	}
+	var cur string
+	err = s.db.QueryRowContext(ctx, "SELECT deploy_status FROM sentinels WHERE id = ?", id).Scan(&cur)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, "", ErrNotFound
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("store: read deploy status of sentinel %s: %w", id, err)
+	}
+	return false, cur, nil
+}
+
+// SentinelFilter narrows ListSentinels; empty fields match everything.
+type SentinelFilter struct {
+	Region, EnvironmentID string
+}
+
+// ListSentinels returns up to limit sentinels with id > after, in id order.
+func (s *Store) ListSentinels(ctx context.Context, f SentinelFilter, after string, limit int) ([]SentinelRow, error) {
+	var where []string
+	var args []any
+	if f.Region != "" {
+		where, args = append(where, "region = ?"), append(args, f.Region)
+	}
+	if f.EnvironmentID != "" {
+		where, args = append(where, "environment_id = ?"), append(args, f.EnvironmentID)
+	}
+	where, args = append(where, "id > ?"), append(args, after, limit)
+	rows, err := s.db.QueryContext(ctx, "SELECT "+sentinelColumns+" FROM sentinels WHERE "+strings.Join(where, " AND ")+" ORDER BY id LIMIT ?", args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list sentinels: %w", err)
+	}
+	defer rows.Close()
+	var out []SentinelRow
+	for rows.Next() {
+		r, err := scanSentinelRow(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: scan sentinel: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// SentinelImage is a sentinel's id and desired image.
+type SentinelImage struct {
+	ID    string `json:"id"`
+	Image string `json:"image"`
+}
+
+// RunningSentinels returns up to limit sentinels whose desired state is
+// running, with id > after, in id order (keyset pages for a fleet
+// rollout).
+func (s *Store) RunningSentinels(ctx context.Context, after string, limit int) ([]SentinelImage, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT id, image FROM sentinels WHERE desired_state = 'running' AND id > ? ORDER BY id LIMIT ?", after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: list running sentinels: %w", err)
+	}
+	defer rows.Close()
+	var out []SentinelImage
+	for rows.Next() {
+		var si SentinelImage
+		if err := rows.Scan(&si.ID, &si.Image); err != nil {
+			return nil, err
+		}
+		out = append(out, si)
+	}
+	return out, rows.Err()
+}
+
+// SentinelsDeploying returns up to limit ids of sentinels whose deploy is
+// in progress, least recently changed first.
+func (s *Store) SentinelsDeploying(ctx context.Context, limit int) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT id FROM sentinels WHERE deploy_status = 'progressing' ORDER BY updated_at LIMIT ?", limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: list deploying sentinels: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}

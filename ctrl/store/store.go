@@ -1,0 +1,126 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// ErrNotFound is returned when the named object does not exist (in the
+// caller's region).
+var ErrNotFound = errors.New("not found")
+
+// PoolOptions bound the connection pool. Zero values take the defaults.
+type PoolOptions struct {
+	// MaxOpenConns caps connections; every open bootstrap stream holds one
+	// for its duration. Default 50.
+	MaxOpenConns int
+	// MaxIdleConns default 10.
+	MaxIdleConns int
+	// ConnMaxLifetime default 5 minutes (behind proxies and failovers a
+	// connection should not live forever).
+	ConnMaxLifetime time.Duration
+}
+
+// Store is ctrl's database.
+type Store struct {
+	db *sql.DB
+
+	hooksMu sync.RWMutex
+	hooks   TestHooks
+}
+
+// Open connects to the MySQL or MariaDB database named by dsn (go-sql-driver
+// format, e.g. "user:pass@tcp(host:3306)/ctrl") and checks it is reachable.
+// It adds the connection parameters the store relies on, whatever the DSN
+// says: parseTime, clientFoundRows (an UPDATE reports matched rows, which the
+// guards use), utf8mb4 and strict SQL mode.
+func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: the database DSN is malformed (want user:pass@tcp(host:port)/dbname): %w", err)
+	}
+	if cfg.DBName == "" {
+		return nil, errors.New("store: the database DSN names no database (want user:pass@tcp(host:port)/dbname)")
+	}
+	cfg.ParseTime = true
+	cfg.ClientFoundRows = true
+	cfg.InterpolateParams = true // one round trip per statement; safe with utf8mb4
+	cfg.Collation = "utf8mb4_bin"
+	cfg.Loc = time.UTC
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["sql_mode"] = "'STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	if pool.MaxOpenConns <= 0 {
+		pool.MaxOpenConns = 50
+	}
+	if pool.MaxIdleConns <= 0 {
+		pool.MaxIdleConns = 10
+	}
+	if pool.ConnMaxLifetime <= 0 {
+		pool.ConnMaxLifetime = 5 * time.Minute
+	}
+	db.SetMaxOpenConns(pool.MaxOpenConns)
+	db.SetMaxIdleConns(pool.MaxIdleConns)
+	db.SetConnMaxLifetime(pool.ConnMaxLifetime)
+	db.SetConnMaxIdleTime(time.Minute)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: cannot reach the database at %s: %w (check the DSN and that the server is up)", cfg.Addr, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the connection pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// DB is the connection pool, for reads that have no typed form here yet.
+// Desired-state rows must only be written through WriteTx or StampCommitted.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Ping checks the database is reachable.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+func nowMillis() int64 { return time.Now().UnixMilli() }
+
+// isRetryable reports MySQL errors after which the whole transaction may
+// simply be run again: deadlock (1213) and lock wait timeout (1205).
+func isRetryable(err error) bool {
+	n := mysqlErrNumber(err)
+	return n == 1213 || n == 1205
+}
+
+// mysqlErrNumber is the server's error number, or 0 for other errors.
+func mysqlErrNumber(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// sleepCtx waits d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

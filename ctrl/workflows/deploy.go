@@ -1,0 +1,471 @@
+package workflows
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	restate "github.com/restatedev/sdk-go"
+
+	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
+)
+
+// DeployWorkflowName is the Restate name of the deploy workflow; its key
+// (workflow id) is the deployment id.
+const DeployWorkflowName = "DeployWorkflow"
+
+// outcomePromise is the workflow promise Notify resolves.
+const outcomePromise = "outcome"
+
+// DeployResult is what the workflow returns.
+type DeployResult struct {
+	DeploymentID string `json:"deployment_id"`
+	// Status: ready, failed, stopped, or the status the deployment already
+	// had when the workflow found it was not pending.
+	Status string `json:"status"`
+	Error  string `json:"error,omitempty"`
+	// Regions the deployment was placed in.
+	Regions []string `json:"regions,omitempty"`
+	// Versions the topology rows got (one VersioningService call).
+	Versions []Version `json:"versions,omitempty"`
+	// Sentinels the workflow created (or set running again).
+	Sentinels []string `json:"sentinels,omitempty"`
+	// Promoted is true when the deployment became its environment's live
+	// one.
+	Promoted bool `json:"promoted,omitempty"`
+}
+
+type deploy struct {
+	store    *store.Store
+	sentinel SentinelDefaults
+	timeout  time.Duration
+	hooks    Hooks
+}
+
+// NewDeployWorkflow is the DeployWorkflow: Run deploys one deployment,
+// Notify (shared) ends its wait for readiness. See the package
+// documentation for the steps.
+func NewDeployWorkflow(d Deps) restate.ServiceDefinition {
+	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks}
+	if w.timeout <= 0 {
+		w.timeout = 5 * time.Minute
+	}
+	return restate.NewWorkflow(DeployWorkflowName, RetryPolicy()).
+		Handler("Run", restate.NewWorkflowHandler(w.run)).
+		Handler("Notify", restate.NewWorkflowSharedHandler(w.notify))
+}
+
+// notify resolves the workflow's outcome promise. ctrl calls it after a
+// status report showed the deploy decided (or after StopDeployment). The
+// first outcome wins; later ones, and ones sent before Run waits, are
+// harmless: a promise keeps its value until the workflow reads it.
+func (w *deploy) notify(ctx restate.WorkflowSharedContext, o Outcome) (restate.Void, error) {
+	switch o.Result {
+	case ResultReady, ResultFailed, ResultStopped:
+	default:
+		return restate.Void{}, restate.ToTerminalError(fmt.Errorf("DeployWorkflow.Notify: result %q is not ready, failed or stopped", o.Result), restate.WithErrorCode(codeInvalid))
+	}
+	if err := restate.Promise[Outcome](ctx, outcomePromise).Resolve(o); err != nil {
+		ctx.Log().Debug("the deploy was already notified; ignoring", "result", o.Result, "error", err)
+	}
+	return restate.Void{}, nil
+}
+
+// run is the deploy. Every restate.Run body below may run more than once
+// (a crash between its commit and Restate journaling the result), so each
+// is idempotent: inserts are "if absent", status changes are
+// compare-and-set, content writes are the same on every run, and versions
+// come from VersioningService calls, which are journaled (exactly once).
+// Nothing outside a Run reads the clock, the database or the
+// configuration; random ids come from restate.Rand.
+func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResult, error) {
+	id := restate.Key(ctx)
+	if req.Deployment.ID == "" {
+		req.Deployment.ID = id
+	}
+	res := DeployResult{DeploymentID: id}
+	if err := req.validate(id); err != nil {
+		// The API created the row before starting the workflow: record why
+		// the deploy went nowhere.
+		msg := "invalid deploy request: " + err.Error()
+		if _, _, terr := w.transition(ctx, "reject", id, store.InProgress, store.StatusFailed, msg); terr != nil {
+			return res, terr
+		}
+		return res, restate.ToTerminalError(errors.New(msg), restate.WithErrorCode(codeInvalid))
+	}
+
+	p := &progress{}
+	outcome, err := w.deploy(ctx, req, p, &res)
+	if err != nil {
+		// A terminal error: bad input found on the way (no cluster in a
+		// region), a missing row, or the invocation was cancelled.
+		msg := err.Error()
+		if te := restate.AsTerminalError(err); te != nil && te.Code() == codeCancelled {
+			msg = "the deploy's workflow was cancelled in Restate (" + msg + ")"
+		}
+		outcome = Outcome{Result: ResultFailed, Message: msg}
+	}
+	switch outcome.Result {
+	case ResultReady:
+		promoted, status, err := w.markReady(ctx, req.Deployment)
+		if err != nil {
+			return res, err
+		}
+		if status != store.StatusReady {
+			// Stopped while it became ready: leave it.
+			res.Status = status
+			return res, nil
+		}
+		res.Status, res.Promoted = store.StatusReady, promoted
+	case ResultFailed:
+		if err := w.fail(ctx, id, outcome.Message, p.topologyWritten); err != nil {
+			return res, err
+		}
+		res.Status, res.Error = store.StatusFailed, outcome.Message
+	case ResultStopped:
+		res.Status, res.Error = store.StatusStopped, outcome.Message
+	default: // not ours to change any more
+		res.Status, res.Error = p.status, outcome.Message
+	}
+	return res, nil
+}
+
+// progress is what the failure path needs to know.
+type progress struct {
+	topologyWritten bool
+	status          string
+}
+
+// deploy runs the steps up to the wait and returns the outcome.
+func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progress, res *DeployResult) (Outcome, error) {
+	id := req.Deployment.ID
+	note := req.Note
+	if note == "" {
+		note = "created by the deploy workflow"
+	}
+	status, err := run(ctx, w.hooks, "create", func(rc restate.RunContext) (string, error) {
+		d := req.Deployment.Store()
+		d.Regions, d.TimeoutSeconds = req.Regions, req.TimeoutSeconds
+		return w.store.EnsureDeployment(rc, d, note)
+	})
+	if err != nil {
+		return Outcome{}, err
+	}
+	if status != store.StatusPending {
+		p.status = status
+		return Outcome{Result: ResultGone, Message: "the deployment was already " + status + "; nothing to do"}, nil
+	}
+
+	regions, err := run(ctx, w.hooks, "regions", func(rc restate.RunContext) ([]string, error) {
+		return w.targetRegions(rc, req.Regions)
+	})
+	if err != nil {
+		return Outcome{}, err
+	}
+	res.Regions = regions
+	timeout, err := run(ctx, w.hooks, "timeout", func(restate.RunContext) (time.Duration, error) {
+		if req.TimeoutSeconds > 0 {
+			return time.Duration(req.TimeoutSeconds) * time.Second, nil
+		}
+		return w.timeout, nil // configuration: journaled, so a replay sees the same
+	})
+	if err != nil {
+		return Outcome{}, err
+	}
+
+	if ok, cur, err := w.transition(ctx, "deploying", id, []string{store.StatusPending}, store.StatusDeploying, ""); err != nil || !ok {
+		p.status = cur
+		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
+	}
+
+	// Topology: content first (one transaction, no versions), then one
+	// VersioningService call for every region.
+	p.topologyWritten = true
+	refs, err := run(ctx, w.hooks, "topology", func(rc restate.RunContext) ([]store.Ref, error) {
+		return w.writeTopology(rc, req.Deployment, regions)
+	})
+	if err != nil {
+		return Outcome{}, err
+	}
+	if len(refs) == 0 {
+		p.status = store.StatusStopped
+		return Outcome{Result: ResultStopped, Message: "stopped before its topology was written"}, nil
+	}
+	if res.Versions, err = stampVersions(ctx, refs); err != nil {
+		return Outcome{}, err
+	}
+
+	// A sentinel per region for the environment; ids are drawn before the
+	// Run (restate.Rand is deterministic), used only where none exists.
+	rnd := restate.Rand(ctx)
+	candidates := make([]store.Sentinel, len(regions))
+	for i, region := range regions {
+		b := make([]byte, 13)
+		for j := range b {
+			b[j] = byte(rnd.Uint32())
+		}
+		sid := newID("sen_", b)
+		s := req.Deployment
+		candidates[i] = store.Sentinel{
+			ID: sid, Region: region, WorkspaceID: s.WorkspaceID, ProjectID: s.ProjectID, AppID: s.AppID, EnvironmentID: s.EnvironmentID,
+			K8sName: K8sName(sid), Image: w.sentinel.Image, Replicas: w.sentinel.Replicas,
+			CPUMillicores: w.sentinel.CPUMillicores, MemoryMiB: w.sentinel.MemoryMiB,
+		}
+	}
+	if res.Sentinels, err = run(ctx, w.hooks, "sentinels", func(rc restate.RunContext) ([]string, error) {
+		if w.sentinel.Image == "" {
+			return nil, restate.ToTerminalError(errors.New("ctrl has no sentinel.default_image configured: it cannot create the environment's sentinels"),
+				restate.WithErrorCode(codePrecondition))
+		}
+		return w.store.EnsureSentinels(rc, candidates)
+	}); err != nil {
+		return Outcome{}, err
+	}
+
+	if ok, cur, err := w.transition(ctx, "network", id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
+		p.status = cur
+		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
+	}
+	return w.await(ctx, id, timeout)
+}
+
+// await waits for the deploy to be decided. The promise can be resolved
+// before this point (Notify after an early report): it keeps its value. The
+// database check after taking the promise covers reports that arrived
+// before ctrl could notify at all; the timer bounds the wait, and a final
+// check at the deadline decides with whatever the clusters reported.
+func (w *deploy) await(ctx restate.WorkflowContext, id string, timeout time.Duration) (Outcome, error) {
+	promise := restate.Promise[Outcome](ctx, outcomePromise)
+	now, err := run(ctx, w.hooks, "check", func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
+	if err != nil || now.Decided() {
+		return now, err
+	}
+	timer := restate.After(ctx, timeout)
+	first, err := restate.WaitFirst(ctx, promise, timer)
+	if err != nil {
+		return Outcome{}, err // cancelled
+	}
+	if first == timer {
+		final, err := run(ctx, w.hooks, "final-check", func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
+		if err != nil || final.Decided() {
+			return final, err
+		}
+		return Outcome{Result: ResultFailed, Message: fmt.Sprintf("timed out after %s waiting for every region to run: %s", timeout, final.Message)}, nil
+	}
+	return promise.Result()
+}
+
+// evaluate reads the deploy's state: stopped when an operator stopped it,
+// otherwise Evaluate of its regions.
+func (w *deploy) evaluate(ctx context.Context, id string) (Outcome, error) {
+	d, err := w.store.GetDeployment(ctx, id)
+	if err != nil {
+		return Outcome{}, err
+	}
+	switch d.Status {
+	case store.StatusStopped:
+		return Outcome{Result: ResultStopped}, nil
+	case store.StatusDeploying, store.StatusNetwork:
+	default:
+		return Outcome{Result: ResultGone, Message: "the deployment is " + d.Status}, nil
+	}
+	states, err := w.store.RegionStates(ctx, id)
+	if err != nil {
+		return Outcome{}, err
+	}
+	return Evaluate(states[id]), nil
+}
+
+// targetRegions: the requested regions, each of which must have a
+// registered cluster, or every region with one.
+func (w *deploy) targetRegions(ctx context.Context, requested []string) ([]string, error) {
+	have, err := w.store.ClusterRegions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(requested) == 0 {
+		if len(have) == 0 {
+			return nil, restate.ToTerminalError(errors.New("no region has a registered cluster: register one with `ctrl cluster register`, then deploy again"),
+				restate.WithErrorCode(codePrecondition))
+		}
+		return have, nil
+	}
+	if missing := MissingRegions(requested, have); len(missing) > 0 {
+		return nil, restate.ToTerminalError(fmt.Errorf("no cluster is registered in region(s) %v (regions with clusters: %v)", missing, have),
+			restate.WithErrorCode(codePrecondition))
+	}
+	return sortedCopy(requested), nil
+}
+
+// IngressPolicy is the CiliumNetworkPolicy that lets the environment's
+// sentinels (its routing layer, in namespace "sentinel") reach the
+// deployment's pods on their port, in one region. Nothing else may reach
+// them: a policy with an ingress section puts the pods in default-deny.
+func IngressPolicy(s Spec, region string) store.CiliumNetworkPolicy {
+	port := s.Port
+	if port == 0 {
+		port = 8080
+	}
+	policy, _ := json.Marshal(map[string]any{
+		"endpointSelector": map[string]any{"matchLabels": map[string]any{"unkey.com/deployment.id": s.ID}},
+		"ingress": []any{map[string]any{
+			"fromEndpoints": []any{map[string]any{"matchLabels": map[string]any{
+				"k8s:io.kubernetes.pod.namespace": "sentinel",
+				"app.kubernetes.io/component":     "sentinel",
+				"unkey.com/environment.id":        s.EnvironmentID,
+			}}},
+			"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": fmt.Sprint(port), "protocol": "TCP"}}}},
+		}},
+	})
+	return store.CiliumNetworkPolicy{
+		ID: store.IngressPolicyID(s.ID, region), Region: region,
+		K8sNamespace: s.K8sNamespace, K8sName: s.K8sName + "-ingress", Policy: policy,
+	}
+}
+
+// writeTopology writes the topology content of every region, unversioned,
+// provided the deployment is still deploying (an operator may have stopped
+// it; the row lock orders the two). It returns every region's ref, the same
+// on every run, or none when the deployment is no longer deploying.
+func (w *deploy) writeTopology(ctx context.Context, s Spec, regions []string) ([]store.Ref, error) {
+	var refs []store.Ref
+	_, err := w.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		refs = nil
+		status, err := tx.LockDeployment(ctx, s.ID)
+		if err != nil || status != store.StatusDeploying {
+			return err
+		}
+		for _, region := range regions {
+			if err := tx.PutTopologyContent(ctx, store.Topology{DeploymentID: s.ID, Region: region, DesiredReplicas: s.Replicas, DesiredStatus: "running"}); err != nil {
+				return err
+			}
+			refs = append(refs, store.Ref{Kind: kinds.Deployment, Region: region, ID: s.ID})
+			p := IngressPolicy(s, region)
+			if err := tx.PutCiliumNetworkPolicyContent(ctx, p); err != nil {
+				return err
+			}
+			refs = append(refs, store.Ref{Kind: kinds.CiliumNetworkPolicy, Region: region, ID: p.ID})
+		}
+		return nil
+	})
+	return refs, err
+}
+
+// markReady moves the deployment from network to ready and, in the same
+// transaction, promotes it to its environment's live deployment when the
+// environment has none yet (the first deploy) or when it is a rollback
+// (its point is to replace the live one). Any other ready deployment waits
+// for an explicit Promote: a deploy never replaces what serves traffic by
+// itself. It returns whether it promoted and the status afterwards.
+func (w *deploy) markReady(ctx restate.WorkflowContext, s Spec) (bool, string, error) {
+	type result struct {
+		Promoted bool   `json:"promoted"`
+		Status   string `json:"status"`
+	}
+	r, err := run(ctx, w.hooks, "ready", func(rc restate.RunContext) (result, error) {
+		var r result
+		_, err := w.store.WriteTx(rc, func(ctx context.Context, tx *store.Tx) error {
+			r = result{}
+			live, err := tx.LiveDeployment(ctx, s.EnvironmentID)
+			if err != nil {
+				return err
+			}
+			promote := live == "" || s.RolledBackFrom != ""
+			msg := ""
+			if promote {
+				msg = "promoted: the environment's live deployment"
+			}
+			changed, cur, err := tx.TransitionDeployment(ctx, s.ID, []string{store.StatusNetwork}, store.StatusReady, msg)
+			if err != nil {
+				return err
+			}
+			r.Status = cur
+			if changed && promote {
+				r.Promoted = true
+				return tx.SetLiveDeployment(ctx, s.EnvironmentID, s.ID)
+			}
+			r.Promoted = live == s.ID // this step ran before and promoted it
+			return nil
+		})
+		return r, err
+	})
+	return r.Promoted, r.Status, err
+}
+
+// fail soft-deletes the topology (new versions from the VersioningService)
+// and records why the deploy failed. Its steps are retried until they
+// succeed: a failed deploy must not keep running.
+func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool) error {
+	if cleanup {
+		refs, err := run(ctx, w.hooks, "stop-topology", func(rc restate.RunContext) ([]store.Ref, error) {
+			var refs []store.Ref
+			_, err := w.store.WriteTx(rc, func(ctx context.Context, tx *store.Tx) error {
+				var err error
+				refs, err = tx.StopTopology(ctx, id, false)
+				return err
+			})
+			return refs, err
+		})
+		if err != nil {
+			return err
+		}
+		if _, err := stampVersions(ctx, refs); err != nil {
+			return err
+		}
+	}
+	_, _, err := w.transition(ctx, "failed", id, store.InProgress, store.StatusFailed, msg)
+	return err
+}
+
+// transition is a compare-and-set of the deployment's status in a Run; a
+// deployment that does not exist counts as "not changed".
+func (w *deploy) transition(ctx restate.WorkflowContext, step, id string, from []string, to, msg string) (bool, string, error) {
+	type result struct {
+		Changed bool   `json:"changed"`
+		Status  string `json:"status"`
+	}
+	r, err := run(ctx, w.hooks, "status-"+step, func(rc restate.RunContext) (result, error) {
+		changed, cur, err := w.store.TransitionDeployment(rc, id, from, to, msg)
+		if errors.Is(err, store.ErrNotFound) {
+			return result{Status: "missing"}, nil
+		}
+		return result{Changed: changed, Status: cur}, err
+	})
+	return r.Changed, r.Status, err
+}
+
+// run is restate.Run with the step's name and the test hook.
+func run[T any](ctx restate.Context, hooks Hooks, step string, fn func(restate.RunContext) (T, error)) (T, error) {
+	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
+		v, err := fn(rc)
+		if err == nil {
+			hooks.after(rc, DeployWorkflowName+"."+step)
+		}
+		return v, err
+	}, restate.WithName(step))
+}
+
+// MissingRegions returns the requested regions that are not in have.
+func MissingRegions(requested, have []string) []string {
+	set := make(map[string]bool, len(have))
+	for _, r := range have {
+		set[r] = true
+	}
+	var missing []string
+	for _, r := range requested {
+		if !set[r] {
+			missing = append(missing, r)
+		}
+	}
+	return missing
+}
+
+func sortedCopy(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,138 @@
+// Package workflows is ctrl's durable side, run by Restate: the
+// VersioningService, the DeployWorkflow, the SentinelService and the
+// SentinelRolloutService, the endpoint Restate calls them on, its
+// registration, and the Notifier that wakes deploys when clusters report.
+//
+// # VersioningService: exactly-once versions, no lost change
+//
+// Invariant 1 ("no lost change") is kept by the store's lock-ordered
+// stamping (ctrl/store, package documentation): a version is assigned
+// only while the stamping transaction holds the version_seq row lock, which
+// it keeps until COMMIT, so commit order equals version order and a reader
+// that sees version M sees every version below M. That holds for every
+// writer, in every ctrl process, whether or not it goes through Restate.
+//
+// What the VersioningService adds is exactly-once numbering for steps that
+// Restate may run twice. Stamp(refs) is one restate.Run around
+// store.StampCommitted(refs, grantKey) with the invocation id as grantKey:
+// the grant (first and last version) is recorded in version_grants in the
+// same transaction as the stamps. If the Run body runs again (ctrl or
+// Restate crashed after the commit and before Restate journaled the
+// result), StampCommitted finds the grant and returns the same versions
+// without stamping: no duplicate, and no gap from a rolled-back second
+// attempt (a rollback also returns its numbers). Callers inside Restate
+// call Stamp with restate.Object(...).Request, which is journaled, so the
+// call itself happens once; callers outside use an idempotency key.
+//
+// It is a virtual object with the single key "singleton" and an exclusive
+// handler, so stamps are also serialised in Restate; the database lock is
+// what makes them correct. A shared handler would be correct too and
+// about twice as fast for single-ref calls, but under a burst every
+// concurrent call would hold a database connection while it queues for the
+// version_seq lock, starving the pool the watch streams share; exclusive,
+// the versioning path holds at most one. Throughput comes from batching
+// instead: a deploy to N regions stamps N rows in one call, one Restate
+// round trip and one transaction for the lot.
+//
+// # DeployWorkflow
+//
+// A Restate workflow keyed by the deployment id. Run:
+//
+//  1. validates the request (a terminal error, code 400, and the deployment
+//     marked failed, for bad input);
+//  2. ensures the deployment row exists (insert if absent; the API created
+//     it already) and stops unless it is pending;
+//  3. resolves the target regions: the request's, each of which must have a
+//     registered cluster, or every region with one;
+//  4. pending -> deploying;
+//  5. writes every region's topology row (desired replicas, running) as
+//     content, then stamps all of them with ONE VersioningService call;
+//  6. ensures the environment has a sentinel per region (insert and version
+//     in one transaction; an existing sentinel is never upgraded, a stopped
+//     one is set running again), configured from sentinel.default_*;
+//  7. deploying -> network;
+//  8. waits for readiness: every region with at least its desired replicas
+//     running (as clusters report them in instances). A failed instance, or
+//     a permanent apply error of the deployment, fails it at once with the
+//     region, the pods and their reasons, or the cluster's own message.
+//     The wait is a workflow promise resolved by Notify (shared handler),
+//     which ctrl calls after a report decides the deploy; a promise keeps a
+//     value resolved before anyone waits, so no wake-up is lost, and a
+//     database check right after taking the promise covers reports that
+//     came before ctrl could notify. restate.WaitFirst races it against the
+//     deploy's timeout (request timeout_seconds, else deploy.timeout);
+//  9. ready: network -> ready and, in the same transaction, the deployment
+//     becomes its environment's live one when the environment has none, or
+//     when it is a rollback; otherwise it waits for an explicit Promote.
+//     Failed or timed out: the topology is soft-deleted (stopped, new
+//     versions through the VersioningService) and the deployment marked
+//     failed with the reason.
+//
+// Every status change is a compare-and-set in SQL with a history entry
+// (deployment_events), so a step run twice, or a late step after an
+// operator stopped the deployment, changes nothing. StopDeployment
+// notifies the workflow, which then ends without touching the row.
+//
+// Determinism: handler code outside restate.Run reads no clock, database,
+// configuration or randomness (ids come from restate.Rand), and decides
+// call order from sorted slices, never from map iteration. Each Run body is
+// idempotent because it may run twice.
+//
+// # SentinelService: one sentinel's convergence
+//
+// A virtual object keyed by sentinel id. Deploy (exclusive) merges the
+// request over the row under a row lock, writes the configuration and a
+// new version in one transaction with deploy_status = progressing owned by
+// the invocation (deploy_request), and waits, on an awakeable stored under
+// "notify_ready_awakeable", until the cluster reports the sentinel healthy
+// on the image at that version (SentinelConverged), a permanent apply error
+// fails it, or the timeout (sentinel.deploy_timeout, or the request's). The
+// Notifier calls NotifyReady or NotifyFailed (shared) for the owner; a
+// fence step and a database check after storing the awakeable close the
+// window in which a report would find no awakeable (see deploy in
+// sentinel.go). Ready and failed are compare-and-sets on the owner, so a
+// late step never overwrites a newer deploy. No rollback of one sentinel.
+//
+// # SentinelRolloutService: fleet rollouts
+//
+// A virtual object keyed "singleton", its state under "rollout". Rollout
+// lists the running sentinels in pages, records the previous image of each
+// one to change, splits them into waves by cumulative percentage
+// (ComputeWaves) and launches the first. A launch sends every
+// SentinelService.Deploy of the wave from the exclusive handler, each with
+// an idempotency key of the run and launch, and starts a
+// SentinelRolloutWorker invocation per batch of 100, which joins those
+// deploys by the same keys, waits for them and reports to BatchDone (a short
+// exclusive handler). So no handler of the singleton waits for sentinels:
+// Status (shared) answers at once, Cancel takes effect before the next
+// wave, and every invocation's journal is bounded by a batch or a wave. A
+// wave with a failure pauses; all ready: the next wave, after bake_seconds
+// (a delayed StartWave). Resume moves past the failed wave or retries the
+// failed sentinels; RollbackAll deploys every sentinel of a wave that
+// started (failed ones included) back to its previous image. Transitions
+// are posted to Slack in order, in a Run with bounded retries; a webhook
+// failure never fails the rollout.
+//
+// # Failures
+//
+// See RetryPolicy: infrastructure errors are retried for about two hours,
+// then the invocation pauses (and ctrl's resync reports it as overdue);
+// impossible input is a terminal error with a code that is never 409
+// (Restate's code for cancellation). Cancelling a deploy's invocation in
+// Restate fails the deployment and cleans up its topology.
+//
+// # Upgrading ctrl
+//
+// Restate pins an invocation to the deployment (endpoint URL) it started
+// on. Register re-registers a known URL with force only when the handlers
+// differ or another deployment took over one of the services; an in-place
+// upgrade then replays in-flight invocations on the new code, so a change
+// to a handler's sequence of steps must come with a new handler name (or a
+// new endpoint URL, keeping the old ctrl until its invocations drain).
+//
+// # Adding a service
+//
+// Write the service in its own file with a constructor taking Deps, add it
+// to Services, and `ctrl serve` serves and registers it on the next start
+// (Register sees new handlers and re-registers with force).
+package workflows

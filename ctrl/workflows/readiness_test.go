@@ -1,0 +1,121 @@
+package workflows_test
+
+import (
+	"strings"
+	"testing"
+
+	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/workflows"
+)
+
+func region(name string, desired int32, instances ...store.Instance) store.RegionState {
+	r := store.RegionState{Region: name, DesiredReplicas: desired, DesiredStatus: "running", Instances: instances}
+	for _, in := range instances {
+		switch in.Status {
+		case "running":
+			r.Running++
+		case "pending":
+			r.Pending++
+		case "failed":
+			r.Failed++
+		}
+	}
+	return r
+}
+
+func pod(name, status, reason, msg string) store.Instance {
+	return store.Instance{K8sName: name, Status: status, Reason: reason, Message: msg}
+}
+
+func TestEvaluate(t *testing.T) {
+	stopped := region("ap", 2)
+	stopped.DesiredStatus = "stopped"
+	withApplyErr := region("us", 1)
+	withApplyErr.ApplyErrors = []store.ApplyError{{ClusterID: "us-1", Version: 42, Field: "image", Message: "not a valid reference", Permanent: true}}
+	retrying := region("us", 1)
+	retrying.ApplyErrors = []store.ApplyError{{ClusterID: "us-1", Version: 7, Message: "apiserver unreachable"}}
+	many := region("eu", 5, pod("a", "failed", "CrashLoopBackOff", ""), pod("b", "failed", "CrashLoopBackOff", ""),
+		pod("c", "failed", "CrashLoopBackOff", ""), pod("d", "failed", "OOMKilled", ""))
+	for _, c := range []struct {
+		name    string
+		regions []store.RegionState
+		result  string
+		message string
+	}{
+		{"every region running", []store.RegionState{region("eu", 2, pod("a", "running", "", ""), pod("b", "running", "", "")),
+			region("us", 1, pod("c", "running", "", ""))}, workflows.ResultReady, ""},
+		{"more running than desired is ready", []store.RegionState{region("eu", 1, pod("a", "running", "", ""), pod("b", "running", "", ""))},
+			workflows.ResultReady, ""},
+		{"a stopped region does not count", []store.RegionState{region("eu", 1, pod("a", "running", "", "")), stopped}, workflows.ResultReady, ""},
+		{"one region short", []store.RegionState{region("eu", 2, pod("a", "running", "", ""), pod("b", "pending", "ContainerCreating", "")),
+			region("us", 1)}, "", "region eu: 1/2 running (pod b ContainerCreating); region us: 0/1 running (no instance reported yet)"},
+		{"failed pod", []store.RegionState{region("eu", 2, pod("web-0", "failed", "ImagePullBackOff", "Back-off pulling image \"x\""), pod("web-1", "running", "", ""))},
+			workflows.ResultFailed, "region eu: 1/2 running: pod web-0 ImagePullBackOff: Back-off pulling image \"x\""},
+		{"many failed pods are summarised", []store.RegionState{many}, workflows.ResultFailed,
+			"region eu: 0/5 running: pod a CrashLoopBackOff, pod b CrashLoopBackOff, pod c CrashLoopBackOff and 1 more"},
+		{"permanent apply error", []store.RegionState{region("eu", 1, pod("a", "running", "", "")), withApplyErr}, workflows.ResultFailed,
+			"region us: image: not a valid reference (cluster us-1 could not apply version 42)"},
+		{"retryable apply error waits", []store.RegionState{retrying}, "",
+			"region us: 0/1 running (no instance reported yet; retrying: apiserver unreachable (cluster us-1 could not apply version 7))"},
+		{"no topology", nil, "", "no region is set to run the deployment"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := workflows.Evaluate(c.regions)
+			if o.Result != c.result || o.Message != c.message {
+				t.Fatalf("Evaluate = %+v\nwant result %q message %q", o, c.result, c.message)
+			}
+		})
+	}
+}
+
+func TestIDsAndNames(t *testing.T) {
+	id := workflows.NewDeploymentID()
+	if len(id) != 24 || !strings.HasPrefix(id, "dep_") || id == workflows.NewDeploymentID() {
+		t.Fatalf("deployment id %q", id)
+	}
+	if k := workflows.K8sName(id); k != "dep-"+id[4:] {
+		t.Fatalf("k8s name %q", k)
+	}
+	for in, want := range map[string]string{
+		"acme":    "ws-acme",
+		"ws_ACME": "ws-ws-acme-",
+		"":        "ws-",
+	} {
+		got := workflows.Namespace(in)
+		if !strings.HasPrefix(got, want) || len(got) > 63 {
+			t.Errorf("Namespace(%q) = %q, want a DNS label starting %q", in, got, want)
+		}
+	}
+	if workflows.Namespace("ws_a") == workflows.Namespace("ws-a") {
+		t.Fatal("two workspace ids share a namespace")
+	}
+	long := workflows.Namespace(strings.Repeat("x", 64))
+	if len(long) > 63 {
+		t.Fatalf("namespace %q is longer than 63", long)
+	}
+}
+
+func TestSpecValidationNamesTheField(t *testing.T) {
+	good := workflows.Spec{ID: "dep_x", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "e", AppID: "a", K8sName: "dep-x", K8sNamespace: "ws-ws",
+		Image: "registry.example.com:5000/team/app:1.2.3", Replicas: 1, CPUMillicores: 100, MemoryMiB: 128, Port: 8080}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for field, mutate := range map[string]func(*workflows.Spec){
+		"image":              func(s *workflows.Spec) { s.Image = "Registry/App:latest" },
+		"replicas":           func(s *workflows.Spec) { s.Replicas = 0 },
+		"environment_id":     func(s *workflows.Spec) { s.EnvironmentID = "bad env" },
+		"env_vars":           func(s *workflows.Spec) { s.EnvVars = map[string]string{"1X": "y"} },
+		"port":               func(s *workflows.Spec) { s.Port = 70000 },
+		"shutdown_signal":    func(s *workflows.Spec) { s.ShutdownSignal = "SIGHUP" },
+		"healthcheck.path":   func(s *workflows.Spec) { s.Healthcheck = &workflows.Healthcheck{Path: "healthz"} },
+		"healthcheck.method": func(s *workflows.Spec) { s.Healthcheck = &workflows.Healthcheck{Method: "PUT", Path: "/"} },
+	} {
+		s := good
+		mutate(&s)
+		err := s.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), field+": ") {
+			t.Errorf("%s: error %v, want one naming the field", field, err)
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package workflows
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	restate "github.com/restatedev/sdk-go"
+)
+
+// Registration actions.
+const (
+	// RegisterUnchanged: Restate already routes every one of our services
+	// to this URL with the same handlers; nothing was sent.
+	RegisterUnchanged = "unchanged"
+	// RegisterCreated: the URL was new to Restate and is now registered.
+	RegisterCreated = "registered"
+	// RegisterForced: the URL was known but stale (other handlers, or
+	// another deployment took over a service); it was re-discovered with
+	// force.
+	RegisterForced = "forced"
+)
+
+// RegisterResult says what Register did and why.
+type RegisterResult struct {
+	Action       string
+	DeploymentID string
+	Reason       string
+}
+
+// RegisterOptions tune Register.
+type RegisterOptions struct {
+	// Force re-discovers the endpoint even when nothing looks different.
+	Force bool
+	// HTTPClient talks to the admin API; default: 10 s timeout.
+	HTTPClient *http.Client
+}
+
+// Register makes Restate (admin API at adminURL) route services to the
+// endpoint at endpointURL, idempotently:
+//
+//   - a URL Restate does not know is registered (no force);
+//   - a known URL whose services and handlers match ours, and which is the
+//     deployment Restate uses for each of our services, is left alone;
+//   - otherwise the URL is registered again with force. Restate keeps a
+//     known URL's old schema when it is registered without force (new
+//     handlers would answer 404), and a URL registered before another
+//     deployment of the same services stays in the shadow of the newer
+//     one; force fixes both.
+//
+// Force re-discovers in place: invocations already running on this URL
+// continue on the new code, so only backward-compatible handler changes
+// belong in an in-place upgrade (see the package documentation).
+func Register(ctx context.Context, adminURL, endpointURL string, services []restate.ServiceDefinition, o RegisterOptions) (RegisterResult, error) {
+	c := o.HTTPClient
+	if c == nil {
+		c = &http.Client{Timeout: 10 * time.Second}
+	}
+	admin := strings.TrimRight(adminURL, "/")
+	want := normalizeURL(endpointURL)
+
+	var list struct {
+		Deployments []struct {
+			ID  string `json:"id"`
+			URI string `json:"uri"`
+		} `json:"deployments"`
+	}
+	if err := adminJSON(ctx, c, http.MethodGet, admin+"/deployments", nil, &list); err != nil {
+		return RegisterResult{}, err
+	}
+	id := ""
+	for _, d := range list.Deployments {
+		if normalizeURL(d.URI) == want {
+			id = d.ID
+		}
+	}
+	if id == "" {
+		got, err := post(ctx, c, admin, endpointURL, false)
+		return RegisterResult{Action: RegisterCreated, DeploymentID: got, Reason: "Restate did not know this endpoint"}, err
+	}
+
+	reason, err := staleness(ctx, c, admin, id, services)
+	if err != nil {
+		return RegisterResult{}, err
+	}
+	if reason == "" && !o.Force {
+		return RegisterResult{Action: RegisterUnchanged, DeploymentID: id}, nil
+	}
+	if reason == "" {
+		reason = "forced by the caller"
+	}
+	got, err := post(ctx, c, admin, endpointURL, true)
+	return RegisterResult{Action: RegisterForced, DeploymentID: got, Reason: reason}, err
+}
+
+// staleness says why Restate's view of deployment id differs from the
+// services we serve ("" when it does not).
+func staleness(ctx context.Context, c *http.Client, admin, id string, services []restate.ServiceDefinition) (string, error) {
+	var dep struct {
+		Services []struct {
+			Name     string `json:"name"`
+			Ty       string `json:"ty"`
+			Handlers []struct {
+				Name string `json:"name"`
+				Ty   string `json:"ty"`
+			} `json:"handlers"`
+		} `json:"services"`
+	}
+	if err := adminJSON(ctx, c, http.MethodGet, admin+"/deployments/"+id, nil, &dep); err != nil {
+		return "", err
+	}
+	var theirs []string
+	for _, s := range dep.Services {
+		for _, h := range s.Handlers {
+			theirs = append(theirs, handlerSig(s.Name, s.Ty, h.Name, h.Ty))
+		}
+	}
+	ours := Signature(services)
+	slices.Sort(theirs)
+	if !slices.Equal(ours, theirs) {
+		return fmt.Sprintf("handlers differ: Restate has %v, this ctrl serves %v", theirs, ours), nil
+	}
+
+	var active struct {
+		Services []struct {
+			Name         string `json:"name"`
+			DeploymentID string `json:"deployment_id"`
+		} `json:"services"`
+	}
+	if err := adminJSON(ctx, c, http.MethodGet, admin+"/services", nil, &active); err != nil {
+		return "", err
+	}
+	for _, s := range services {
+		for _, a := range active.Services {
+			if a.Name == s.Name() && a.DeploymentID != id {
+				return fmt.Sprintf("Restate sends new %s invocations to deployment %s, registered after this endpoint", s.Name(), a.DeploymentID), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// Signature lists services' handlers as "Service(kind).handler(kind)",
+// sorted, in the admin API's spelling of kinds, lower-cased.
+func Signature(services []restate.ServiceDefinition) []string {
+	var out []string
+	for _, s := range services {
+		for name, h := range s.Handlers() {
+			ty := ""
+			if t := h.HandlerType(); t != nil {
+				ty = string(*t)
+			}
+			out = append(out, handlerSig(s.Name(), string(s.Type()), name, ty))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// handlerSig normalises the SDK's "VIRTUAL_OBJECT"/"EXCLUSIVE" and the
+// admin API's "VirtualObject"/"Exclusive" to one spelling. Handlers of a
+// plain service have no kind of their own; theirs is "" on both sides.
+func handlerSig(service, serviceTy, handler, handlerTy string) string {
+	norm := func(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
+	st, ht := norm(serviceTy), norm(handlerTy)
+	if st == "service" {
+		ht = ""
+	}
+	return fmt.Sprintf("%s(%s).%s(%s)", service, st, handler, ht)
+}
+
+func normalizeURL(u string) string { return strings.TrimRight(strings.TrimSpace(u), "/") }
+
+func post(ctx context.Context, c *http.Client, admin, uri string, force bool) (string, error) {
+	var out struct {
+		ID string `json:"id"`
+	}
+	body := map[string]any{"uri": uri, "force": force}
+	if err := adminJSON(ctx, c, http.MethodPost, admin+"/deployments", body, &out); err != nil {
+		return "", fmt.Errorf("register the Restate endpoint %s: %w", uri, err)
+	}
+	return out.ID, nil
+}
+
+func adminJSON(ctx context.Context, c *http.Client, method, url string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return fmt.Errorf("the Restate admin API: %w", err)
+	}
+	req.Header.Set("accept", "application/json")
+	if in != nil {
+		req.Header.Set("content-type", "application/json")
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("the Restate admin API %s %s: %w (is restate.admin_url right and Restate up?)", method, url, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("the Restate admin API %s %s: %s: %s", method, url, resp.Status, bytes.TrimSpace(data))
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("the Restate admin API %s %s: unexpected answer: %w", method, url, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,412 @@
+package workflows
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	restate "github.com/restatedev/sdk-go"
+
+	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
+)
+
+// SentinelServiceName is the Restate name of the SentinelService, a virtual
+// object keyed by sentinel id.
+const SentinelServiceName = "SentinelService"
+
+// notifyReadyKey is the state key under which a waiting Deploy keeps its
+// awakeable (a sentinelWaiter).
+const notifyReadyKey = "notify_ready_awakeable"
+
+// DefaultSentinelDeployTimeout is how long a sentinel deploy waits for the
+// cluster when neither the request nor sentinel.deploy_timeout says.
+const DefaultSentinelDeployTimeout = 10 * time.Minute
+
+// Limits of a sentinel's size (what the sentinel plugin accepts).
+const (
+	MaxSentinelReplicas      = 100
+	MaxSentinelCPUMillicores = 64_000
+	MaxSentinelMemoryMiB     = 262_144
+)
+
+// SentinelDeployRequest is the input of SentinelService.Deploy. Zero values
+// keep the sentinel's current setting.
+type SentinelDeployRequest struct {
+	Image         string `json:"image,omitempty"`
+	Replicas      int32  `json:"replicas,omitempty"`
+	CPUMillicores int64  `json:"cpu_millicores,omitempty"`
+	MemoryMiB     int64  `json:"memory_mib,omitempty"`
+	// TimeoutSeconds bounds the wait for the cluster; 0 means ctrl's
+	// sentinel.deploy_timeout.
+	TimeoutSeconds int32 `json:"timeout_seconds,omitempty"`
+}
+
+// Validate checks the request's fields (zero means "keep").
+func (r SentinelDeployRequest) Validate() error {
+	if r.Image != "" {
+		if err := ValidImage("image", r.Image); err != nil {
+			return err
+		}
+	}
+	switch {
+	case r.Replicas < 0 || r.Replicas > MaxSentinelReplicas:
+		return fieldErr("replicas", "%d is out of range 0..%d (0 keeps the current count)", r.Replicas, MaxSentinelReplicas)
+	case r.CPUMillicores < 0 || r.CPUMillicores > MaxSentinelCPUMillicores:
+		return fieldErr("cpu_millicores", "%d is out of range 0..%d (0 keeps the current value)", r.CPUMillicores, MaxSentinelCPUMillicores)
+	case r.MemoryMiB < 0 || r.MemoryMiB > MaxSentinelMemoryMiB:
+		return fieldErr("memory_mib", "%d is out of range 0..%d (0 keeps the current value)", r.MemoryMiB, MaxSentinelMemoryMiB)
+	case r.TimeoutSeconds < 0 || r.TimeoutSeconds > MaxTimeout:
+		return fieldErr("timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.TimeoutSeconds, MaxTimeout)
+	}
+	return nil
+}
+
+// SentinelDeployResult is what Deploy returns: ready, or failed with why.
+// Deploy does not roll a failed sentinel back: it stays on whatever the
+// cluster made of the new configuration (fleet rollbacks are
+// SentinelRolloutService.RollbackAll).
+type SentinelDeployResult struct {
+	SentinelID string `json:"sentinel_id"`
+	// Status: ready or failed.
+	Status string `json:"status"`
+	// Version is the desired-state version the deploy waited for.
+	Version uint64 `json:"version"`
+	Image   string `json:"image"`
+	// Changed is false when the configuration was already the requested
+	// one (no new version was written).
+	Changed bool   `json:"changed,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// SentinelNotice wakes a waiting Deploy. Request names the deploy it is
+// for (sentinels.deploy_request, the Deploy's invocation id): a notice for
+// another deploy wakes nothing.
+type SentinelNotice struct {
+	Request string `json:"request"`
+	// Result: ready or failed.
+	Result  string `json:"result"`
+	Message string `json:"message,omitempty"`
+}
+
+// NotifyResult says whether a notice woke a waiting Deploy.
+type NotifyResult struct {
+	Woken bool `json:"woken"`
+}
+
+// sentinelWaiter is the state a waiting Deploy keeps under notifyReadyKey.
+type sentinelWaiter struct {
+	Awakeable string `json:"awakeable"`
+	Request   string `json:"request"`
+}
+
+type sentinels struct {
+	store   *store.Store
+	timeout time.Duration
+	hooks   Hooks
+}
+
+// NewSentinelService is the SentinelService: Deploy (exclusive) changes a
+// sentinel's configuration and waits until the cluster runs it;
+// NotifyReady and NotifyFailed (shared) end that wait. See Deploy.
+func NewSentinelService(d Deps) restate.ServiceDefinition {
+	s := &sentinels{store: d.Store, timeout: d.SentinelDeployTimeout, hooks: d.Hooks}
+	if s.timeout <= 0 {
+		s.timeout = DefaultSentinelDeployTimeout
+	}
+	return restate.NewObject(SentinelServiceName, RetryPolicy()).
+		Handler("Deploy", restate.NewObjectHandler(s.deploy)).
+		Handler("NotifyReady", restate.NewObjectSharedHandler(func(ctx restate.ObjectSharedContext, n SentinelNotice) (NotifyResult, error) {
+			n.Result = ResultReady
+			return s.notify(ctx, n)
+		})).
+		Handler("NotifyFailed", restate.NewObjectSharedHandler(func(ctx restate.ObjectSharedContext, n SentinelNotice) (NotifyResult, error) {
+			n.Result = ResultFailed
+			return s.notify(ctx, n)
+		}))
+}
+
+// notify resolves the awakeable a Deploy of n.Request stored, if one is
+// waiting. Anything else (no Deploy waiting, a notice for an earlier one, a
+// second notice) does nothing: notices are hints, sent at least once.
+func (s *sentinels) notify(ctx restate.ObjectSharedContext, n SentinelNotice) (NotifyResult, error) {
+	w, err := restate.Get[*sentinelWaiter](ctx, notifyReadyKey)
+	if err != nil {
+		return NotifyResult{}, err
+	}
+	if w == nil || w.Request != n.Request {
+		return NotifyResult{}, nil
+	}
+	restate.ResolveAwakeable(ctx, w.Awakeable, n)
+	return NotifyResult{Woken: true}, nil
+}
+
+// deployWrite is what Deploy's write step decided.
+type deployWrite struct {
+	Version uint64 `json:"version"`
+	Image   string `json:"image"`
+	Changed bool   `json:"changed"`
+	// Ready: nothing changed and the sentinel already runs its
+	// configuration.
+	Ready   bool          `json:"ready"`
+	Timeout time.Duration `json:"timeout"`
+}
+
+// deploy is SentinelService.Deploy:
+//
+//  1. write: in one transaction, lock the row, merge the request over it,
+//     and (when something changed) write the configuration with a new
+//     version; record this invocation as the owner of deploy_status =
+//     progressing. Nothing changed and already converged: ready at once.
+//     A missing or stopped sentinel is a terminal error.
+//  2. create an awakeable and store it (notifyReadyKey) with the owner;
+//  3. fence: an empty step; Restate acknowledges it only after it has
+//     applied every earlier entry, so from here on NotifyReady sees the
+//     stored awakeable;
+//  4. check the database: a report that arrived before step 3 found no
+//     awakeable, so it must be visible here;
+//  5. wait for the awakeable or the timeout.
+//
+// Every report that makes the sentinel ready commits either before step 4
+// reads (step 4 sees it) or after; then ctrl's Notifier reads it after step
+// 3 and calls NotifyReady, which finds the awakeable. No wake-up is lost.
+// Every later change of deploy_status is a compare-and-set on the owner.
+func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest) (SentinelDeployResult, error) {
+	id := restate.Key(ctx)
+	res := SentinelDeployResult{SentinelID: id}
+	if err := req.Validate(); err != nil {
+		return res, restate.ToTerminalError(fmt.Errorf("deploy of sentinel %s: %w", id, err), restate.WithErrorCode(codeInvalid))
+	}
+	request := ctx.Request().ID
+	w, err := sentinelStep(ctx, s.hooks, "write", func(rc restate.RunContext) (deployWrite, error) {
+		return s.write(rc, id, request, req)
+	})
+	if err != nil {
+		return res, err
+	}
+	res.Version, res.Image, res.Changed = w.Version, w.Image, w.Changed
+	if w.Ready {
+		res.Status = ResultReady
+		return res, nil
+	}
+
+	awk := restate.Awakeable[SentinelNotice](ctx)
+	restate.Set(ctx, notifyReadyKey, sentinelWaiter{Awakeable: awk.Id(), Request: request})
+	if _, ferr := restate.Run(ctx, func(restate.RunContext) (restate.Void, error) { return restate.Void{}, nil }, restate.WithName("awakeable-stored")); ferr != nil {
+		return res, s.cancelled(ctx, id, request, ferr)
+	}
+	var outcome Outcome
+	if !s.hooks.SkipReadyRecheck {
+		if outcome, err = sentinelStep(ctx, s.hooks, "check", func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
+			return res, s.cancelled(ctx, id, request, err)
+		}
+	}
+	if !outcome.Decided() {
+		timer := restate.After(ctx, w.Timeout)
+		first, werr := restate.WaitFirst(ctx, awk, timer)
+		if werr != nil {
+			return res, s.cancelled(ctx, id, request, werr)
+		}
+		if first == timer {
+			if outcome, err = sentinelStep(ctx, s.hooks, "final-check", func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
+				return res, s.cancelled(ctx, id, request, err)
+			}
+			if !outcome.Decided() {
+				outcome = Outcome{Result: ResultFailed, Message: fmt.Sprintf("timed out after %s waiting for sentinel %s to run %s healthy at version %d: %s",
+					w.Timeout, id, w.Image, w.Version, outcome.Message)}
+			}
+		} else {
+			n, aerr := awk.Result()
+			if aerr != nil {
+				return res, s.cancelled(ctx, id, request, aerr)
+			}
+			outcome = Outcome{Result: n.Result, Message: n.Message}
+		}
+	}
+	restate.Clear(ctx, notifyReadyKey)
+	status, err := s.finish(ctx, id, request, outcome)
+	if err != nil {
+		return res, err
+	}
+	res.Status, res.Message = status, outcome.Message
+	return res, nil
+}
+
+// write is Deploy's first step (see deploy). It runs in a restate.Run and
+// may run twice: the second run finds the configuration already written
+// and waits for the version the first run stamped.
+func (s *sentinels) write(ctx context.Context, id, request string, req SentinelDeployRequest) (deployWrite, error) {
+	var w deployWrite
+	stamped, err := s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		w = deployWrite{}
+		row, err := tx.LockSentinel(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return restate.ToTerminalError(fmt.Errorf("sentinel %s does not exist (it may have been deleted); nothing to deploy", id), restate.WithErrorCode(codeNotFound))
+		}
+		if err != nil {
+			return err
+		}
+		if row.DesiredState != "running" {
+			return restate.ToTerminalError(fmt.Errorf("sentinel %s is %s: its environment runs no deployment; a deploy of the environment starts it again", id, row.DesiredState),
+				restate.WithErrorCode(codePrecondition))
+		}
+		next := row.Sentinel
+		if req.Image != "" {
+			next.Image = req.Image
+		}
+		if req.Replicas != 0 {
+			next.Replicas = req.Replicas
+		}
+		if req.CPUMillicores != 0 {
+			next.CPUMillicores = req.CPUMillicores
+		}
+		if req.MemoryMiB != 0 {
+			next.MemoryMiB = req.MemoryMiB
+		}
+		w.Image, w.Version = next.Image, row.Version
+		if next == row.Sentinel {
+			if SentinelConverged(row) {
+				w.Ready = true
+				return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady)
+			}
+			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing)
+		}
+		w.Changed = true
+		if err := tx.PutSentinel(ctx, next); err != nil {
+			return err
+		}
+		return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing)
+	})
+	if err != nil {
+		return deployWrite{}, err
+	}
+	for _, st := range stamped {
+		if st.Kind == kinds.Sentinel && st.ID == id {
+			w.Version = st.Version
+		}
+	}
+	w.Timeout = s.timeout // configuration: journaled with the step
+	if req.TimeoutSeconds > 0 {
+		w.Timeout = time.Duration(req.TimeoutSeconds) * time.Second
+	}
+	return w, nil
+}
+
+// evaluate reads the sentinel and its apply errors and decides.
+func (s *sentinels) evaluate(ctx context.Context, id string) (Outcome, error) {
+	row, err := s.store.GetSentinel(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s was deleted while it deployed", id)}, nil
+	}
+	if err != nil {
+		return Outcome{}, err
+	}
+	errs, err := s.store.ApplyErrors(ctx, kinds.Sentinel, id)
+	if err != nil {
+		return Outcome{}, err
+	}
+	return EvaluateSentinel(row, errs), nil
+}
+
+// finish records the outcome, provided this deploy still owns the row,
+// and returns the status to report.
+func (s *sentinels) finish(ctx restate.ObjectContext, id, request string, o Outcome) (string, error) {
+	status := store.SentinelFailed
+	if o.Result == ResultReady {
+		status = store.SentinelReady
+	}
+	_, err := sentinelStep(ctx, s.hooks, "finish", func(rc restate.RunContext) (restate.Void, error) {
+		_, _, err := s.store.FinishSentinelDeploy(rc, id, request, status, o.Message)
+		if errors.Is(err, store.ErrNotFound) {
+			err = nil // deleted meanwhile: nothing to record
+		}
+		return restate.Void{}, err
+	})
+	return o.Result, err
+}
+
+// cancelled cleans up after the invocation was cancelled in Restate (or
+// another terminal failure while waiting): the stored awakeable goes, the
+// deploy is recorded as failed, and the error is returned.
+func (s *sentinels) cancelled(ctx restate.ObjectContext, id, request string, cause error) error {
+	restate.Clear(ctx, notifyReadyKey)
+	msg := "the deploy stopped waiting: " + cause.Error()
+	if te := restate.AsTerminalError(cause); te != nil && te.Code() == codeCancelled {
+		msg = "the deploy's invocation was cancelled in Restate"
+	}
+	if _, err := s.finish(ctx, id, request, Outcome{Result: ResultFailed, Message: msg}); err != nil {
+		return err
+	}
+	return cause
+}
+
+// SentinelConverged reports whether the cluster runs a sentinel's desired
+// configuration: it reported the current version (or a later one), and the
+// sentinel is healthy on the desired image with at least its replicas
+// available. The sentinel plugin reports HEALTHY with a running image only
+// once a rollout has completed. A sentinel scaled to zero has converged
+// when its cluster reports it paused at the current version.
+func SentinelConverged(r store.SentinelRow) bool {
+	if r.ReportObservedVersion < r.Version || r.ReportedDeleted {
+		return false
+	}
+	if r.Replicas == 0 {
+		return r.Health == "paused"
+	}
+	return r.Health == "healthy" && r.RunningImage == r.Image && r.AvailableReplicas >= r.Replicas
+}
+
+// EvaluateSentinel decides a sentinel's deploy from its row and its apply
+// errors: failed when it was stopped or its cluster cannot apply the
+// current version for good (the cluster's own message), ready when it has
+// converged, otherwise undecided with what it is waiting for.
+func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outcome {
+	if r.DesiredState != "running" {
+		return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s was stopped while it deployed", r.ID)}
+	}
+	var permanent []string
+	for _, e := range applyErrors {
+		if e.Permanent && e.Version >= r.Version {
+			permanent = append(permanent, applyErrorText(e))
+		}
+	}
+	if len(permanent) > 0 {
+		return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s: %s", r.ID, strings.Join(permanent, "; "))}
+	}
+	if SentinelConverged(r) {
+		return Outcome{Result: ResultReady}
+	}
+	var why string
+	switch {
+	case r.ReportObservedVersion < r.Version:
+		why = fmt.Sprintf("its cluster has not reported version %d yet (last report: version %d, %s)", r.Version, r.ReportObservedVersion, r.Health)
+	case r.Health != "healthy" && r.Health != "paused":
+		why = "it is " + r.Health
+		if r.HealthReason != "" {
+			why += ": " + r.HealthReason
+		}
+	case r.RunningImage != r.Image:
+		why = fmt.Sprintf("it runs %q, not %s", r.RunningImage, r.Image)
+	default:
+		why = fmt.Sprintf("%d of %d replicas available (%s)", r.AvailableReplicas, r.Replicas, r.Health)
+	}
+	for _, e := range applyErrors { // retryable: the cluster keeps trying
+		if !e.Permanent {
+			why += "; retrying: " + applyErrorText(e)
+		}
+	}
+	return Outcome{Message: why}
+}
+
+// sentinelStep is restate.Run with the step's name and the test hook.
+func sentinelStep[T any](ctx restate.Context, hooks Hooks, step string, fn func(restate.RunContext) (T, error)) (T, error) {
+	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
+		v, err := fn(rc)
+		if err == nil {
+			hooks.after(rc, SentinelServiceName+"."+step)
+		}
+		return v, err
+	}, restate.WithName(step))
+}

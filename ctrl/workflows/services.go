@@ -1,0 +1,106 @@
+package workflows
+
+import (
+	"context"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	restate "github.com/restatedev/sdk-go"
+
+	"krane.dev/ctrl/store"
+)
+
+// Deps are what ctrl's Restate services need. Fields only some services use
+// are ignored by the others.
+type Deps struct {
+	Store *store.Store
+	Log   hclog.Logger
+	// Sentinel is the configuration of sentinels the deploy workflow
+	// creates for environments that have none yet.
+	Sentinel SentinelDefaults
+	// DeployTimeout is how long a deploy waits for every region to run
+	// when its request does not say.
+	DeployTimeout time.Duration
+	// SentinelDeployTimeout is how long a SentinelService.Deploy waits for
+	// the cluster when its request does not say (sentinel.deploy_timeout).
+	SentinelDeployTimeout time.Duration
+	// Hooks are for tests.
+	Hooks Hooks
+}
+
+// SentinelDefaults configure new sentinels (ctrl config sentinel.default_*).
+type SentinelDefaults struct {
+	Image         string
+	Replicas      int32
+	CPUMillicores int64
+	MemoryMiB     int64
+}
+
+// Hooks let tests act at chosen points. Production code never sets them.
+type Hooks struct {
+	// AfterStep runs inside a restate.Run body after its side effect
+	// committed and before Restate has journaled the result: a crash here
+	// makes the body run again. step names the body, e.g.
+	// "VersioningService.stamp".
+	AfterStep func(ctx context.Context, step string)
+	// SkipReadyRecheck leaves out SentinelService.Deploy's database check
+	// after it stored its awakeable: the lost wake-up that check prevents.
+	// Exists only to prove the tests catch it.
+	SkipReadyRecheck bool
+}
+
+func (h Hooks) after(ctx context.Context, step string) {
+	if h.AfterStep != nil {
+		h.AfterStep(ctx, step)
+	}
+}
+
+// Services are every Restate service ctrl serves, in registration order. A
+// new service is a file with its constructor and a line here.
+func Services(d Deps) []restate.ServiceDefinition {
+	return []restate.ServiceDefinition{
+		NewVersioningService(d),
+		NewDeployWorkflow(d),
+		NewSentinelService(d),
+		NewSentinelRolloutService(d),
+		NewSentinelRolloutWorker(d),
+	}
+}
+
+// RetryPolicy is the invocation retry policy every service of ctrl sets.
+//
+// An ordinary error (the database or ctrl's endpoint unreachable, a
+// deadlock) is retried: 0.5 s after the first attempt, doubling to at most
+// 30 s between attempts, for 250 attempts, about two hours. That rides out a
+// database failover or a ctrl rollout. Restate's own default would pause an
+// invocation after about an hour (70 attempts) and nobody would notice; here
+// the horizon is explicit, and ctrl's deploy resync logs and counts every
+// deployment still in progress past its deadline
+// (krane_ctrl_deploys_overdue), which is what a paused deploy looks like.
+// A paused invocation keeps its journal: once the cause is fixed, `restate
+// invocations resume <id>` continues it where it stopped. Pausing rather than
+// killing is deliberate: a killed deploy would leave its deployment half
+// way, without its cleanup.
+//
+// Input that can never succeed is a terminal error (no retry) with an HTTP
+// like code: 400 invalid input, 404 a missing row, 412 a state that forbids
+// the step. 409 is Restate's own code for a cancelled invocation, so ctrl
+// never uses it.
+func RetryPolicy() restate.ServiceDefinitionOption {
+	return restate.WithInvocationRetryPolicy(
+		restate.WithInitialRetryInterval(500*time.Millisecond),
+		restate.WithRetryIntervalFactor(2),
+		restate.WithMaxRetryInterval(30*time.Second),
+		restate.WithMaxRetryAttempts(250),
+		restate.PauseOnMaxAttempts(),
+	)
+}
+
+// Terminal error codes (see RetryPolicy).
+const (
+	codeInvalid      = 400
+	codeNotFound     = 404
+	codePrecondition = 412
+	// codeCancelled is Restate's, on an invocation an operator cancelled.
+	codeCancelled = 409
+)

@@ -1,0 +1,143 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	restate "github.com/restatedev/sdk-go"
+
+	"krane.dev/ctrl/store"
+)
+
+// The VersioningService is a virtual object with one key.
+const (
+	VersioningServiceName = "VersioningService"
+	VersioningKey         = "singleton"
+	// MaxStampRefs bounds one Stamp call: the stamping transaction holds
+	// the global version lock for one point update per ref.
+	MaxStampRefs = 1000
+)
+
+// Ref names one desired-state row (see store.Ref).
+type Ref struct {
+	Kind   string `json:"kind"`
+	Region string `json:"region"`
+	ID     string `json:"id"`
+}
+
+// StampRequest asks for new versions of rows whose content is committed.
+type StampRequest struct {
+	Refs []Ref `json:"refs"`
+}
+
+// Version is the version a row was given.
+type Version struct {
+	Ref
+	Version uint64 `json:"version"`
+}
+
+// StampResponse gives the versions, in the order of the request's refs:
+// consecutive numbers, the first one above every version given before.
+type StampResponse struct {
+	Versions []Version `json:"versions"`
+}
+
+type versioning struct {
+	store *store.Store
+	hooks Hooks
+}
+
+// NewVersioningService is the VersioningService: a virtual object whose only
+// key is "singleton", with one exclusive handler, Stamp. See the package
+// documentation for why this gives exactly-once, gap-free versions.
+func NewVersioningService(d Deps) restate.ServiceDefinition {
+	v := &versioning{store: d.Store, hooks: d.Hooks}
+	return restate.NewObject(VersioningServiceName,
+		RetryPolicy(),
+		// Calls are frequent and their results are in MySQL; an hour of
+		// journals is plenty to debug with.
+		restate.WithJournalRetention(time.Hour),
+	).Handler("Stamp", restate.NewObjectHandler(v.stamp))
+}
+
+func (r StampRequest) check() ([]store.Ref, error) {
+	if len(r.Refs) == 0 || len(r.Refs) > MaxStampRefs {
+		return nil, fmt.Errorf("a stamp request needs 1 to %d refs, got %d", MaxStampRefs, len(r.Refs))
+	}
+	seen := make(map[Ref]bool, len(r.Refs))
+	out := make([]store.Ref, len(r.Refs))
+	for i, ref := range r.Refs {
+		if !store.ValidKind(ref.Kind) || ref.Region == "" || ref.ID == "" {
+			return nil, fmt.Errorf("refs[%d] = %+v: a ref needs a valid kind, a region and an id", i, ref)
+		}
+		if seen[ref] {
+			return nil, fmt.Errorf("refs[%d] = %+v is listed twice (a row gets one version per stamp)", i, ref)
+		}
+		seen[ref] = true
+		out[i] = store.Ref{Kind: ref.Kind, Region: ref.Region, ID: ref.ID}
+	}
+	return out, nil
+}
+
+// stamp gives the refs new versions with one restate.Run around
+// store.StampCommitted. The grant key is the invocation id, which Restate
+// keeps across retries: when the Run body runs again (a crash after the
+// commit and before Restate journaled the result), StampCommitted finds the
+// recorded grant and returns the same versions instead of stamping again.
+// Each invocation calls StampCommitted exactly once, so the id alone is a
+// unique key.
+func (v *versioning) stamp(ctx restate.ObjectContext, req StampRequest) (StampResponse, error) {
+	refs, err := req.check()
+	if err != nil {
+		return StampResponse{}, restate.ToTerminalError(fmt.Errorf("VersioningService.Stamp: %w", err), restate.WithErrorCode(codeInvalid))
+	}
+	grantKey := ctx.Request().ID
+	grant, err := restate.Run(ctx, func(rc restate.RunContext) (store.Grant, error) {
+		g, err := v.store.StampCommitted(rc, refs, grantKey)
+		if errors.Is(err, store.ErrNotFound) {
+			// Stamping never creates rows: the caller must commit the
+			// content first. Retrying cannot help.
+			return g, restate.ToTerminalError(err, restate.WithErrorCode(codeNotFound))
+		}
+		if err != nil {
+			return g, err
+		}
+		v.hooks.after(rc, VersioningServiceName+".stamp")
+		return g, nil
+	}, restate.WithName("stamp"))
+	if err != nil {
+		return StampResponse{}, err
+	}
+	if grant.Last-grant.First+1 != uint64(len(refs)) {
+		// A grant key reused with other refs; never happens with
+		// invocation ids, and must not go unnoticed if it does.
+		return StampResponse{}, restate.TerminalErrorf("VersioningService.Stamp: grant %s covers versions %d..%d for %d refs (a grant key was reused with different refs)",
+			grantKey, grant.First, grant.Last, len(refs))
+	}
+	if grant.Reused {
+		ctx.Log().Info("a retried stamp step got its recorded versions back", "first", grant.First, "last", grant.Last)
+	}
+	out := StampResponse{Versions: make([]Version, len(refs))}
+	for i, ref := range req.Refs {
+		out.Versions[i] = Version{Ref: ref, Version: grant.First + uint64(i)}
+	}
+	return out, nil
+}
+
+// stampVersions calls VersioningService.Stamp from inside a handler (the
+// call is journaled: exactly once).
+func stampVersions(ctx restate.Context, refs []store.Ref) ([]Version, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	req := StampRequest{Refs: make([]Ref, len(refs))}
+	for i, r := range refs {
+		req.Refs[i] = Ref{Kind: r.Kind, Region: r.Region, ID: r.ID}
+	}
+	resp, err := restate.Object[StampResponse](ctx, VersioningServiceName, VersioningKey, "Stamp").Request(req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Versions, nil
+}
