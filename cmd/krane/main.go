@@ -1,0 +1,130 @@
+// Command krane is the per-cluster agent: it connects to ctrl, runs the
+// controller plugins enabled in krane.hcl and keeps the cluster matching the
+// desired state ctrl streams.
+//
+//	krane run -config krane.hcl        (default command)
+//	krane validate -config krane.hcl   (check a file without running)
+//	krane --version
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/cobra"
+
+	"krane.dev/host/agent"
+	"krane.dev/host/config"
+	"krane.dev/internal/version"
+)
+
+func main() {
+	var cfgPath string
+	root := &cobra.Command{
+		Use:           "krane",
+		Short:         "Krane: keeps a Kubernetes cluster matching the desired state of ctrl",
+		Version:       version.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVarP(&cfgPath, "config", "c", "krane.hcl", "path of krane.hcl")
+	run := &cobra.Command{
+		Use:   "run",
+		Short: "Run the agent (the default)",
+		RunE:  func(*cobra.Command, []string) error { return runAgent(cfgPath) },
+	}
+	validate := &cobra.Command{
+		Use:   "validate",
+		Short: "Check krane.hcl, including each enabled plugin's config block against the plugin's schema",
+		RunE:  func(cmd *cobra.Command, _ []string) error { return validateConfig(cmd.Context(), cfgPath) },
+	}
+	root.RunE = run.RunE
+	root.AddCommand(run, validate)
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "krane:", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(cfg *config.Config) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name: "krane", Level: hclog.LevelFromString(cfg.Log.Level), JSONFormat: cfg.Log.JSON,
+		Output: os.Stderr, IncludeLocation: false,
+	})
+}
+
+func runAgent(path string) error {
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg)
+	log.Info("starting krane", "version", version.Version, "config", path)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	a := agent.New(cfg, log, agent.Options{})
+	l, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return fmt.Errorf("server.listen %s: %w", cfg.Server.Listen, err)
+	}
+	go func() {
+		if err := a.Serve(ctx, l); err != nil {
+			log.Error("health/metrics server failed", "error", err)
+		}
+	}()
+	log.Info("serving /healthz, /readyz and /metrics", "address", l.Addr().String())
+	go watchConfig(ctx, path, log, a)
+	if cfg.Leader.Enabled {
+		return a.RunElected(ctx)
+	}
+	return a.Run(ctx)
+}
+
+// watchConfig reloads on SIGHUP and when the file's content changes.
+func watchConfig(ctx context.Context, path string, log hclog.Logger, a *agent.Agent) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	last := fileSum(path)
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			log.Info("SIGHUP: reloading configuration", "config", path)
+		case <-tick.C:
+			sum := fileSum(path)
+			if sum == last {
+				continue
+			}
+			log.Info("configuration file changed: reloading", "config", path)
+		}
+		last = fileSum(path)
+		cfg, err := config.Load(path, nil)
+		if err != nil {
+			log.Error("reload rejected; keeping the running configuration", "error", err)
+			continue
+		}
+		if err := a.Reload(cfg); err != nil {
+			log.Error("reload failed", "error", err)
+		}
+	}
+}
+
+func fileSum(path string) [32]byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return [32]byte{}
+	}
+	return sha256.Sum256(b)
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+
+	"krane.dev/host/config"
+	"krane.dev/sdk"
+)
+
+// validateConfig checks krane.hcl and, for each enabled controller, starts
+// its plugin only to ask for its schema (sha256 pin included), then checks
+// the config block against it. Nothing connects to ctrl or Kubernetes.
+func validateConfig(ctx context.Context, path string) error {
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(cfg.Controllers))
+	for n := range cfg.Controllers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var errs []error
+	for _, n := range names {
+		ctl := cfg.Controllers[n]
+		if !ctl.Enabled {
+			fmt.Printf("controller %-12s disabled\n", n)
+			continue
+		}
+		info, err := describe(ctx, ctl, cfg.Log.Level)
+		if err == nil {
+			var js []byte
+			if js, err = ctl.ConfigJSON(info.ConfigSchema); err == nil {
+				err = sdk.ValidateConfig(info.ConfigSchema, js)
+			}
+		}
+		if err != nil {
+			fmt.Printf("controller %-12s INVALID: %v\n", n, err)
+			errs = append(errs, fmt.Errorf("controller %q: %w", n, err))
+			continue
+		}
+		fmt.Printf("controller %-12s ok (%s %s, kinds %v)\n", n, info.Name, info.Version, kinds(info))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s: %w", path, errors.Join(errs...))
+	}
+	fmt.Printf("%s: ok\n", path)
+	return nil
+}
+
+func describe(ctx context.Context, ctl config.Controller, level string) (sdk.Info, error) {
+	if _, err := os.Stat(ctl.Path); err != nil {
+		return sdk.Info{}, fmt.Errorf("plugin binary: %w", err)
+	}
+	var sum []byte
+	if ctl.SHA256 != "" {
+		var err error
+		if sum, err = hex.DecodeString(ctl.SHA256); err != nil {
+			return sdk.Info{}, err
+		}
+	}
+	cc, err := sdk.NewClientConfig(sdk.ClientOptions{Path: ctl.Path, SHA256: sum, Logger: hclog.NewNullLogger(), LogLevel: level})
+	if err != nil {
+		return sdk.Info{}, err
+	}
+	client := plugin.NewClient(cc)
+	defer client.Kill()
+	c, err := sdk.Dispense(client)
+	if err != nil {
+		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
+			return sdk.Info{}, fmt.Errorf("%s does not match its pinned sha256", ctl.Path)
+		}
+		return sdk.Info{}, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return c.Describe(dctx)
+}
+
+func kinds(info sdk.Info) []string {
+	var out []string
+	for _, k := range info.Kinds {
+		out = append(out, k.Kind)
+	}
+	return out
+}
