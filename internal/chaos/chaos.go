@@ -14,6 +14,7 @@ import (
 	"io"
 	"log"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -40,6 +41,9 @@ type Options struct {
 	Settle time.Duration
 	Seed   uint64
 	Out    io.Writer
+	// MinFaults extends the schedule past Duration until at least this
+	// many faults were injected.
+	MinFaults int
 }
 
 // Report is what a run found.
@@ -70,11 +74,25 @@ func (r Report) String() string {
 	return s
 }
 
-// faults are the fault types, each injected and recovered from by its func.
-var faults = []struct {
+// fault is one fault type, injected and recovered from by do.
+type fault struct {
 	name string
 	do   func(ctx context.Context, st *stack.Stack, rng *rand.Rand, region string) error
-}{
+}
+
+// FaultKinds names every fault type a run deals.
+func FaultKinds() []string {
+	names := make([]string, len(faults))
+	for i, f := range faults {
+		names[i] = f.name
+	}
+	return names
+}
+
+// faults are the fault types. A run deals them from a shuffled deck, so
+// every type comes once before any comes twice: a short run still
+// exercises them all, in an order the seed decides.
+var faults = []fault{
 	{"plugin-sigkill", killPlugin},
 	{"krane-sigkill", func(ctx context.Context, st *stack.Stack, _ *rand.Rand, region string) error {
 		return st.RestartKrane(ctx, region, true)
@@ -159,13 +177,19 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 		}
 	}()
 
-	for time.Since(begin) < o.Duration && ctx.Err() == nil {
+	var deck []fault
+	for injected := 0; (time.Since(begin) < o.Duration || injected < o.MinFaults) && ctx.Err() == nil; injected++ {
 		wait := time.Duration(float64(o.FaultEvery) * (0.5 + rng.Float64()))
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
-		f := faults[rng.IntN(len(faults))]
+		if len(deck) == 0 {
+			deck = slices.Clone(faults)
+			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		}
+		f := deck[0]
+		deck = deck[1:]
 		region := regs[rng.IntN(len(regs))]
 		logf("fault %s (%s)", f.name, region)
 		if err := f.do(ctx, st, rng, region); err != nil {

@@ -45,7 +45,7 @@ func TestChaosShort(t *testing.T) {
 	}
 	defer st.Stop()
 	rep, err := chaos.Run(ctx, st, chaos.Options{
-		Duration: 100 * time.Second, FaultEvery: 8 * time.Second, ChurnEvery: 250 * time.Millisecond,
+		Duration: 90 * time.Second, FaultEvery: 7 * time.Second, MinFaults: 12, ChurnEvery: 250 * time.Millisecond,
 		Settle: 3 * time.Minute, Seed: uint64(time.Now().UnixNano()), Out: out,
 	})
 	if err != nil {
@@ -58,6 +58,11 @@ func TestChaosShort(t *testing.T) {
 	}
 	if total < 10 {
 		t.Errorf("%d faults injected, want at least 10", total)
+	}
+	for _, kind := range chaos.FaultKinds() {
+		if rep.Faults[kind] == 0 {
+			t.Errorf("fault %s was never injected; every kind must be in the short run", kind)
+		}
 	}
 	if len(rep.Lost) > 0 {
 		t.Errorf("changes lost (seed %d to reproduce):\n%s", rep.Seed, strings.Join(rep.Lost, "\n"))
