@@ -33,7 +33,7 @@ func newDeploy() *cobra.Command {
 	d := &deployCmd{}
 	cmd := &cobra.Command{
 		Use:   "deploy",
-		Short: "Create, follow, roll back, promote and stop deployments (the operators' deploy API)",
+		Short: "Create, follow, roll back, promote, scale and stop deployments (the operators' deploy API)",
 		Long: "Talks to ctrl's DeploymentService with an operator token (CTRL_TOKEN) at CTRL_ADDR.\n" +
 			"Text output is for people; -o json prints protobuf JSON for scripts. " +
 			"With --wait, the command follows the deploy region by region and exits 0 only when it is ready.",
@@ -41,7 +41,7 @@ func newDeploy() *cobra.Command {
 	d.api.add(cmd)
 	cmd.PersistentFlags().DurationVar(&d.poll, "poll-interval", 500*time.Millisecond, "how often --wait asks for progress")
 	_ = cmd.PersistentFlags().MarkHidden("poll-interval")
-	cmd.AddCommand(d.create(), d.get(), d.list(), d.rollback(), d.promote(), d.stop())
+	cmd.AddCommand(d.create(), d.get(), d.list(), d.rollback(), d.promote(), d.scale(), d.stop())
 	return cmd
 }
 
@@ -469,6 +469,107 @@ func (d *deployCmd) stop() *cobra.Command {
 			_, err := api.StopDeployment(ctx, &ctrlv1.StopDeploymentRequest{DeploymentId: id})
 			return err
 		})
+}
+
+func (d *deployCmd) scale() *cobra.Command {
+	var (
+		replicas    int32
+		wait        bool
+		waitTimeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "scale DEPLOYMENT_ID --replicas N",
+		Short: "Change a ready deployment's replicas per region in place (and, with --wait, follow until every region runs them)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := d.api.json()
+			if err != nil {
+				return err
+			}
+			id := args[0]
+			api, closeConn, err := d.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.ScaleDeploymentResponse, error) {
+				return api.ScaleDeployment(ctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: id, Replicas: replicas})
+			})
+			if err != nil {
+				return apiError("scale "+id, err)
+			}
+			progress := cmd.OutOrStdout()
+			if asJSON {
+				progress = cmd.ErrOrStderr()
+			}
+			fmt.Fprintf(progress, "deployment %s scaled from %d to %d replicas per region\n", id, resp.GetPreviousReplicas(), resp.GetReplicas())
+			if wait {
+				return d.followScale(cmd, api, id, replicas, waitTimeout, asJSON)
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Int32Var(&replicas, "replicas", 0, "replicas per region, 1..1000 (required)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow until every region runs exactly that many instances")
+	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", 10*time.Minute, "give up following after this long")
+	_ = cmd.MarkFlagRequired("replicas")
+	return cmd
+}
+
+// followScale polls until every running region reports exactly replicas
+// running instances and none pending, printing each change of counts.
+func (d *deployCmd) followScale(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, replicas int32, waitTimeout time.Duration, asJSON bool) error {
+	progress := cmd.OutOrStdout()
+	if asJSON {
+		progress = cmd.ErrOrStderr()
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), waitTimeout)
+	defer cancel()
+	begin := time.Now()
+	last := ""
+	for {
+		info, err := withRetry(ctx, func(ctx context.Context) (*ctrlv1.DeploymentInfo, error) {
+			return api.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: id})
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("stopped following the scale of deployment %s after %s; it goes on (see `ctrl deploy get %s`)", id, time.Since(begin).Round(time.Second), id)
+			}
+			return apiError("read deployment "+id, err)
+		}
+		if line := progressLine(info); line != last {
+			fmt.Fprintf(progress, "[%6.1fs] %s\n", time.Since(begin).Seconds(), line)
+			last = line
+		}
+		if st := info.GetStatus(); st != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY && st != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_NETWORK {
+			return fmt.Errorf("deployment %s became %s while scaling: %s", id, statusName(st), info.GetError())
+		}
+		if scaled(info, replicas) {
+			return finish(cmd, info, time.Since(begin), asJSON)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped following the scale of deployment %s after %s (%s); it goes on (see `ctrl deploy get %s`)",
+				id, time.Since(begin).Round(time.Second), regionCounts(info), id)
+		case <-time.After(d.poll):
+		}
+	}
+}
+
+// scaled: every running region runs exactly replicas instances.
+func scaled(info *ctrlv1.DeploymentInfo, replicas int32) bool {
+	for _, r := range info.GetRegions() {
+		if r.GetDesiredStatus() == "stopped" {
+			continue
+		}
+		if r.GetDesiredReplicas() != replicas || r.GetRunning() != replicas || r.GetPending() > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // simple is a command that calls one RPC on one deployment id.

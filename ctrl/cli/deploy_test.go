@@ -176,12 +176,39 @@ func TestDeployJSONOutputParsesAndRollbackPromoteStopWork(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || doc["image"] != "registry.test/app:1" || doc["rolledBackFrom"] != v2 {
 		t.Fatalf("get -o json of the rollback: %d %v\n%s", code, err, out)
 	}
+	// Scale with --wait: follows until the region runs the new count.
+	ch = runAsync(t, "deploy", "scale", v3, "--replicas", "3", "--wait", "--poll-interval", "20ms")
+	waitDesired(t, env, v3, 3)
+	clusters["us"].ReportRunning(t, v3, 3)
+	if r := await(t, ch); r.code != 0 || !strings.Contains(r.out, "scaled from 1 to 3 replicas per region") || !strings.Contains(r.out, "deployment "+v3+" is ready") ||
+		!strings.Contains(r.out, "us 3/3") {
+		t.Fatalf("scale --wait: %d\n%s%s", r.code, r.out, r.errOut)
+	}
+	if code, _, errOut := run(t, "deploy", "scale", v3, "--replicas", "0"); code == 0 || !strings.Contains(errOut, "replicas: 0 is out of range") {
+		t.Fatalf("scale to 0: %d %q", code, errOut)
+	}
 	if code, out, errOut := run(t, "deploy", "stop", v3, "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &doc) != nil || doc["result"] != "stopped" {
 		t.Fatalf("stop -o json: %d %q %q", code, out, errOut)
 	}
 	if code, _, errOut := run(t, "deploy", "promote", v3); code == 0 || !strings.Contains(errOut, "only a ready deployment can be promoted") {
 		t.Fatalf("promote a stopped deployment: %d %q", code, errOut)
 	}
+}
+
+// waitDesired waits until ctrl wants replicas of the deployment in every
+// region it runs in.
+func waitDesired(t *testing.T, env *ctrltest.Env, id string, replicas int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		err := env.Store.DB().QueryRow("SELECT COUNT(*) FROM deployment_topology WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ?", id, replicas).Scan(&n)
+		if err == nil && n == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("deployment %s was not scaled to %d", id, replicas)
 }
 
 func TestDeployCLIErrorsSayWhatToDo(t *testing.T) {

@@ -474,6 +474,45 @@ func (s *Server) StopDeployment(ctx context.Context, req *ctrlv1.StopDeploymentR
 	return &ctrlv1.StopDeploymentResponse{}, nil
 }
 
+// ScaleDeployment changes a deployment's replicas per region in place: the
+// running topology rows get the new count and new versions in one
+// transaction, so every region's krane applies it like any other change.
+// Only a deployment that runs (ready, or network while it becomes ready)
+// can be scaled; a deploy still rolling out would race its own workflow.
+func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymentRequest) (*ctrlv1.ScaleDeploymentResponse, error) {
+	if n := req.GetReplicas(); n < 1 || n > workflows.MaxReplicas {
+		return nil, invalid(&workflows.FieldError{Field: "replicas", Reason: fmt.Sprintf("%d is out of range 1..%d per region (to run none, stop the deployment)", n, workflows.MaxReplicas)})
+	}
+	d, err := s.deployment(ctx, "deployment_id", req.GetDeploymentId())
+	if err != nil {
+		return nil, err
+	}
+	var before int32
+	_, err = s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		cur, err := tx.LockDeployment(ctx, d.ID)
+		if err != nil {
+			return err
+		}
+		if cur != store.StatusReady && cur != store.StatusNetwork {
+			return status.Errorf(codes.FailedPrecondition, "deployment %s is %s; only a ready deployment can be scaled (wait for it, or create a new one)", d.ID, cur)
+		}
+		if before, err = tx.ScaleTopology(ctx, d.ID, req.GetReplicas()); err != nil {
+			return err
+		}
+		if before == req.GetReplicas() {
+			return nil
+		}
+		return tx.RecordEvent(ctx, d.ID, cur, fmt.Sprintf("scaled from %d to %d replicas per region by %s", before, req.GetReplicas(), caller(ctx)))
+	})
+	if err != nil {
+		return nil, s.storeError(ctx, err, "scaling failed")
+	}
+	if before != req.GetReplicas() {
+		s.log.Info("deployment scaled", "deployment", d.ID, "from", before, "to", req.GetReplicas(), "by", caller(ctx))
+	}
+	return &ctrlv1.ScaleDeploymentResponse{PreviousReplicas: before, Replicas: req.GetReplicas()}, nil
+}
+
 // deployment reads one deployment named by a request field.
 func (s *Server) deployment(ctx context.Context, field, id string) (store.Deployment, error) {
 	if id == "" || len(id) > 64 {

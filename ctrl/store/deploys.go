@@ -348,6 +348,47 @@ func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) 
 	return refs, nil
 }
 
+// ScaleTopology sets the replicas per region of a deployment's running
+// topology rows and of the deployment itself; changed rows get new
+// versions when the transaction commits. It returns the replicas the
+// deployment had before. The caller holds the deployment's row lock.
+func (t *Tx) ScaleTopology(ctx context.Context, deploymentID string, replicas int32) (int32, error) {
+	var before int32
+	if err := t.QueryRow(ctx, "SELECT replicas FROM deployments WHERE id = ?", deploymentID).Scan(&before); err != nil {
+		return 0, fmt.Errorf("store: read replicas of deployment %s: %w", deploymentID, err)
+	}
+	rows, err := t.Query(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ? ORDER BY region FOR UPDATE",
+		deploymentID, replicas)
+	if err != nil {
+		return 0, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
+	}
+	var regions []string
+	for rows.Next() {
+		var region string
+		if err := rows.Scan(&region); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		regions = append(regions, region)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	now := nowMillis()
+	if _, err := t.Exec(ctx, "UPDATE deployments SET replicas = ?, updated_at = ? WHERE id = ?", replicas, now, deploymentID); err != nil {
+		return 0, fmt.Errorf("store: set replicas of deployment %s: %w", deploymentID, err)
+	}
+	for _, region := range regions {
+		if _, err := t.Exec(ctx, "UPDATE deployment_topology SET desired_replicas = ?, updated_at = ? WHERE deployment_id = ? AND region = ?",
+			replicas, now, deploymentID, region); err != nil {
+			return 0, fmt.Errorf("store: scale deployment %s in %s: %w", deploymentID, region, err)
+		}
+		t.Touch(kinds.Deployment, region, deploymentID)
+	}
+	return before, nil
+}
+
 // Instance is one pod of a deployment as its cluster last reported it.
 type Instance struct {
 	Region, ClusterID, K8sName, Address string

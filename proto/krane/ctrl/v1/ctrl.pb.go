@@ -1076,6 +1076,111 @@ func (*StopDeploymentResponse) Descriptor() ([]byte, []int) {
 	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
 }
 
+type ScaleDeploymentRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	DeploymentId string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
+	// Replicas per region, 1..1000. To run none, stop the deployment.
+	Replicas      int32 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScaleDeploymentRequest) Reset() {
+	*x = ScaleDeploymentRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleDeploymentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleDeploymentRequest) ProtoMessage() {}
+
+func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleDeploymentRequest.ProtoReflect.Descriptor instead.
+func (*ScaleDeploymentRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ScaleDeploymentRequest) GetDeploymentId() string {
+	if x != nil {
+		return x.DeploymentId
+	}
+	return ""
+}
+
+func (x *ScaleDeploymentRequest) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+type ScaleDeploymentResponse struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	PreviousReplicas int32                  `protobuf:"varint,1,opt,name=previous_replicas,json=previousReplicas,proto3" json:"previous_replicas,omitempty"`
+	Replicas         int32                  `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ScaleDeploymentResponse) Reset() {
+	*x = ScaleDeploymentResponse{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleDeploymentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleDeploymentResponse) ProtoMessage() {}
+
+func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleDeploymentResponse.ProtoReflect.Descriptor instead.
+func (*ScaleDeploymentResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ScaleDeploymentResponse) GetPreviousReplicas() int32 {
+	if x != nil {
+		return x.PreviousReplicas
+	}
+	return 0
+}
+
+func (x *ScaleDeploymentResponse) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
 type DeploySentinelRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	SentinelId string                 `protobuf:"bytes,1,opt,name=sentinel_id,json=sentinelId,proto3" json:"sentinel_id,omitempty"`
@@ -1094,7 +1199,7 @@ type DeploySentinelRequest struct {
 
 func (x *DeploySentinelRequest) Reset() {
 	*x = DeploySentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1211,7 @@ func (x *DeploySentinelRequest) String() string {
 func (*DeploySentinelRequest) ProtoMessage() {}
 
 func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1224,7 @@ func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelRequest.ProtoReflect.Descriptor instead.
 func (*DeploySentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeploySentinelRequest) GetSentinelId() string {
@@ -1186,7 +1291,7 @@ type DeploySentinelResponse struct {
 
 func (x *DeploySentinelResponse) Reset() {
 	*x = DeploySentinelResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1303,7 @@ func (x *DeploySentinelResponse) String() string {
 func (*DeploySentinelResponse) ProtoMessage() {}
 
 func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1316,7 @@ func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelResponse.ProtoReflect.Descriptor instead.
 func (*DeploySentinelResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeploySentinelResponse) GetSentinel() *SentinelInfo {
@@ -1251,7 +1356,7 @@ type GetSentinelRequest struct {
 
 func (x *GetSentinelRequest) Reset() {
 	*x = GetSentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1368,7 @@ func (x *GetSentinelRequest) String() string {
 func (*GetSentinelRequest) ProtoMessage() {}
 
 func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1381,7 @@ func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSentinelRequest.ProtoReflect.Descriptor instead.
 func (*GetSentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetSentinelRequest) GetSentinelId() string {
@@ -1322,7 +1427,7 @@ type SentinelInfo struct {
 
 func (x *SentinelInfo) Reset() {
 	*x = SentinelInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1439,7 @@ func (x *SentinelInfo) String() string {
 func (*SentinelInfo) ProtoMessage() {}
 
 func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1452,7 @@ func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelInfo.ProtoReflect.Descriptor instead.
 func (*SentinelInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SentinelInfo) GetId() string {
@@ -1530,7 +1635,7 @@ type ListSentinelsRequest struct {
 
 func (x *ListSentinelsRequest) Reset() {
 	*x = ListSentinelsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1647,7 @@ func (x *ListSentinelsRequest) String() string {
 func (*ListSentinelsRequest) ProtoMessage() {}
 
 func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1660,7 @@ func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*ListSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSentinelsRequest) GetRegion() string {
@@ -1596,7 +1701,7 @@ type ListSentinelsResponse struct {
 
 func (x *ListSentinelsResponse) Reset() {
 	*x = ListSentinelsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1713,7 @@ func (x *ListSentinelsResponse) String() string {
 func (*ListSentinelsResponse) ProtoMessage() {}
 
 func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1726,7 @@ func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsResponse.ProtoReflect.Descriptor instead.
 func (*ListSentinelsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSentinelsResponse) GetSentinels() []*SentinelInfo {
@@ -1655,7 +1760,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1772,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1785,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StartRolloutRequest) GetImage() string {
@@ -1726,7 +1831,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1843,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1856,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
 }
 
 type ResumeRolloutRequest struct {
@@ -1764,7 +1869,7 @@ type ResumeRolloutRequest struct {
 
 func (x *ResumeRolloutRequest) Reset() {
 	*x = ResumeRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1881,7 @@ func (x *ResumeRolloutRequest) String() string {
 func (*ResumeRolloutRequest) ProtoMessage() {}
 
 func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1894,7 @@ func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeRolloutRequest) GetRetryFailed() bool {
@@ -1807,7 +1912,7 @@ type CancelRolloutRequest struct {
 
 func (x *CancelRolloutRequest) Reset() {
 	*x = CancelRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +1924,7 @@ func (x *CancelRolloutRequest) String() string {
 func (*CancelRolloutRequest) ProtoMessage() {}
 
 func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +1937,7 @@ func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
 }
 
 type RollbackAllRequest struct {
@@ -1843,7 +1948,7 @@ type RollbackAllRequest struct {
 
 func (x *RollbackAllRequest) Reset() {
 	*x = RollbackAllRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1960,7 @@ func (x *RollbackAllRequest) String() string {
 func (*RollbackAllRequest) ProtoMessage() {}
 
 func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1973,7 @@ func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllRequest.ProtoReflect.Descriptor instead.
 func (*RollbackAllRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
 }
 
 type RollbackAllResponse struct {
@@ -1882,7 +1987,7 @@ type RollbackAllResponse struct {
 
 func (x *RollbackAllResponse) Reset() {
 	*x = RollbackAllResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +1999,7 @@ func (x *RollbackAllResponse) String() string {
 func (*RollbackAllResponse) ProtoMessage() {}
 
 func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2012,7 @@ func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllResponse.ProtoReflect.Descriptor instead.
 func (*RollbackAllResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RollbackAllResponse) GetReverted() int32 {
@@ -1959,7 +2064,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2076,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2089,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RolloutStatus) GetState() string {
@@ -2114,7 +2219,7 @@ type Wave struct {
 
 func (x *Wave) Reset() {
 	*x = Wave{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2231,7 @@ func (x *Wave) String() string {
 func (*Wave) ProtoMessage() {}
 
 func (x *Wave) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2244,7 @@ func (x *Wave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Wave.ProtoReflect.Descriptor instead.
 func (*Wave) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Wave) GetIndex() int32 {
@@ -2285,7 +2390,13 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x0fPromoteResponse\"<\n" +
 	"\x15StopDeploymentRequest\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\x18\n" +
-	"\x16StopDeploymentResponse\"\xed\x01\n" +
+	"\x16StopDeploymentResponse\"Y\n" +
+	"\x16ScaleDeploymentRequest\x12#\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\x05R\breplicas\"b\n" +
+	"\x17ScaleDeploymentResponse\x12+\n" +
+	"\x11previous_replicas\x18\x01 \x01(\x05R\x10previousReplicas\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\x05R\breplicas\"\xed\x01\n" +
 	"\x15DeploySentinelRequest\x12\x1f\n" +
 	"\vsentinel_id\x18\x01 \x01(\tR\n" +
 	"sentinelId\x12\x14\n" +
@@ -2395,14 +2506,15 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x19DEPLOYMENT_STATUS_NETWORK\x10\x03\x12\x1b\n" +
 	"\x17DEPLOYMENT_STATUS_READY\x10\x04\x12\x1c\n" +
 	"\x18DEPLOYMENT_STATUS_FAILED\x10\x05\x12\x1d\n" +
-	"\x19DEPLOYMENT_STATUS_STOPPED\x10\x062\xad\x04\n" +
+	"\x19DEPLOYMENT_STATUS_STOPPED\x10\x062\x8f\x05\n" +
 	"\x11DeploymentService\x12c\n" +
 	"\x10CreateDeployment\x12&.krane.ctrl.v1.CreateDeploymentRequest\x1a'.krane.ctrl.v1.CreateDeploymentResponse\x12S\n" +
 	"\rGetDeployment\x12#.krane.ctrl.v1.GetDeploymentRequest\x1a\x1d.krane.ctrl.v1.DeploymentInfo\x12`\n" +
 	"\x0fListDeployments\x12%.krane.ctrl.v1.ListDeploymentsRequest\x1a&.krane.ctrl.v1.ListDeploymentsResponse\x12S\n" +
 	"\bRollback\x12\x1e.krane.ctrl.v1.RollbackRequest\x1a'.krane.ctrl.v1.CreateDeploymentResponse\x12H\n" +
 	"\aPromote\x12\x1d.krane.ctrl.v1.PromoteRequest\x1a\x1e.krane.ctrl.v1.PromoteResponse\x12]\n" +
-	"\x0eStopDeployment\x12$.krane.ctrl.v1.StopDeploymentRequest\x1a%.krane.ctrl.v1.StopDeploymentResponse2\x9b\x02\n" +
+	"\x0eStopDeployment\x12$.krane.ctrl.v1.StopDeploymentRequest\x1a%.krane.ctrl.v1.StopDeploymentResponse\x12`\n" +
+	"\x0fScaleDeployment\x12%.krane.ctrl.v1.ScaleDeploymentRequest\x1a&.krane.ctrl.v1.ScaleDeploymentResponse2\x9b\x02\n" +
 	"\x0fSentinelService\x12]\n" +
 	"\x0eDeploySentinel\x12$.krane.ctrl.v1.DeploySentinelRequest\x1a%.krane.ctrl.v1.DeploySentinelResponse\x12M\n" +
 	"\vGetSentinel\x12!.krane.ctrl.v1.GetSentinelRequest\x1a\x1b.krane.ctrl.v1.SentinelInfo\x12Z\n" +
@@ -2427,7 +2539,7 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
 	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
@@ -2443,77 +2555,81 @@ var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(*PromoteResponse)(nil),          // 11: krane.ctrl.v1.PromoteResponse
 	(*StopDeploymentRequest)(nil),    // 12: krane.ctrl.v1.StopDeploymentRequest
 	(*StopDeploymentResponse)(nil),   // 13: krane.ctrl.v1.StopDeploymentResponse
-	(*DeploySentinelRequest)(nil),    // 14: krane.ctrl.v1.DeploySentinelRequest
-	(*DeploySentinelResponse)(nil),   // 15: krane.ctrl.v1.DeploySentinelResponse
-	(*GetSentinelRequest)(nil),       // 16: krane.ctrl.v1.GetSentinelRequest
-	(*SentinelInfo)(nil),             // 17: krane.ctrl.v1.SentinelInfo
-	(*ListSentinelsRequest)(nil),     // 18: krane.ctrl.v1.ListSentinelsRequest
-	(*ListSentinelsResponse)(nil),    // 19: krane.ctrl.v1.ListSentinelsResponse
-	(*StartRolloutRequest)(nil),      // 20: krane.ctrl.v1.StartRolloutRequest
-	(*GetRolloutStatusRequest)(nil),  // 21: krane.ctrl.v1.GetRolloutStatusRequest
-	(*ResumeRolloutRequest)(nil),     // 22: krane.ctrl.v1.ResumeRolloutRequest
-	(*CancelRolloutRequest)(nil),     // 23: krane.ctrl.v1.CancelRolloutRequest
-	(*RollbackAllRequest)(nil),       // 24: krane.ctrl.v1.RollbackAllRequest
-	(*RollbackAllResponse)(nil),      // 25: krane.ctrl.v1.RollbackAllResponse
-	(*RolloutStatus)(nil),            // 26: krane.ctrl.v1.RolloutStatus
-	(*Wave)(nil),                     // 27: krane.ctrl.v1.Wave
-	nil,                              // 28: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 29: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 30: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	(*v1.Healthcheck)(nil),           // 31: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 32: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 33: krane.cluster.v1.Health
+	(*ScaleDeploymentRequest)(nil),   // 14: krane.ctrl.v1.ScaleDeploymentRequest
+	(*ScaleDeploymentResponse)(nil),  // 15: krane.ctrl.v1.ScaleDeploymentResponse
+	(*DeploySentinelRequest)(nil),    // 16: krane.ctrl.v1.DeploySentinelRequest
+	(*DeploySentinelResponse)(nil),   // 17: krane.ctrl.v1.DeploySentinelResponse
+	(*GetSentinelRequest)(nil),       // 18: krane.ctrl.v1.GetSentinelRequest
+	(*SentinelInfo)(nil),             // 19: krane.ctrl.v1.SentinelInfo
+	(*ListSentinelsRequest)(nil),     // 20: krane.ctrl.v1.ListSentinelsRequest
+	(*ListSentinelsResponse)(nil),    // 21: krane.ctrl.v1.ListSentinelsResponse
+	(*StartRolloutRequest)(nil),      // 22: krane.ctrl.v1.StartRolloutRequest
+	(*GetRolloutStatusRequest)(nil),  // 23: krane.ctrl.v1.GetRolloutStatusRequest
+	(*ResumeRolloutRequest)(nil),     // 24: krane.ctrl.v1.ResumeRolloutRequest
+	(*CancelRolloutRequest)(nil),     // 25: krane.ctrl.v1.CancelRolloutRequest
+	(*RollbackAllRequest)(nil),       // 26: krane.ctrl.v1.RollbackAllRequest
+	(*RollbackAllResponse)(nil),      // 27: krane.ctrl.v1.RollbackAllResponse
+	(*RolloutStatus)(nil),            // 28: krane.ctrl.v1.RolloutStatus
+	(*Wave)(nil),                     // 29: krane.ctrl.v1.Wave
+	nil,                              // 30: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                              // 31: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                              // 32: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	(*v1.Healthcheck)(nil),           // 33: krane.cluster.v1.Healthcheck
+	(*timestamppb.Timestamp)(nil),    // 34: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 35: krane.cluster.v1.Health
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	28, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	29, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	31, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	30, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	31, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	33, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	30, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	31, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	32, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	33, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	5,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	32, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	32, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	34, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
 	6,  // 9: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
 	4,  // 10: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
-	17, // 11: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	33, // 12: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	32, // 13: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
-	17, // 14: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
-	26, // 15: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
-	27, // 16: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	32, // 17: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	32, // 18: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	19, // 11: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	35, // 12: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	34, // 13: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	19, // 14: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
+	28, // 15: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
+	29, // 16: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
+	34, // 17: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	34, // 18: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
 	1,  // 19: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
 	3,  // 20: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
 	7,  // 21: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
 	9,  // 22: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
 	10, // 23: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
 	12, // 24: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	14, // 25: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	16, // 26: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	18, // 27: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	20, // 28: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	21, // 29: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	22, // 30: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	23, // 31: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	24, // 32: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	2,  // 33: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 34: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	8,  // 35: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 36: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	11, // 37: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	13, // 38: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	15, // 39: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	17, // 40: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	19, // 41: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	26, // 42: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	26, // 43: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	26, // 44: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	26, // 45: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	25, // 46: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	33, // [33:47] is the sub-list for method output_type
-	19, // [19:33] is the sub-list for method input_type
+	14, // 25: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	16, // 26: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	18, // 27: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	20, // 28: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	22, // 29: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	23, // 30: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	24, // 31: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	25, // 32: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	26, // 33: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	2,  // 34: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 35: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	8,  // 36: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 37: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	11, // 38: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	13, // 39: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	15, // 40: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	17, // 41: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	19, // 42: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	21, // 43: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	28, // 44: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 45: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 46: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 47: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	27, // 48: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	34, // [34:49] is the sub-list for method output_type
+	19, // [19:34] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2530,7 +2646,7 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -29,6 +29,7 @@ const (
 	DeploymentService_Rollback_FullMethodName         = "/krane.ctrl.v1.DeploymentService/Rollback"
 	DeploymentService_Promote_FullMethodName          = "/krane.ctrl.v1.DeploymentService/Promote"
 	DeploymentService_StopDeployment_FullMethodName   = "/krane.ctrl.v1.DeploymentService/StopDeployment"
+	DeploymentService_ScaleDeployment_FullMethodName  = "/krane.ctrl.v1.DeploymentService/ScaleDeployment"
 )
 
 // DeploymentServiceClient is the client API for DeploymentService service.
@@ -46,6 +47,10 @@ type DeploymentServiceClient interface {
 	Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error)
 	// StopDeployment removes a deployment's workloads from every region.
 	StopDeployment(ctx context.Context, in *StopDeploymentRequest, opts ...grpc.CallOption) (*StopDeploymentResponse, error)
+	// ScaleDeployment changes the replicas per region of a ready deployment
+	// in place (no new deployment, no workflow): every region's cluster
+	// receives the new count as a new version.
+	ScaleDeployment(ctx context.Context, in *ScaleDeploymentRequest, opts ...grpc.CallOption) (*ScaleDeploymentResponse, error)
 }
 
 type deploymentServiceClient struct {
@@ -116,6 +121,16 @@ func (c *deploymentServiceClient) StopDeployment(ctx context.Context, in *StopDe
 	return out, nil
 }
 
+func (c *deploymentServiceClient) ScaleDeployment(ctx context.Context, in *ScaleDeploymentRequest, opts ...grpc.CallOption) (*ScaleDeploymentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScaleDeploymentResponse)
+	err := c.cc.Invoke(ctx, DeploymentService_ScaleDeployment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DeploymentServiceServer is the server API for DeploymentService service.
 // All implementations must embed UnimplementedDeploymentServiceServer
 // for forward compatibility.
@@ -131,6 +146,10 @@ type DeploymentServiceServer interface {
 	Promote(context.Context, *PromoteRequest) (*PromoteResponse, error)
 	// StopDeployment removes a deployment's workloads from every region.
 	StopDeployment(context.Context, *StopDeploymentRequest) (*StopDeploymentResponse, error)
+	// ScaleDeployment changes the replicas per region of a ready deployment
+	// in place (no new deployment, no workflow): every region's cluster
+	// receives the new count as a new version.
+	ScaleDeployment(context.Context, *ScaleDeploymentRequest) (*ScaleDeploymentResponse, error)
 	mustEmbedUnimplementedDeploymentServiceServer()
 }
 
@@ -158,6 +177,9 @@ func (UnimplementedDeploymentServiceServer) Promote(context.Context, *PromoteReq
 }
 func (UnimplementedDeploymentServiceServer) StopDeployment(context.Context, *StopDeploymentRequest) (*StopDeploymentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StopDeployment not implemented")
+}
+func (UnimplementedDeploymentServiceServer) ScaleDeployment(context.Context, *ScaleDeploymentRequest) (*ScaleDeploymentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ScaleDeployment not implemented")
 }
 func (UnimplementedDeploymentServiceServer) mustEmbedUnimplementedDeploymentServiceServer() {}
 func (UnimplementedDeploymentServiceServer) testEmbeddedByValue()                           {}
@@ -288,6 +310,24 @@ func _DeploymentService_StopDeployment_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DeploymentService_ScaleDeployment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScaleDeploymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DeploymentServiceServer).ScaleDeployment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DeploymentService_ScaleDeployment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DeploymentServiceServer).ScaleDeployment(ctx, req.(*ScaleDeploymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DeploymentService_ServiceDesc is the grpc.ServiceDesc for DeploymentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -318,6 +358,10 @@ var DeploymentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StopDeployment",
 			Handler:    _DeploymentService_StopDeployment_Handler,
+		},
+		{
+			MethodName: "ScaleDeployment",
+			Handler:    _DeploymentService_ScaleDeployment_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
