@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -68,6 +69,7 @@ type Stack struct {
 
 	mu        sync.Mutex
 	ctrl      *testenv.Process
+	replicas  []*CtrlReplica
 	kranes    map[string]*testenv.Process
 	proxies   map[string]*testenv.Proxy
 	ctrlPorts [3]int
@@ -308,6 +310,53 @@ func (s *Stack) RestartCtrl(kill bool) error {
 	return s.startCtrl()
 }
 
+// CtrlReplica is a further `ctrl serve` against the stack's MySQL and
+// Restate, as production runs several behind one address.
+type CtrlReplica struct {
+	Addr string // gRPC host:port
+	HTTP string // http://host:port (health, metrics)
+	p    *testenv.Process
+}
+
+// Stop stops the replica (SIGTERM).
+func (r *CtrlReplica) Stop() { r.p.Stop(10 * time.Second) }
+
+// StartCtrlReplica starts another ctrl on its own ports and waits until it
+// is ready. It shares the database, the vault keyring and Restate; Restate
+// keeps calling the endpoint registered by the first ctrl, so the replica
+// does not register its own.
+func (s *Stack) StartCtrlReplica(name string) (*CtrlReplica, error) {
+	ports, err := testenv.FreePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	r := &CtrlReplica{Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), HTTP: fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
+	env := append(s.ctrlEnv(),
+		"CTRL_GRPC_ADDR="+r.Addr,
+		"CTRL_HTTP_ADDR="+strings.TrimPrefix(r.HTTP, "http://"),
+		fmt.Sprintf("CTRL_RESTATE_ENDPOINT_LISTEN=127.0.0.1:%d", ports[2]),
+		"CTRL_RESTATE_REGISTER_ON_START=false",
+	)
+	if r.p, err = testenv.StartProcess(s.dir, name, s.bin["ctrl"], []string{"serve"}, env); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.replicas = append(s.replicas, r)
+	s.mu.Unlock()
+	if err := r.p.WaitReady(60*time.Second, func(ctx context.Context) error { return httpOK(ctx, r.HTTP+"/readyz") }); err != nil {
+		return nil, fmt.Errorf("ctrl replica %s: %w", name, err)
+	}
+	return r, nil
+}
+
+// KraneEnv returns the KRANE_* settings a region's krane was started with
+// (a test starting another krane against another ctrl reuses them).
+func (s *Stack) KraneEnv(region string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.opts.KraneEnv[region])
+}
+
 // Ctrl runs a ctrl command (e.g. "deploy", "create", ...) against the
 // stack and returns its standard output (what scripts read; notes go to
 // standard error, which an error includes).
@@ -495,13 +544,16 @@ func (s *Stack) RestartKrane(ctx context.Context, region string, kill bool) erro
 // Stop stops every process of the stack.
 func (s *Stack) Stop() {
 	s.mu.Lock()
-	kranes, ctrl, proxies := s.kranes, s.ctrl, s.proxies
+	kranes, ctrl, proxies, replicas := s.kranes, s.ctrl, s.proxies, s.replicas
 	s.mu.Unlock()
 	for _, p := range proxies {
 		p.Close()
 	}
 	for _, p := range kranes {
 		p.Stop(10 * time.Second)
+	}
+	for _, r := range replicas {
+		r.Stop()
 	}
 	if ctrl != nil {
 		ctrl.Stop(10 * time.Second)
