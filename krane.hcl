@@ -6,7 +6,7 @@
 # krane per region with this file and such overrides.
 #
 # Check a file without running anything but the plugins' self-description:
-#   krane validate -config krane.hcl
+#   krane validate -c krane.hcl
 # Reload after editing: send SIGHUP (krane also notices the file changing).
 # Only the controllers whose block changed are restarted.
 

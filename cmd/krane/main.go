@@ -3,7 +3,7 @@
 // desired state ctrl streams.
 //
 //	krane run -config krane.hcl        (default command)
-//	krane validate -config krane.hcl   (check a file without running)
+//	krane validate -c krane.hcl   (check a file without running)
 //	krane --version
 package main
 
