@@ -363,8 +363,11 @@ func TestRolloutCancelDuringLongWave(t *testing.T) {
 		}
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	if lat[len(lat)-1] > 500*time.Millisecond {
-		t.Fatalf("Status took up to %s during a wave", lat[len(lat)-1])
+	// Wave 2 is held for as long as the test likes, so a Status that waited
+	// for the wave would never return: a bound far above any scheduling
+	// noise tells the two apart. (Latency itself is a benchmark figure.)
+	if lat[len(lat)-1] > 5*time.Second {
+		t.Fatalf("Status took up to %s during a wave: it waits for the wave", lat[len(lat)-1])
 	}
 	t.Logf("Status during a wave, 50 calls: p50 %s, p90 %s, max %s", lat[25].Round(time.Microsecond), lat[45].Round(time.Microsecond), lat[49].Round(time.Microsecond))
 
@@ -374,8 +377,8 @@ func TestRolloutCancelDuringLongWave(t *testing.T) {
 	if err != nil || st.GetState() != "cancelled" || !slices.Equal(waveStates(st), []string{"completed", "in_progress", "skipped"}) {
 		t.Fatalf("cancel: %v, %v", st, err)
 	}
-	if took > time.Second {
-		t.Fatalf("Cancel took %s during a wave", took)
+	if took > 5*time.Second {
+		t.Fatalf("Cancel took %s during a wave: it waits for the wave", took)
 	}
 	t.Logf("Cancel during a wave answered in %s", took.Round(time.Microsecond))
 
