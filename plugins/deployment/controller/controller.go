@@ -77,7 +77,12 @@ type kubeState struct {
 	secrets     corelisters.SecretLister
 	namespaces  corelisters.NamespaceLister
 	nodes       cache.GenericLister
-	stop        func()
+	// The same ReplicaSet, pod and Secret caches, indexed by deployment id
+	// (index.go).
+	replicaSetIndex cache.Indexer
+	podIndex        cache.Indexer
+	secretIndex     cache.Indexer
+	stop            func()
 }
 
 // Option configures a Controller.
@@ -181,15 +186,21 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 		UpdateFunc: func(_, obj any) { c.markDirty(obj) },
 		DeleteFunc: c.markDirty,
 	}
-	rsInf, podInf := ours.Apps().V1().ReplicaSets(), ours.Core().V1().Pods()
+	rsInf, podInf, secretInf := ours.Apps().V1().ReplicaSets(), ours.Core().V1().Pods(), ours.Core().V1().Secrets()
+	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer(), secretInf.Informer()} {
+		if err := inf.AddIndexers(deploymentIndexers); err != nil {
+			return err
+		}
+	}
 	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
 		}
 	}
 	k.replicaSets, k.pods = rsInf.Lister(), podInf.Lister()
+	k.replicaSetIndex, k.podIndex = rsInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
 	// Secrets need no event handler: they are only compared at Apply.
-	k.secrets = ours.Core().V1().Secrets().Lister()
+	k.secrets, k.secretIndex = secretInf.Lister(), secretInf.Informer().GetIndexer()
 	k.namespaces = namespaces.Core().V1().Namespaces().Lister()
 	k.nodes = nodes.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Lister()
 
@@ -307,7 +318,7 @@ func (c *Controller) liveOwner(k *kubeState, desired *unstructured.Unstructured)
 // the deployment's only ReplicaSet is the desired one with every field we
 // set still holding our value.
 func (c *Controller) unchanged(k *kubeState, id string, desired *unstructured.Unstructured) bool {
-	current, err := k.replicaSets.List(byDeployment(id))
+	current, err := ofDeployment[*appsv1.ReplicaSet](k.replicaSetIndex, id)
 	if err != nil {
 		return false
 	}
@@ -366,7 +377,7 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	// Older ReplicaSets of the deployment come from the cache: one the
 	// cache has not seen yet leaves two behind, which the next apply or
 	// resync finds (unchanged wants exactly one) and cleans up.
-	all, err := k.replicaSets.List(byDeployment(id))
+	all, err := ofDeployment[*appsv1.ReplicaSet](k.replicaSetIndex, id)
 	if err != nil {
 		return 0, fmt.Errorf("deployment %s: applied %s/%s, but listing its older ReplicaSets failed (retrying): %w", id, ns, name, err)
 	}

@@ -195,7 +195,7 @@ func (c *Controller) openEnv(ctx context.Context, host sdk.Host, p *secretPlan) 
 // (a former namespace or blob), as far as the cache knows them: a Secret
 // this write did not make was made long enough ago to be in it.
 func (c *Controller) deleteStaleSecrets(ctx context.Context, k *kubeState, id string, keep *secretPlan) error {
-	cached, err := k.secrets.List(byDeployment(id))
+	cached, err := ofDeployment[*corev1.Secret](k.secretIndex, id)
 	if err != nil {
 		return err
 	}

@@ -104,9 +104,8 @@ func (c *Controller) knownIDs(k *kubeState) []string {
 // deploymentStatus builds one deployment's status from the caches and
 // returns the version its current ReplicaSet was applied at.
 func (c *Controller) deploymentStatus(k *kubeState, id string) (*clusterv1.DeploymentStatus, uint64) {
-	sel := byDeployment(id)
-	rss, _ := k.replicaSets.List(sel)
-	pods, _ := k.pods.List(sel)
+	rss, _ := ofDeployment[*appsv1.ReplicaSet](k.replicaSetIndex, id)
+	pods, _ := ofDeployment[*corev1.Pod](k.podIndex, id)
 	st := &clusterv1.DeploymentStatus{DeploymentId: id, Deleted: len(rss) == 0 && len(pods) == 0}
 	var ver uint64
 	cur := currentReplicaSet(rss)
