@@ -70,7 +70,6 @@ func TestEveryCallIsAuthenticatedAndScoped(t *testing.T) {
 	env := ctrltest.Start(t, ctrltest.Options{
 		Configure: func(c *serve.Config) {
 			c.Watch.KeepAlive = 200 * time.Millisecond
-			c.Auth.RecheckInterval = 500 * time.Millisecond
 		},
 		Deps: serve.Deps{RegisterServices: func(gs *grpc.Server, _ *store.Store) error {
 			ctrlv1.RegisterDeploymentServiceServer(gs, operatorAPI{})
@@ -157,9 +156,10 @@ func TestEveryCallIsAuthenticatedAndScoped(t *testing.T) {
 		t.Fatalf("operator call = %v, %v; want it answered for release-bot", info, err)
 	}
 
-	// Revocation: an open stream ends, and new calls are refused, within seconds.
+	// Revocation: an open stream ends, and new calls are refused, within
+	// the revocation poll interval.
 	cli := env.Cluster(t, usToken)
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a stream that never ends fails, not hangs
 	defer cancel()
 	stream, err := cli.Watch(sctx, &clusterv1.WatchRequest{Kind: "x.example"})
 	if err != nil {
@@ -183,8 +183,8 @@ func TestEveryCallIsAuthenticatedAndScoped(t *testing.T) {
 		break
 	}
 	t.Logf("open stream closed %s after its token was revoked", time.Since(revoked).Round(time.Millisecond))
-	if time.Since(revoked) > 6*time.Second {
-		t.Errorf("revocation took %s to end the stream, want a few seconds", time.Since(revoked))
+	if time.Since(revoked) > time.Second {
+		t.Errorf("revocation took %s to end the stream, want well under a second", time.Since(revoked))
 	}
 	if _, err := cli.GetDesiredState(ctx, get); code(err) != codes.Unauthenticated {
 		t.Errorf("revoked token: %v, want Unauthenticated", err)

@@ -3,8 +3,10 @@ package auth
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -28,9 +30,10 @@ const (
 type Identity struct {
 	Kind      store.TokenKind
 	TokenID   string
-	ClusterID string // cluster tokens
-	Region    string // cluster tokens
-	Name      string // operator tokens
+	ClusterID string    // cluster tokens
+	Region    string    // cluster tokens
+	Name      string    // operator tokens
+	ExpiresAt time.Time // zero: the token never expires
 }
 
 type identityKey struct{}
@@ -46,34 +49,55 @@ func WithIdentity(ctx context.Context, id Identity) context.Context {
 	return context.WithValue(ctx, identityKey{}, id)
 }
 
-// TokenStore is where tokens are looked up.
+// TokenStore is where tokens are looked up and revoked (*store.Store).
 type TokenStore interface {
 	LookupToken(ctx context.Context, id string) (store.Token, error)
+	LookupTokens(ctx context.Context, ids []string) ([]store.Token, error)
+	RevokedTokensSince(ctx context.Context, since time.Time) ([]store.Token, error)
+	RevokeToken(ctx context.Context, id string) (store.Token, bool, error)
 }
 
 // Options tune an Authenticator. Zero values take the defaults.
 type Options struct {
 	// CacheTTL is how long a looked-up token is trusted before it is read
-	// again (so a revocation takes effect within it). Default and maximum 2s.
+	// again. A revocation seen by this ctrl (Revoke, WatchRevocations)
+	// drops the token from the cache at once; the TTL bounds staleness only
+	// when the revocation poll cannot read the database. Default and
+	// maximum 2s.
 	CacheTTL time.Duration
-	// RecheckInterval is how often an open stream's token is checked again;
-	// a revoked token ends its streams. Default 2s.
+	// RevocationPollInterval is how often WatchRevocations reads the
+	// tokens revoked recently (by the CLI or another ctrl) and closes their
+	// open streams. Default 250ms.
+	RevocationPollInterval time.Duration
+	// RecheckInterval is how often WatchRevocations checks the tokens of
+	// all open streams again, in one query: the safety net for a
+	// revocation the poll cannot see (a revoked_at stamped by a clock more
+	// than a minute behind, a row changed by hand). Default 1m.
 	RecheckInterval time.Duration
 	Logger          hclog.Logger
 	// Registerer receives the auth metrics; nil registers none.
 	Registerer prometheus.Registerer
 }
 
-// Authenticator checks the bearer token of every call.
+// Authenticator checks the bearer token of every call, and keeps a
+// registry of the open streams by token, so that revoking a token (or its
+// expiry) closes them at once.
 type Authenticator struct {
-	tokens  TokenStore
-	ttl     time.Duration
-	recheck time.Duration
-	log     hclog.Logger
-	denied  *prometheus.CounterVec
+	tokens    TokenStore
+	ttl       time.Duration
+	pollEvery time.Duration
+	recheck   time.Duration
+	log       hclog.Logger
+	m         metrics
 
 	mu    sync.Mutex
 	cache map[string]cachedToken
+	// streams are the open streams by token id.
+	streams map[string]map[*openStream]struct{}
+	// revoked are the token ids this ctrl saw revoked, with when it did.
+	// A token in it opens no stream and passes no call even if a lookup
+	// that started before the revocation put it back in the cache.
+	revoked map[string]time.Time
 }
 
 type cachedToken struct {
@@ -81,27 +105,82 @@ type cachedToken struct {
 	fetched time.Time
 }
 
+type metrics struct {
+	denied      *prometheus.CounterVec
+	ended       *prometheus.CounterVec
+	open        prometheus.Gauge
+	pollErrors  prometheus.Counter
+	lastPollAge prometheus.GaugeFunc
+	lastPoll    atomic.Int64 // unix nanoseconds of the last successful poll
+}
+
+// Reasons a stream is ended by the authenticator (label of
+// krane_ctrl_auth_streams_ended_total).
+const (
+	EndRevoked = "revoked"
+	EndExpired = "expired"
+)
+
+// revokedMemory is how long a revocation is remembered in memory (see
+// Authenticator.revoked); after it, the database answers alone.
+const revokedMemory = 10 * time.Minute
+
+// revocationLookback is how far before its last successful poll
+// WatchRevocations looks for revocations: it covers the time between a
+// revocation's timestamp and its commit, and clocks of ctrl replicas and
+// CLI hosts that differ by up to this much. Further skew is caught by the
+// recheck of open streams.
+const revocationLookback = time.Minute
+
 // New returns an Authenticator reading tokens from tokens.
 func New(tokens TokenStore, o Options) *Authenticator {
 	if o.CacheTTL <= 0 || o.CacheTTL > 2*time.Second {
 		o.CacheTTL = 2 * time.Second
 	}
+	if o.RevocationPollInterval <= 0 {
+		o.RevocationPollInterval = 250 * time.Millisecond
+	}
 	if o.RecheckInterval <= 0 {
-		o.RecheckInterval = 2 * time.Second
+		o.RecheckInterval = time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
 	a := &Authenticator{
-		tokens: tokens, ttl: o.CacheTTL, recheck: o.RecheckInterval, log: o.Logger.Named("auth"),
-		cache: map[string]cachedToken{},
-		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "krane", Subsystem: "ctrl", Name: "auth_denied_total",
-			Help: "Calls refused by authentication, by gRPC code.",
-		}, []string{"code"}),
+		tokens: tokens, ttl: o.CacheTTL, pollEvery: o.RevocationPollInterval, recheck: o.RecheckInterval, log: o.Logger.Named("auth"),
+		cache: map[string]cachedToken{}, streams: map[string]map[*openStream]struct{}{}, revoked: map[string]time.Time{},
+	}
+	a.m.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "krane", Subsystem: "ctrl", Name: "auth_denied_total",
+		Help: "Calls refused by authentication, by gRPC code.",
+	}, []string{"code"})
+	a.m.ended = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "krane", Subsystem: "ctrl", Name: "auth_streams_ended_total",
+		Help: "Open streams closed with UNAUTHENTICATED because their token was revoked or expired, by reason.",
+	}, []string{"reason"})
+	a.m.open = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "krane", Subsystem: "ctrl", Name: "auth_open_streams",
+		Help: "Authenticated streams open on this ctrl (each is closed when its token is revoked or expires).",
+	})
+	a.m.pollErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "krane", Subsystem: "ctrl", Name: "auth_revocation_poll_errors_total",
+		Help: "Failed reads of revoked tokens (while they fail, a revocation made elsewhere does not close this ctrl's streams).",
+	})
+	a.m.lastPollAge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "krane", Subsystem: "ctrl", Name: "auth_revocation_poll_age_seconds",
+		Help: "Seconds since revoked tokens were last read successfully (-1 before the first read).",
+	}, func() float64 {
+		last := a.m.lastPoll.Load()
+		if last == 0 {
+			return -1
+		}
+		return time.Since(time.Unix(0, last)).Seconds()
+	})
+	for _, l := range []string{EndRevoked, EndExpired} {
+		a.m.ended.WithLabelValues(l)
 	}
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(a.denied)
+		o.Registerer.MustRegister(a.m.denied, a.m.ended, a.m.open, a.m.pollErrors, a.m.lastPollAge)
 	}
 	return a
 }
@@ -139,55 +218,283 @@ func (a *Authenticator) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
-// StreamInterceptor authenticates streams and re-checks their token every
-// RecheckInterval, ending the stream with UNAUTHENTICATED once it is revoked.
+// openStream is an authenticated stream in the registry.
+type openStream struct {
+	id     Identity
+	method string
+	cancel context.CancelCauseFunc
+	ended  atomic.Bool
+}
+
+// streamEnded is the cause of a stream's context when the authenticator
+// closed it.
+type streamEnded struct {
+	reason string
+	id     Identity
+}
+
+func (e *streamEnded) Error() string { return "token " + e.reason }
+
+// status is what the client receives.
+func (e *streamEnded) status() error {
+	if e.reason == EndExpired {
+		return status.Errorf(codes.Unauthenticated, "token %s expired at %s; the stream was closed: %s",
+			e.id.TokenID, e.id.ExpiresAt.UTC().Format(time.RFC3339), renewHint(e.id))
+	}
+	return status.Errorf(codes.Unauthenticated, "token %s was revoked; the stream was closed: %s", e.id.TokenID, renewHint(e.id))
+}
+
+// renewHint says how the holder of a refused token gets a valid one.
+func renewHint(id Identity) string {
+	if id.Kind == store.ClusterToken {
+		return fmt.Sprintf("this cluster needs a new token (an operator runs `ctrl cluster register --region %s --cluster %s` and puts it in krane's configuration)", id.Region, id.ClusterID)
+	}
+	return "ask an operator for a new token (`ctrl token create-operator --name NAME`)"
+}
+
+// StreamInterceptor authenticates streams and keeps them in the registry
+// while they are open. A stream ends with UNAUTHENTICATED when its token is
+// revoked (Revoke, WatchRevocations) or expires (a timer per stream); after
+// that it sends nothing more.
 func (a *Authenticator) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx, parsed, err := a.authenticate(ss.Context(), info.FullMethod)
+		ctx, id, err := a.authenticate(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
 		}
-		if parsed == nil { // public method
+		if id == nil { // public method
 			return handler(srv, ss)
 		}
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		stop := make(chan struct{})
-		defer close(stop)
-		go a.watchRevocation(ctx, *parsed, cancel, stop)
+		s := &openStream{id: *id, method: info.FullMethod, cancel: cancel}
+		if !a.register(s) {
+			// Revoked between the check and now.
+			return a.deny(ctx, info.FullMethod, codes.Unauthenticated, id.TokenID, fmt.Sprintf("token %s was revoked: %s", id.TokenID, renewHint(*id)))
+		}
+		defer a.unregister(s)
+		if !id.ExpiresAt.IsZero() {
+			timer := time.AfterFunc(time.Until(id.ExpiresAt), func() { a.end(s, EndExpired) })
+			defer timer.Stop()
+		}
 		err = handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
-		if cause := context.Cause(ctx); errors.Is(cause, errRevoked) {
-			return status.Error(codes.Unauthenticated, "the token was revoked or is no longer valid; the stream was closed (obtain a new token)")
+		var ended *streamEnded
+		if errors.As(context.Cause(ctx), &ended) {
+			return ended.status()
 		}
 		return err
 	}
 }
 
-var errRevoked = errors.New("token revoked")
+// register adds s to the registry, unless its token is known revoked.
+func (a *Authenticator) register(s *openStream) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, gone := a.revoked[s.id.TokenID]; gone {
+		return false
+	}
+	set := a.streams[s.id.TokenID]
+	if set == nil {
+		set = map[*openStream]struct{}{}
+		a.streams[s.id.TokenID] = set
+	}
+	set[s] = struct{}{}
+	a.m.open.Inc()
+	return true
+}
 
-func (a *Authenticator) watchRevocation(ctx context.Context, p Parsed, cancel context.CancelCauseFunc, stop <-chan struct{}) {
-	t := time.NewTicker(a.recheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		_, err := a.verify(ctx, p)
-		if st, ok := status.FromError(err); ok && st.Code() == codes.Unauthenticated {
-			id, _ := FromContext(ctx)
-			a.log.Info("closing stream: its token is no longer valid", "token_id", p.ID, "cluster_id", id.ClusterID, "region", id.Region)
-			cancel(errRevoked)
-			return
-		}
-		// Any other error (database unreachable) keeps the stream: it fails
-		// on its own database access if the outage is real.
+func (a *Authenticator) unregister(s *openStream) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	set := a.streams[s.id.TokenID]
+	if _, ok := set[s]; !ok {
+		return
+	}
+	delete(set, s)
+	if len(set) == 0 {
+		delete(a.streams, s.id.TokenID)
+	}
+	a.m.open.Dec()
+}
+
+// end closes one stream for reason (once).
+func (a *Authenticator) end(s *openStream, reason string) {
+	if !s.ended.CompareAndSwap(false, true) {
+		return
+	}
+	a.m.ended.WithLabelValues(reason).Inc()
+	msg := "closing stream: its token was revoked"
+	if reason == EndExpired {
+		msg = "closing stream: its token expired"
+	}
+	a.log.Info(msg, "token_id", s.id.TokenID, "method", s.method, "cluster_id", s.id.ClusterID, "region", s.id.Region, "name", s.id.Name)
+	s.cancel(&streamEnded{reason: reason, id: s.id})
+}
+
+// endToken closes every open stream of token id for reason.
+func (a *Authenticator) endToken(id, reason string) {
+	a.mu.Lock()
+	ending := make([]*openStream, 0, len(a.streams[id]))
+	for s := range a.streams[id] {
+		ending = append(ending, s)
+	}
+	a.mu.Unlock()
+	for _, s := range ending {
+		a.end(s, reason)
 	}
 }
 
+// tokensRevoked records that the tokens ids are revoked: they leave the
+// cache, open no more streams, and their open streams are closed.
+func (a *Authenticator) tokensRevoked(ids ...string) {
+	now := time.Now()
+	var ending []*openStream
+	a.mu.Lock()
+	for _, id := range ids {
+		if _, seen := a.revoked[id]; seen {
+			continue // its streams were closed and no new one could open
+		}
+		a.revoked[id] = now
+		delete(a.cache, id)
+		for s := range a.streams[id] {
+			ending = append(ending, s)
+		}
+	}
+	a.mu.Unlock()
+	for _, s := range ending {
+		a.end(s, EndRevoked)
+	}
+}
+
+func (a *Authenticator) knownRevoked(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.revoked[id]
+	return ok
+}
+
+// Revoke revokes token id in the database and closes its open streams on
+// this ctrl at once; other ctrls close theirs within their revocation poll
+// interval. It returns the token as stored; store.ErrNotFound if there is
+// none. Revoking a revoked token again is not an error.
+func (a *Authenticator) Revoke(ctx context.Context, id string) (store.Token, error) {
+	tok, _, err := a.tokens.RevokeToken(ctx, id)
+	if err != nil {
+		return store.Token{}, err
+	}
+	a.tokensRevoked(id)
+	return tok, nil
+}
+
+// OpenStreams is how many authenticated streams token id has open here.
+func (a *Authenticator) OpenStreams(id string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.streams[id])
+}
+
+// WatchRevocations closes the open streams of tokens revoked anywhere (by
+// `ctrl token revoke`, `ctrl cluster revoke`, another ctrl) until ctx ends:
+// every RevocationPollInterval it reads the tokens revoked since shortly
+// before its last successful read (one indexed range scan, usually empty),
+// and every RecheckInterval it checks the tokens of all open streams again.
+// ctrl serve runs it; without it, only Revoke on this Authenticator and
+// expiry close streams.
+func (a *Authenticator) WatchRevocations(ctx context.Context) {
+	poll := time.NewTicker(a.pollEvery)
+	defer poll.Stop()
+	lastOK := time.Now()
+	lastRecheck := lastOK
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-poll.C:
+		}
+		start := time.Now()
+		if toks, err := a.tokens.RevokedTokensSince(ctx, lastOK.Add(-revocationLookback)); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.m.pollErrors.Inc()
+			if !failing {
+				a.log.Warn("cannot read revoked tokens; retrying every poll interval (meanwhile a token revoked elsewhere keeps its streams on this ctrl)", "error", err)
+				failing = true
+			}
+		} else {
+			if failing {
+				a.log.Info("reading revoked tokens again")
+				failing = false
+			}
+			lastOK = start
+			a.m.lastPoll.Store(start.UnixNano())
+			ids := make([]string, len(toks))
+			for i, t := range toks {
+				ids[i] = t.ID
+			}
+			a.tokensRevoked(ids...)
+		}
+		// Independent of the poll: it also covers a poll that keeps failing
+		// while single-token reads work.
+		if start.Sub(lastRecheck) >= a.recheck {
+			lastRecheck = start
+			if err := a.recheckOpen(ctx); err != nil && ctx.Err() == nil {
+				a.log.Warn("cannot recheck the tokens of open streams; trying again in a recheck interval", "error", err)
+			}
+		}
+		a.forgetRevoked(start)
+	}
+}
+
+// recheckOpen reads the tokens of every open stream and closes the streams
+// of those revoked, expired or gone.
+func (a *Authenticator) recheckOpen(ctx context.Context) error {
+	a.mu.Lock()
+	ids := make([]string, 0, len(a.streams))
+	for id := range a.streams {
+		ids = append(ids, id)
+	}
+	a.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	toks, err := a.tokens.LookupTokens(ctx, ids)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	found := make(map[string]store.Token, len(toks))
+	for _, t := range toks {
+		found[t.ID] = t
+	}
+	var gone []string
+	for _, id := range ids {
+		t, ok := found[id]
+		switch {
+		case !ok || t.Revoked():
+			gone = append(gone, id)
+		case t.Expired(now):
+			a.endToken(id, EndExpired)
+		}
+	}
+	a.tokensRevoked(gone...)
+	return nil
+}
+
+// forgetRevoked drops revocations older than revokedMemory.
+func (a *Authenticator) forgetRevoked(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, at := range a.revoked {
+		if now.Sub(at) > revokedMemory {
+			delete(a.revoked, id)
+		}
+	}
+}
+
+// identityStream is a stream whose context carries the identity and ends
+// with the token; it sends nothing once the authenticator closed it.
 type identityStream struct {
 	grpc.ServerStream
 	ctx context.Context
@@ -195,9 +502,18 @@ type identityStream struct {
 
 func (s *identityStream) Context() context.Context { return s.ctx }
 
+func (s *identityStream) SendMsg(m any) error {
+	var ended *streamEnded
+	if errors.As(context.Cause(s.ctx), &ended) {
+		return ended.status()
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
 // authenticate checks the call's token against the method's scope and
-// returns a context carrying the identity. Errors never contain the token.
-func (a *Authenticator) authenticate(ctx context.Context, method string) (context.Context, *Parsed, error) {
+// returns a context carrying the identity (nil for a public method).
+// Errors never contain the token.
+func (a *Authenticator) authenticate(ctx context.Context, method string) (context.Context, *Identity, error) {
 	sc := scopeOf(method)
 	if sc == scopePublic {
 		return ctx, nil, nil
@@ -234,13 +550,18 @@ func (a *Authenticator) authenticate(ctx context.Context, method string) (contex
 			return nil, nil, a.deny(ctx, method, codes.PermissionDenied, tok.ID, "the "+ClusterIDHeader+" metadata ("+c+") is not the cluster this token is bound to")
 		}
 	}
-	id := Identity{Kind: tok.Kind, TokenID: tok.ID, ClusterID: tok.ClusterID, Region: tok.Region, Name: tok.Name}
-	return WithIdentity(ctx, id), &parsed, nil
+	id := identityOf(tok)
+	return WithIdentity(ctx, id), &id, nil
+}
+
+func identityOf(t store.Token) Identity {
+	return Identity{Kind: t.Kind, TokenID: t.ID, ClusterID: t.ClusterID, Region: t.Region, Name: t.Name, ExpiresAt: t.ExpiresAt}
 }
 
 // verify checks a parsed token against the stored hash, through the cache.
 // The cache holds the stored record, not the verdict, so a wrong secret for
-// a cached id is still refused.
+// a cached id is still refused. Only a caller holding the right secret
+// learns that its token was revoked or expired.
 func (a *Authenticator) verify(ctx context.Context, p Parsed) (store.Token, error) {
 	tok, err := a.lookup(ctx, p.ID)
 	if errors.Is(err, store.ErrNotFound) {
@@ -250,8 +571,14 @@ func (a *Authenticator) verify(ctx context.Context, p Parsed) (store.Token, erro
 		a.log.Error("cannot read token; refusing the call", "token_id", p.ID, "error", err)
 		return store.Token{}, status.Error(codes.Unavailable, "ctrl cannot check tokens right now (database unreachable); retry with backoff")
 	}
-	if tok.Kind != p.Kind || !Matches(p.Secret, tok.SecretHash) || tok.Revoked() {
+	if tok.Kind != p.Kind || !Matches(p.Secret, tok.SecretHash) {
 		return store.Token{}, status.Error(codes.Unauthenticated, "unknown or revoked token")
+	}
+	if tok.Revoked() || a.knownRevoked(tok.ID) {
+		return store.Token{}, status.Errorf(codes.Unauthenticated, "token %s was revoked: %s", tok.ID, renewHint(identityOf(tok)))
+	}
+	if tok.Expired(time.Now()) {
+		return store.Token{}, status.Errorf(codes.Unauthenticated, "token %s expired at %s: %s", tok.ID, tok.ExpiresAt.UTC().Format(time.RFC3339), renewHint(identityOf(tok)))
 	}
 	return tok, nil
 }
@@ -278,7 +605,7 @@ func (a *Authenticator) lookup(ctx context.Context, id string) (store.Token, err
 }
 
 func (a *Authenticator) deny(ctx context.Context, method string, code codes.Code, tokenID, msg string) error {
-	a.denied.WithLabelValues(code.String()).Inc()
+	a.m.denied.WithLabelValues(code.String()).Inc()
 	addr := ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()

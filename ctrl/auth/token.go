@@ -9,6 +9,12 @@
 // A cluster token fixes the caller's region and cluster id; it may call only
 // krane.cluster.v1.ClusterService. An operator token may call only the
 // operator APIs (krane.ctrl.v1.*).
+//
+// A token may carry an expiry (ExpiresIn). A revoked or expired token is
+// refused with UNAUTHENTICATED, and the streams it opened are closed: at
+// once on the ctrl that revokes it (Authenticator.Revoke), at its expiry
+// by a timer per stream, and on every other ctrl within the revocation
+// poll interval (Authenticator.WatchRevocations).
 package auth
 
 import (
@@ -21,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"krane.dev/ctrl/store"
 )
@@ -90,7 +97,14 @@ func Matches(secret string, want [32]byte) bool {
 
 // newToken draws a fresh token of kind: the string to hand out once, and
 // the record to store (hash only).
-func newToken(kind store.TokenKind) (string, store.Token, error) {
+func newToken(kind store.TokenKind, opts []TokenOption) (string, store.Token, error) {
+	var o tokenOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.expiresIn < 0 || o.expiresSet && o.expiresIn == 0 {
+		return "", store.Token{}, fmt.Errorf("a token's expiry must be a positive duration, not %s (leave it out for a token that never expires)", o.expiresIn)
+	}
 	idRaw := make([]byte, 8)
 	secret := make([]byte, secretBytes)
 	if _, err := rand.Read(idRaw); err != nil {
@@ -101,17 +115,35 @@ func newToken(kind store.TokenKind) (string, store.Token, error) {
 	}
 	id := idEncoding.EncodeToString(idRaw)[:idLen]
 	sec := base64.RawURLEncoding.EncodeToString(secret)
-	return tokenPrefix + kindLetter(kind) + "_" + id + "_" + sec, store.Token{ID: id, Kind: kind, SecretHash: HashSecret(sec)}, nil
+	rec := store.Token{ID: id, Kind: kind, SecretHash: HashSecret(sec), CreatedAt: time.Now()}
+	if o.expiresIn > 0 {
+		rec.ExpiresAt = rec.CreatedAt.Add(o.expiresIn)
+	}
+	return tokenPrefix + kindLetter(kind) + "_" + id + "_" + sec, rec, nil
+}
+
+// TokenOption tunes a token being issued.
+type TokenOption func(*tokenOptions)
+
+type tokenOptions struct {
+	expiresIn  time.Duration
+	expiresSet bool
+}
+
+// ExpiresIn makes the token expire d after it is issued (d > 0). Without
+// it a token is valid until revoked.
+func ExpiresIn(d time.Duration) TokenOption {
+	return func(o *tokenOptions) { o.expiresIn, o.expiresSet = d, true }
 }
 
 // RegisterCluster registers cluster clusterID in region (or adds a token to
 // it) and returns the new cluster token. The token is not stored: show it
 // once, it cannot be recovered.
-func RegisterCluster(ctx context.Context, s *store.Store, region, clusterID string) (string, error) {
+func RegisterCluster(ctx context.Context, s *store.Store, region, clusterID string, opts ...TokenOption) (string, error) {
 	if !validName(region) || !validName(clusterID) {
 		return "", fmt.Errorf("region %q and cluster %q must be 1-64 characters of a-z, 0-9, '-', '_' or '.'", region, clusterID)
 	}
-	token, rec, err := newToken(store.ClusterToken)
+	token, rec, err := newToken(store.ClusterToken, opts)
 	if err != nil {
 		return "", err
 	}
@@ -123,11 +155,11 @@ func RegisterCluster(ctx context.Context, s *store.Store, region, clusterID stri
 
 // CreateOperatorToken stores a new operator token named name and returns
 // it (shown once).
-func CreateOperatorToken(ctx context.Context, s *store.Store, name string) (string, error) {
+func CreateOperatorToken(ctx context.Context, s *store.Store, name string, opts ...TokenOption) (string, error) {
 	if strings.TrimSpace(name) == "" || len(name) > 255 {
 		return "", errors.New("an operator token needs a name (1-255 characters) saying whose it is")
 	}
-	token, rec, err := newToken(store.OperatorToken)
+	token, rec, err := newToken(store.OperatorToken, opts)
 	if err != nil {
 		return "", err
 	}

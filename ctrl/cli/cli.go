@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -141,13 +143,14 @@ func newMigrate() *cobra.Command {
 func newCluster() *cobra.Command {
 	cmd := &cobra.Command{Use: "cluster", Short: "Register clusters, revoke their tokens, list them"}
 
-	var region, cluster string
+	var region, cluster, registerExpires string
 	register := &cobra.Command{
 		Use:   "register --region R --cluster C",
 		Short: "Register a cluster (or add a token to it) and print its token once",
 		Long: "Register a cluster in a region and print a new cluster token on stdout. " +
 			"ctrl stores only the token's hash: copy it into the cluster's krane configuration now, it cannot be shown again. " +
-			"Registering an existing cluster again adds a token (for rotation); revoke the old one afterwards.",
+			"Registering an existing cluster again adds a token (for rotation); revoke the old one afterwards (`ctrl token revoke ID`). " +
+			"With --expires-in the token stops working after that long, and the cluster's open streams are closed then.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := openStore(cmd, true)
@@ -155,25 +158,33 @@ func newCluster() *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			token, err := auth.RegisterCluster(cmd.Context(), st, region, cluster)
+			opts, until, err := expiryOptions(registerExpires)
+			if err != nil {
+				return err
+			}
+			token, err := auth.RegisterCluster(cmd.Context(), st, region, cluster, opts...)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), token)
-			fmt.Fprintf(cmd.ErrOrStderr(), "Registered cluster %s in region %s. Its token went to stdout and is shown only once: ctrl keeps just its hash.\n", cluster, region)
+			fmt.Fprintf(cmd.ErrOrStderr(), "Registered cluster %s in region %s; its token %s. It went to stdout and is shown only once: ctrl keeps just its hash.\n",
+				cluster, region, until)
 			return nil
 		},
 	}
 	register.Flags().StringVar(&region, "region", "", "region the cluster serves (required)")
 	register.Flags().StringVar(&cluster, "cluster", "", "cluster id, unique across regions (required)")
+	register.Flags().StringVar(&registerExpires, "expires-in", "", expiresInUsage)
 	_ = register.MarkFlagRequired("region")
 	_ = register.MarkFlagRequired("cluster")
 
 	var revokeID string
 	revoke := &cobra.Command{
 		Use:   "revoke --cluster C",
-		Short: "Revoke every token of a cluster; its open streams end within seconds",
-		Args:  cobra.NoArgs,
+		Short: "Revoke every token of a cluster; its open streams end at once on every ctrl",
+		Long: "Revoke every valid token of a cluster. Every ctrl refuses calls with them and closes the cluster's open streams " +
+			"within its auth.revocation_poll_interval (default 250ms). To revoke one token (say, the old one after a rotation), use `ctrl token revoke ID`.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := openStore(cmd, true)
 			if err != nil {
@@ -188,6 +199,9 @@ func newCluster() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %d token(s) of cluster %s\n", n, revokeID)
+			if n > 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "Its open streams are closed on every ctrl within auth.revocation_poll_interval (default 250ms).")
+			}
 			return nil
 		},
 	}
@@ -225,11 +239,42 @@ func newCluster() *cobra.Command {
 }
 
 func newToken() *cobra.Command {
-	cmd := &cobra.Command{Use: "token", Short: "Operator API tokens"}
-	var name string
+	cmd := &cobra.Command{Use: "token", Short: "API tokens: create operator tokens, list and revoke any token"}
+	var name, expires string
 	create := &cobra.Command{
 		Use:   "create-operator --name N",
 		Short: "Create an operator token and print it once",
+		Long: "Create a token for the operator APIs (deploy, sentinel, rollout) and print it on stdout, once: ctrl keeps just its hash. " +
+			"With --expires-in it stops working after that long.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := openStore(cmd, true)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			opts, until, err := expiryOptions(expires)
+			if err != nil {
+				return err
+			}
+			token, err := auth.CreateOperatorToken(cmd.Context(), st, name, opts...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), token)
+			fmt.Fprintf(cmd.ErrOrStderr(), "Created operator token %q; it %s. It went to stdout and is shown only once: ctrl keeps just its hash.\n", name, until)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "whose token this is, e.g. a person or a pipeline (required)")
+	create.Flags().StringVar(&expires, "expires-in", "", expiresInUsage)
+	_ = create.MarkFlagRequired("name")
+
+	var listCluster string
+	var listValid bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List tokens (cluster and operator): id, owner, created, expires, revoked; never a secret",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := openStore(cmd, true)
@@ -237,17 +282,130 @@ func newToken() *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			token, err := auth.CreateOperatorToken(cmd.Context(), st, name)
+			toks, err := st.ListTokens(cmd.Context())
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), token)
-			fmt.Fprintf(cmd.ErrOrStderr(), "Created operator token %q. It went to stdout and is shown only once: ctrl keeps just its hash.\n", name)
+			now := time.Now()
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tKIND\tCLUSTER/NAME\tREGION\tCREATED\tEXPIRES\tREVOKED")
+			for _, t := range toks {
+				if listCluster != "" && t.ClusterID != listCluster || listValid && !t.Valid(now) {
+					continue
+				}
+				owner, region := t.Name, "-"
+				if t.Kind == store.ClusterToken {
+					owner, region = t.ClusterID, t.Region
+				}
+				expiresCol := "never"
+				if !t.ExpiresAt.IsZero() {
+					expiresCol = timestamp(t.ExpiresAt)
+					if t.Expired(now) {
+						expiresCol += " (expired)"
+					}
+				}
+				revokedCol := "-"
+				if t.Revoked() {
+					revokedCol = timestamp(t.RevokedAt)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, owner, region, timestamp(t.CreatedAt), expiresCol, revokedCol)
+			}
+			return w.Flush()
+		},
+	}
+	list.Flags().StringVar(&listCluster, "cluster", "", "only this cluster's tokens")
+	list.Flags().BoolVar(&listValid, "valid", false, "only tokens that are neither revoked nor expired")
+
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke one token (cluster or operator); its open streams end at once on every ctrl",
+		Long: "Revoke the token with this id (the ID column of `ctrl token list`; it is also the part after krane_c_ or krane_o_ in the token). " +
+			"Every ctrl refuses calls with it and closes its open streams within auth.revocation_poll_interval (default 250ms).",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return errors.New("name the token to revoke: `ctrl token revoke ID` (ids are in the first column of `ctrl token list`)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if p, err := auth.Parse(id); err == nil { // a whole token was pasted: use its id, never echo it
+				id = p.ID
+			}
+			st, err := openStore(cmd, true)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			tok, revokedNow, err := st.RevokeToken(cmd.Context(), id)
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("no token has the id %q (`ctrl token list` shows the ids)", id)
+			}
+			if err != nil {
+				return err
+			}
+			who := "operator token " + tok.ID + " (" + tok.Name + ")"
+			if tok.Kind == store.ClusterToken {
+				who = "cluster token " + tok.ID + " (cluster " + tok.ClusterID + ", region " + tok.Region + ")"
+			}
+			if !revokedNow {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s was already revoked at %s\n", who, timestamp(tok.RevokedAt))
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", who)
+			fmt.Fprintln(cmd.ErrOrStderr(), "Its open streams are closed on every ctrl within auth.revocation_poll_interval (default 250ms).")
 			return nil
 		},
 	}
-	create.Flags().StringVar(&name, "name", "", "whose token this is, e.g. a person or a pipeline (required)")
-	_ = create.MarkFlagRequired("name")
-	cmd.AddCommand(create)
+	cmd.AddCommand(create, list, revoke)
 	return cmd
 }
+
+const expiresInUsage = "the token stops working this long after it is created, e.g. 12h, 90d or 1d12h (at least 1s; default: never)"
+
+// expiryOptions turns --expires-in into token options and a phrase saying
+// until when the token is valid.
+func expiryOptions(flag string) ([]auth.TokenOption, string, error) {
+	if flag == "" {
+		return nil, "never expires (revoke it with `ctrl token revoke ID`)", nil
+	}
+	d, err := parseExpiresIn(flag)
+	if err != nil {
+		return nil, "", err
+	}
+	return []auth.TokenOption{auth.ExpiresIn(d)}, "expires at " + timestamp(time.Now().Add(d)), nil
+}
+
+// maxExpiresIn bounds --expires-in.
+const maxExpiresIn = 10 * 365 * 24 * time.Hour
+
+// parseExpiresIn reads a Go duration, optionally led by a number of days
+// ("30d", "1d12h").
+func parseExpiresIn(s string) (time.Duration, error) {
+	bad := fmt.Errorf("--expires-in %q is not a duration: use e.g. 90s, 12h, 90d or 1d12h", s)
+	var d time.Duration
+	rest := s
+	if days, after, ok := strings.Cut(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 || n > 100000 { // beyond that, days overflow a Duration
+			return 0, bad
+		}
+		d, rest = time.Duration(n)*24*time.Hour, after
+	}
+	if rest != "" {
+		r, err := time.ParseDuration(rest)
+		if err != nil {
+			return 0, bad
+		}
+		d += min(r, maxExpiresIn+1) // no overflow: both parts are bounded
+	}
+	switch {
+	case d < time.Second:
+		return 0, fmt.Errorf("--expires-in %s is too short: at least 1s (leave it out for a token that never expires)", s)
+	case d > maxExpiresIn:
+		return 0, fmt.Errorf("--expires-in %s is longer than 10 years; leave it out for a token that never expires", s)
+	}
+	return d, nil
+}
+
+func timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

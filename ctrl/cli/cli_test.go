@@ -164,3 +164,104 @@ func regexpLine(out string, fields ...string) bool {
 	}
 	return false
 }
+
+func TestTokenListRevokeAndExpiresIn(t *testing.T) {
+	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
+	ctx := context.Background()
+	t.Setenv("CTRL_DB_DSN", dsn)
+	if code, _, errOut := run(t, "migrate"); code != 0 {
+		t.Fatalf("migrate: %s", errOut)
+	}
+
+	// --expires-in: days, Go durations, and clear refusals.
+	code, out, errOut := run(t, "cluster", "register", "--region", "eu", "--cluster", "eu-1", "--expires-in", "30d")
+	if code != 0 || !strings.Contains(errOut, "expires at") {
+		t.Fatalf("register --expires-in 30d: %d %q", code, errOut)
+	}
+	cluster, _ := auth.Parse(strings.TrimSpace(out))
+	st, err := store.Open(ctx, dsn, store.PoolOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tok, err := st.LookupToken(ctx, cluster.ID)
+	if err != nil || tok.ExpiresAt.Sub(tok.CreatedAt) != 30*24*time.Hour {
+		t.Fatalf("stored token %+v, %v; want it to expire 30 days after creation", tok, err)
+	}
+	code, out, errOut = run(t, "token", "create-operator", "--name", "ci pipeline", "--expires-in", "1d12h")
+	if code != 0 || !strings.Contains(errOut, "expires at") {
+		t.Fatalf("create-operator --expires-in 1d12h: %d %q", code, errOut)
+	}
+	operator, _ := auth.Parse(strings.TrimSpace(out))
+	if tok, _ := st.LookupToken(ctx, operator.ID); tok.ExpiresAt.Sub(tok.CreatedAt) != 36*time.Hour {
+		t.Fatalf("operator token expires %s after creation, want 36h", tok.ExpiresAt.Sub(tok.CreatedAt))
+	}
+	code, out, _ = run(t, "token", "create-operator", "--name", "forever")
+	if code != 0 {
+		t.Fatal("create-operator without --expires-in failed")
+	}
+	forever, _ := auth.Parse(strings.TrimSpace(out))
+	for _, c := range []struct{ flag, says string }{
+		{"soon", "is not a duration"}, {"0s", "too short"}, {"-1h", "too short"}, {"500ms", "too short"},
+		{"4000d", "longer than 10 years"}, {"xd", "is not a duration"},
+	} {
+		code, _, errOut := run(t, "token", "create-operator", "--name", "x", "--expires-in", c.flag)
+		if code == 0 || !strings.Contains(errOut, c.says) {
+			t.Errorf("--expires-in %s: %d %q; want an error saying %q", c.flag, code, errOut, c.says)
+		}
+	}
+
+	// token list: ids, kinds, owners, expiry; never a secret.
+	code, out, _ = run(t, "token", "list")
+	if code != 0 || !strings.Contains(out, "ID") || !strings.Contains(out, "EXPIRES") || !strings.Contains(out, "REVOKED") {
+		t.Fatalf("token list: %d\n%s", code, out)
+	}
+	if !regexpLine(out, cluster.ID, "cluster", "eu-1", "eu") || !regexpLine(out, operator.ID, "operator", "ci", "pipeline", "-") ||
+		!regexpLine(out, forever.ID, "operator", "forever", "-") || !strings.Contains(out, "never") {
+		t.Fatalf("token list misses a token:\n%s", out)
+	}
+	for _, p := range []auth.Parsed{cluster, operator, forever} {
+		if strings.Contains(out, p.Secret) {
+			t.Fatalf("token list prints a secret:\n%s", out)
+		}
+	}
+	if code, out, _ := run(t, "token", "list", "--cluster", "eu-1"); code != 0 || strings.Contains(out, operator.ID) || !strings.Contains(out, cluster.ID) {
+		t.Fatalf("token list --cluster eu-1:\n%s", out)
+	}
+
+	// token revoke: by id (or a pasted token), once; unknown ids say where ids are.
+	code, out, errOut = run(t, "token", "revoke", operator.ID)
+	if code != 0 || !strings.Contains(out, "revoked operator token "+operator.ID+" (ci pipeline)") || !strings.Contains(errOut, "revocation_poll_interval") {
+		t.Fatalf("token revoke: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ := run(t, "token", "revoke", operator.ID); code != 0 || !strings.Contains(out, "already revoked") {
+		t.Fatalf("second token revoke: %d %q", code, out)
+	}
+	if code, _, errOut := run(t, "token", "revoke", "nosuchtoken0"); code == 0 || !strings.Contains(errOut, "ctrl token list") {
+		t.Fatalf("revoke of an unknown id: %d %q; want an error pointing at `ctrl token list`", code, errOut)
+	}
+	if code, _, errOut := run(t, "token", "revoke"); code == 0 || !strings.Contains(errOut, "ctrl token list") {
+		t.Fatalf("revoke without an id: %d %q", code, errOut)
+	}
+	whole := "krane_c_" + cluster.ID + "_" + cluster.Secret
+	code, out, errOut = run(t, "token", "revoke", whole)
+	if code != 0 || !strings.Contains(out, "revoked cluster token "+cluster.ID+" (cluster eu-1, region eu)") || strings.Contains(out+errOut, cluster.Secret) {
+		t.Fatalf("token revoke with a whole token: %d %q %q", code, out, errOut)
+	}
+	code, out, _ = run(t, "token", "list")
+	if code != 0 {
+		t.Fatalf("token list after revoke:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && (f[0] == operator.ID || f[0] == cluster.ID) && f[len(f)-1] == "-" {
+			t.Errorf("a revoked token shows no revocation time: %q", line)
+		}
+		if len(f) > 0 && f[0] == forever.ID && f[len(f)-1] != "-" {
+			t.Errorf("a valid token shows a revocation time: %q", line)
+		}
+	}
+	if code, out, _ := run(t, "token", "list", "--valid"); code != 0 || strings.Contains(out, operator.ID) || strings.Contains(out, cluster.ID) || !strings.Contains(out, forever.ID) {
+		t.Fatalf("token list --valid:\n%s", out)
+	}
+}

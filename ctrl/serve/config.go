@@ -106,8 +106,9 @@ type WatchConfig struct {
 }
 
 type AuthConfig struct {
-	CacheTTL        time.Duration `koanf:"cache_ttl"`
-	RecheckInterval time.Duration `koanf:"recheck_interval"`
+	CacheTTL               time.Duration `koanf:"cache_ttl"`
+	RevocationPollInterval time.Duration `koanf:"revocation_poll_interval"`
+	RecheckInterval        time.Duration `koanf:"recheck_interval"`
 }
 
 type LogConfig struct {
@@ -138,8 +139,9 @@ var settings = []setting{
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
-	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s)"},
-	{"auth.recheck_interval", 2 * time.Second, "how often open streams re-check their token"},
+	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s; a revocation this ctrl sees drops it at once)"},
+	{"auth.revocation_poll_interval", 250 * time.Millisecond, "how often ctrl reads newly revoked tokens from the database and closes their open streams (10ms..1m)"},
+	{"auth.recheck_interval", time.Minute, "how often the tokens of all open streams are read again in one query, a safety net behind the revocation poll (1s..24h)"},
 	{"restate.ingress_url", "", "Restate ingress URL, e.g. http://restate:8080; empty turns the deploy workflows and the deploy API off"},
 	{"restate.admin_url", "", "Restate admin API URL, e.g. http://restate:9070 (registration of ctrl's endpoint)"},
 	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2; keep it on a private network)"},
@@ -287,6 +289,12 @@ func (c Config) Validate() error {
 	}
 	if hclogLevel(c.Log.Level) == 0 {
 		errs = append(errs, fmt.Errorf("log.level %q is not trace, debug, info, warn or error", c.Log.Level))
+	}
+	if p := c.Auth.RevocationPollInterval; p < 10*time.Millisecond || p > time.Minute {
+		errs = append(errs, fmt.Errorf("auth.revocation_poll_interval %s is out of range 10ms..1m: it is how long a token revoked elsewhere keeps its open streams on this ctrl (default 250ms)", p))
+	}
+	if r := c.Auth.RecheckInterval; r < time.Second || r > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("auth.recheck_interval %s is out of range 1s..24h (default 1m)", r))
 	}
 	errs = append(errs, c.validateRestate()...)
 	return errors.Join(errs...)

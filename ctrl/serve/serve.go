@@ -66,6 +66,7 @@ type Server struct {
 	log      hclog.Logger
 	store    *store.Store
 	registry *prometheus.Registry
+	authn    *auth.Authenticator
 	grpc     *grpc.Server
 	http     *http.Server
 	grpcLis  net.Listener
@@ -135,7 +136,10 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	authn := auth.New(st, auth.Options{CacheTTL: cfg.Auth.CacheTTL, RecheckInterval: cfg.Auth.RecheckInterval, Logger: log, Registerer: reg})
+	authn := auth.New(st, auth.Options{
+		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,
+		Logger: log, Registerer: reg,
+	})
 	opts, err := GRPCServerOptions(cfg.GRPC, authn)
 	if err != nil {
 		return nil, err
@@ -200,7 +204,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		return fail(fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTP.Addr, err))
 	}
 	s := &Server{
-		cfg: cfg, log: log, store: st, registry: reg, grpc: gs, grpcLis: grpcLis, httpLis: httpLis,
+		cfg: cfg, log: log, store: st, registry: reg, authn: authn, grpc: gs, grpcLis: grpcLis, httpLis: httpLis,
 		restate: stack, cancel: cancel, done: make(chan struct{}),
 	}
 	s.http = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -208,6 +212,10 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	var wg sync.WaitGroup
 	apiDone := make(chan struct{})
 	go func() { api.Run(runCtx); close(apiDone) }()
+	// Revocations made elsewhere (the CLI, another ctrl) close this ctrl's
+	// streams within auth.revocation_poll_interval.
+	revDone := make(chan struct{})
+	go func() { authn.WatchRevocations(runCtx); close(revDone) }()
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -228,6 +236,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		}
 		s.shutdown(apiDone)
 		wg.Wait()
+		<-revDone
 		st.Close()
 		log.Info("ctrl stopped")
 		close(s.done)
@@ -321,6 +330,10 @@ func (l listenerList) SentinelReported(ctx context.Context, sentinelID string) {
 
 // Store is the server's store.
 func (s *Server) Store() *store.Store { return s.store }
+
+// Authenticator checks the server's calls; its Revoke closes a token's
+// streams here at once.
+func (s *Server) Authenticator() *auth.Authenticator { return s.authn }
 
 // Registry holds the server's metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }

@@ -248,3 +248,39 @@ func TestRestateConfigKeysAndValidation(t *testing.T) {
 		t.Fatalf("Restate off: %v", err)
 	}
 }
+
+func TestAuthRevocationPollIntervalIsValidated(t *testing.T) {
+	cfg, err := serve.LoadConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Auth.RevocationPollInterval != 250*time.Millisecond || cfg.Auth.RecheckInterval != time.Minute {
+		t.Fatalf("auth defaults: poll %s, recheck %s; want 250ms and 1m", cfg.Auth.RevocationPollInterval, cfg.Auth.RecheckInterval)
+	}
+	cfg.DB.DSN = "x"
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	for _, v := range []string{"5ms", "2m", "0s"} {
+		t.Setenv("CTRL_AUTH_REVOCATION_POLL_INTERVAL", v)
+		cfg, err := serve.LoadConfig(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DB.DSN = "x"
+		err = cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), "auth.revocation_poll_interval") || !strings.Contains(err.Error(), "out of range 10ms..1m") {
+			t.Errorf("revocation poll interval %s: %v; want an error naming the key and its range", v, err)
+		}
+	}
+	t.Setenv("CTRL_AUTH_REVOCATION_POLL_INTERVAL", "10ms")
+	cfg, _ = serve.LoadConfig(nil)
+	cfg.DB.DSN = "x"
+	if err := cfg.Validate(); err != nil || cfg.Auth.RevocationPollInterval != 10*time.Millisecond {
+		t.Fatalf("10ms: %s, %v", cfg.Auth.RevocationPollInterval, err)
+	}
+	cfg.Auth.RecheckInterval = 500 * time.Millisecond
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "auth.recheck_interval") {
+		t.Fatalf("recheck 500ms: %v; want an error", err)
+	}
+}

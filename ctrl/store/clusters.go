@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -24,16 +25,23 @@ const (
 type Token struct {
 	ID         string
 	Kind       TokenKind
-	ClusterID  string // cluster tokens
-	Region     string // cluster tokens
-	Name       string // operator tokens
-	SecretHash [32]byte
+	ClusterID  string   // cluster tokens
+	Region     string   // cluster tokens
+	Name       string   // operator tokens
+	SecretHash [32]byte // only from LookupToken
 	CreatedAt  time.Time
+	ExpiresAt  time.Time // zero: never expires
 	RevokedAt  time.Time // zero while valid
 }
 
 // Revoked reports whether the token was revoked.
 func (t Token) Revoked() bool { return !t.RevokedAt.IsZero() }
+
+// Expired reports whether the token has expired at now.
+func (t Token) Expired(now time.Time) bool { return !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt) }
+
+// Valid reports whether the token is neither revoked nor expired at now.
+func (t Token) Valid(now time.Time) bool { return !t.Revoked() && !t.Expired(now) }
 
 // Cluster is a registered cluster.
 type Cluster struct {
@@ -43,7 +51,7 @@ type Cluster struct {
 	LastHeartbeatAt time.Time // zero before the first heartbeat
 	AgentVersion    string
 	Cursors         map[string]uint64
-	ActiveTokens    int
+	ActiveTokens    int // neither revoked nor expired
 }
 
 // ErrClusterRegionConflict is returned when a cluster id is registered again
@@ -86,43 +94,157 @@ func insertToken(ctx context.Context, tx *Tx, t Token) error {
 	if created.IsZero() {
 		created = time.Now()
 	}
-	_, err := tx.Exec(ctx, "INSERT INTO api_tokens (id, kind, cluster_id, region, name, secret_hash, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-		t.ID, string(t.Kind), nullString(t.ClusterID), nullString(t.Region), t.Name, t.SecretHash[:], created.UnixMilli())
+	var expires sql.NullInt64
+	if !t.ExpiresAt.IsZero() {
+		expires = sql.NullInt64{Int64: t.ExpiresAt.UnixMilli(), Valid: true}
+	}
+	_, err := tx.Exec(ctx, "INSERT INTO api_tokens (id, kind, cluster_id, region, name, secret_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		t.ID, string(t.Kind), nullString(t.ClusterID), nullString(t.Region), t.Name, t.SecretHash[:], created.UnixMilli(), expires)
 	if err != nil {
 		return fmt.Errorf("store: store token %s: %w", t.ID, err)
 	}
 	return nil
 }
 
+// tokenColumns are the columns scanToken reads; tokenColumnsWithHash adds
+// secret_hash.
+const (
+	tokenColumns         = "id, kind, cluster_id, region, name, created_at, expires_at, revoked_at"
+	tokenColumnsWithHash = tokenColumns + ", secret_hash"
+)
+
+// scanToken reads one row of tokenColumns, or of tokenColumnsWithHash when
+// withHash is set.
+func scanToken(row interface{ Scan(...any) error }, withHash bool) (Token, error) {
+	var (
+		t                Token
+		kind             string
+		cluster, region  sql.NullString
+		hash             []byte
+		created          int64
+		expires, revoked sql.NullInt64
+	)
+	dest := []any{&t.ID, &kind, &cluster, &region, &t.Name, &created, &expires, &revoked}
+	if withHash {
+		dest = append(dest, &hash)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return Token{}, err
+	}
+	if withHash {
+		if len(hash) != len(t.SecretHash) {
+			return Token{}, fmt.Errorf("store: token %s has a malformed hash (%d bytes)", t.ID, len(hash))
+		}
+		copy(t.SecretHash[:], hash)
+	}
+	t.Kind, t.ClusterID, t.Region = TokenKind(kind), cluster.String, region.String
+	t.CreatedAt = time.UnixMilli(created)
+	if expires.Valid {
+		t.ExpiresAt = time.UnixMilli(expires.Int64)
+	}
+	if revoked.Valid {
+		t.RevokedAt = time.UnixMilli(revoked.Int64)
+	}
+	return t, nil
+}
+
 // LookupToken returns the token with id, revoked or not; ErrNotFound if
 // there is none.
 func (s *Store) LookupToken(ctx context.Context, id string) (Token, error) {
-	var (
-		t               Token
-		kind            string
-		cluster, region sql.NullString
-		hash            []byte
-		created         int64
-		revoked         sql.NullInt64
-	)
-	err := s.db.QueryRowContext(ctx, "SELECT id, kind, cluster_id, region, name, secret_hash, created_at, revoked_at FROM api_tokens WHERE id = ?", id).
-		Scan(&t.ID, &kind, &cluster, &region, &t.Name, &hash, &created, &revoked)
+	t, err := scanToken(s.db.QueryRowContext(ctx, "SELECT "+tokenColumnsWithHash+" FROM api_tokens WHERE id = ?", id), true)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Token{}, ErrNotFound
 	}
 	if err != nil {
 		return Token{}, fmt.Errorf("store: read token %s: %w", id, err)
 	}
-	if len(hash) != len(t.SecretHash) {
-		return Token{}, fmt.Errorf("store: token %s has a malformed hash (%d bytes)", id, len(hash))
-	}
-	copy(t.SecretHash[:], hash)
-	t.Kind, t.ClusterID, t.Region = TokenKind(kind), cluster.String, region.String
-	t.CreatedAt = time.UnixMilli(created)
-	if revoked.Valid {
-		t.RevokedAt = time.UnixMilli(revoked.Int64)
-	}
 	return t, nil
+}
+
+// LookupTokens returns the tokens among ids that exist, revoked or not, in
+// no particular order. An id with no token is simply missing from the
+// result.
+func (s *Store) LookupTokens(ctx context.Context, ids []string) ([]Token, error) {
+	const chunk = 500
+	var out []Token
+	for len(ids) > 0 {
+		n := min(len(ids), chunk)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		ids = ids[n:]
+		toks, err := s.queryTokens(ctx, false, "SELECT "+tokenColumns+" FROM api_tokens WHERE id IN (?"+strings.Repeat(", ?", n-1)+")", args...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, toks...)
+	}
+	return out, nil
+}
+
+// ListTokens returns every token, valid, expired or revoked, oldest first.
+// It never returns secret hashes.
+func (s *Store) ListTokens(ctx context.Context) ([]Token, error) {
+	return s.queryTokens(ctx, false, "SELECT "+tokenColumns+" FROM api_tokens ORDER BY created_at, id")
+}
+
+// RevokedTokensSince returns the tokens revoked at or after since (by the
+// revoked_at the revoker stamped), oldest revocation first, without
+// secret hashes.
+func (s *Store) RevokedTokensSince(ctx context.Context, since time.Time) ([]Token, error) {
+	return s.queryTokens(ctx, false, "SELECT "+tokenColumns+" FROM api_tokens WHERE revoked_at >= ? ORDER BY revoked_at, id", since.UnixMilli())
+}
+
+func (s *Store) queryTokens(ctx context.Context, withHash bool, query string, args ...any) ([]Token, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read tokens: %w", err)
+	}
+	defer rows.Close()
+	var out []Token
+	for rows.Next() {
+		t, err := scanToken(rows, withHash)
+		if err != nil {
+			return nil, fmt.Errorf("store: read tokens: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: read tokens: %w", err)
+	}
+	return out, nil
+}
+
+// RevokeToken revokes the token with id and returns it as stored
+// afterwards. revokedNow is false when it was revoked already (its
+// RevokedAt is then the first revocation's). ErrNotFound if there is no
+// such token.
+func (s *Store) RevokeToken(ctx context.Context, id string) (tok Token, revokedNow bool, err error) {
+	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		t, err := scanToken(tx.QueryRow(ctx, "SELECT "+tokenColumns+" FROM api_tokens WHERE id = ? FOR UPDATE", id), false)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("store: read token %s: %w", id, err)
+		}
+		if t.Revoked() {
+			tok, revokedNow = t, false
+			return nil
+		}
+		now := nowMillis()
+		if _, err := tx.Exec(ctx, "UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", now, id); err != nil {
+			return fmt.Errorf("store: revoke token %s: %w", id, err)
+		}
+		t.RevokedAt = time.UnixMilli(now)
+		tok, revokedNow = t, true
+		return nil
+	})
+	if err != nil {
+		return Token{}, false, err
+	}
+	return tok, revokedNow, nil
 }
 
 // RevokeClusterTokens revokes every valid token of a cluster and returns how
@@ -149,8 +271,9 @@ func (s *Store) RevokeClusterTokens(ctx context.Context, clusterID string) (int,
 // ListClusters returns every registered cluster, by region and id.
 func (s *Store) ListClusters(ctx context.Context) ([]Cluster, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT c.id, c.region, c.created_at, c.last_heartbeat_at, c.agent_version, c.cursors,
-  (SELECT COUNT(*) FROM api_tokens t WHERE t.cluster_id = c.id AND t.kind = 'cluster' AND t.revoked_at IS NULL)
-FROM clusters c ORDER BY c.region, c.id`)
+  (SELECT COUNT(*) FROM api_tokens t WHERE t.cluster_id = c.id AND t.kind = 'cluster' AND t.revoked_at IS NULL
+     AND (t.expires_at IS NULL OR t.expires_at > ?))
+FROM clusters c ORDER BY c.region, c.id`, nowMillis())
 	if err != nil {
 		return nil, fmt.Errorf("store: list clusters: %w", err)
 	}

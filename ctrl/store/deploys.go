@@ -506,8 +506,9 @@ FROM apply_errors WHERE kind = ? AND id IN `+in+` ORDER BY id, region, cluster_i
 // cluster with a valid token, in name order.
 func (s *Store) ClusterRegions(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT c.region FROM clusters c
-WHERE EXISTS (SELECT 1 FROM api_tokens t WHERE t.cluster_id = c.id AND t.kind = 'cluster' AND t.revoked_at IS NULL)
-ORDER BY c.region`)
+WHERE EXISTS (SELECT 1 FROM api_tokens t WHERE t.cluster_id = c.id AND t.kind = 'cluster' AND t.revoked_at IS NULL
+  AND (t.expires_at IS NULL OR t.expires_at > ?))
+ORDER BY c.region`, nowMillis())
 	if err != nil {
 		return nil, fmt.Errorf("store: list regions with clusters: %w", err)
 	}
