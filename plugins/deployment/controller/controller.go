@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -420,8 +421,11 @@ func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id strin
 	rs := k.dynamic.Resource(replicaSetsGVR).Namespace(out.GetNamespace())
 	var updated *unstructured.Unstructured
 	// The ReplicaSet controller writes status (and so bumps the resource
-	// version) all the time: re-read and retry on a conflict.
-	err = retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+	// version) several times a second while pods start: re-read and retry
+	// on a conflict, for about a second (client-go's default of
+	// four tries within 0.3 s still lost that race in a loaded CI run).
+	conflictBackoff := wait.Backoff{Steps: 12, Duration: 20 * time.Millisecond, Factor: 1.3, Jitter: 0.5}
+	err = retry.RetryOnConflict(conflictBackoff, func() error {
 		for _, path := range [][]string{{"spec", "template"}, {"spec", "replicas"}, {"spec", "selector"}} {
 			v, _, _ := unstructured.NestedFieldCopy(desired.Object, path...)
 			if err := unstructured.SetNestedField(out.Object, v, path...); err != nil {
