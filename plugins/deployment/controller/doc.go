@@ -9,7 +9,9 @@
 //   - build.go: pure functions from a Deployment to the ReplicaSet;
 //   - controller.go: Describe, Configure, Apply, Inventory, Shutdown;
 //   - namespace.go: namespaces created on demand and removed when empty;
-//   - status.go: WatchStatus, pods and ReplicaSets to DeploymentStatus.
+//   - status.go: WatchStatus, pods and ReplicaSets to DeploymentStatus;
+//   - index.go: the informer caches indexed by deployment id, so one
+//     deployment's objects are found without scanning the whole cache.
 //
 // Pod replacement. A ReplicaSet never replaces running pods when its
 // template changes, so the template is immutable per ReplicaSet: the
