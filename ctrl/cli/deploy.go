@@ -166,6 +166,21 @@ func (d *deployCmd) created(cmd *cobra.Command, api ctrlv1.DeploymentServiceClie
 // one line per change of status or of a region's counts (to stdout in text
 // mode, to stderr with -o json, whose stdout is only the final document).
 func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, waitTimeout time.Duration, asJSON bool) error {
+	return d.watch(cmd, api, id, "deployment "+id, "the deploy goes on", waitTimeout, asJSON, func(info *ctrlv1.DeploymentInfo) (bool, error) {
+		switch info.GetStatus() {
+		case ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_STOPPED:
+			return true, nil
+		}
+		return false, nil
+	})
+}
+
+// watch reads the deployment every poll interval and prints a progress line
+// whenever it changes, until done stops it (with an error, or with nil to
+// print the summary through finish) or waitTimeout passes. what and goesOn
+// word the message of an interrupted wait.
+func (d *deployCmd) watch(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id, what, goesOn string, waitTimeout time.Duration, asJSON bool,
+	done func(*ctrlv1.DeploymentInfo) (bool, error)) error {
 	progress := cmd.OutOrStdout()
 	if asJSON {
 		progress = cmd.ErrOrStderr()
@@ -180,7 +195,7 @@ func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClien
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return fmt.Errorf("stopped following deployment %s after %s; the deploy goes on (see `ctrl deploy get %s`)", id, time.Since(begin).Round(time.Second), id)
+				return fmt.Errorf("stopped following %s after %s; %s (see `ctrl deploy get %s`)", what, time.Since(begin).Round(time.Second), goesOn, id)
 			}
 			return apiError("read deployment "+id, err)
 		}
@@ -188,14 +203,17 @@ func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClien
 			fmt.Fprintf(progress, "[%6.1fs] %s\n", time.Since(begin).Seconds(), line)
 			last = line
 		}
-		switch info.GetStatus() {
-		case ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_STOPPED:
+		stop, err := done(info)
+		if err != nil {
+			return err
+		}
+		if stop {
 			return finish(cmd, info, time.Since(begin), asJSON)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("stopped following deployment %s after %s (status %s); the deploy goes on (see `ctrl deploy get %s`)",
-				id, time.Since(begin).Round(time.Second), statusName(info.GetStatus()), id)
+			return fmt.Errorf("stopped following %s after %s (%s, %s); %s (see `ctrl deploy get %s`)",
+				what, time.Since(begin).Round(time.Second), statusName(info.GetStatus()), regionCounts(info), goesOn, id)
 		case <-time.After(d.poll):
 		}
 	}
@@ -520,43 +538,14 @@ func (d *deployCmd) scale() *cobra.Command {
 }
 
 // followScale polls until every running region reports exactly replicas
-// running instances and none pending, printing each change of counts.
+// running instances and none pending.
 func (d *deployCmd) followScale(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, replicas int32, waitTimeout time.Duration, asJSON bool) error {
-	progress := cmd.OutOrStdout()
-	if asJSON {
-		progress = cmd.ErrOrStderr()
-	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), waitTimeout)
-	defer cancel()
-	begin := time.Now()
-	last := ""
-	for {
-		info, err := withRetry(ctx, func(ctx context.Context) (*ctrlv1.DeploymentInfo, error) {
-			return api.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: id})
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return fmt.Errorf("stopped following the scale of deployment %s after %s; it goes on (see `ctrl deploy get %s`)", id, time.Since(begin).Round(time.Second), id)
-			}
-			return apiError("read deployment "+id, err)
-		}
-		if line := progressLine(info); line != last {
-			fmt.Fprintf(progress, "[%6.1fs] %s\n", time.Since(begin).Seconds(), line)
-			last = line
-		}
+	return d.watch(cmd, api, id, "the scale of deployment "+id, "it goes on", waitTimeout, asJSON, func(info *ctrlv1.DeploymentInfo) (bool, error) {
 		if st := info.GetStatus(); st != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY && st != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_NETWORK {
-			return fmt.Errorf("deployment %s became %s while scaling: %s", id, statusName(st), info.GetError())
+			return false, fmt.Errorf("deployment %s became %s while scaling: %s", id, statusName(st), info.GetError())
 		}
-		if scaled(info, replicas) {
-			return finish(cmd, info, time.Since(begin), asJSON)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped following the scale of deployment %s after %s (%s); it goes on (see `ctrl deploy get %s`)",
-				id, time.Since(begin).Round(time.Second), regionCounts(info), id)
-		case <-time.After(d.poll):
-		}
-	}
+		return scaled(info, replicas), nil
+	})
 }
 
 // scaled: every running region runs exactly replicas instances.

@@ -379,11 +379,12 @@ func (t *Tx) ScaleTopology(ctx context.Context, deploymentID string, replicas in
 	if _, err := t.Exec(ctx, "UPDATE deployments SET replicas = ?, updated_at = ? WHERE id = ?", replicas, now, deploymentID); err != nil {
 		return 0, fmt.Errorf("store: set replicas of deployment %s: %w", deploymentID, err)
 	}
+	// The rows are locked above, so this changes exactly those regions.
+	if _, err := t.Exec(ctx, "UPDATE deployment_topology SET desired_replicas = ?, updated_at = ? WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ?",
+		replicas, now, deploymentID, replicas); err != nil {
+		return 0, fmt.Errorf("store: scale deployment %s: %w", deploymentID, err)
+	}
 	for _, region := range regions {
-		if _, err := t.Exec(ctx, "UPDATE deployment_topology SET desired_replicas = ?, updated_at = ? WHERE deployment_id = ? AND region = ?",
-			replicas, now, deploymentID, region); err != nil {
-			return 0, fmt.Errorf("store: scale deployment %s in %s: %w", deploymentID, region, err)
-		}
 		t.Touch(kinds.Deployment, region, deploymentID)
 	}
 	return before, nil
