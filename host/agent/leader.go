@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -37,7 +36,7 @@ func (a *Agent) RunElected(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("leader election needs the API server: %w", err)
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kube.NewClientset(rc)
 	if err != nil {
 		return err
 	}

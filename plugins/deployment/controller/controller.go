@@ -128,7 +128,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 		c.counter.Wrap(rc)
 	}
 	k := &kubeState{}
-	if k.client, err = kubernetes.NewForConfig(rc); err != nil {
+	if k.client, err = kube.NewClientset(rc); err != nil {
 		return err
 	}
 	if k.dynamic, err = dynamic.NewForConfig(rc); err != nil {

@@ -78,7 +78,7 @@ type clusterDeps struct {
 // startCluster checks that the plugin's identity may do what it needs, fills
 // the caches and starts watching for the policy CRD.
 func startCluster(ctx context.Context, d clusterDeps) (*cluster, error) {
-	client, err := kubernetes.NewForConfig(d.rest)
+	client, err := kube.NewClientset(d.rest)
 	if err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return err
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kube.NewClientset(rc)
 	if err != nil {
 		return err
 	}
