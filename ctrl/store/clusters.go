@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -174,7 +173,7 @@ func (s *Store) LookupTokens(ctx context.Context, ids []string) ([]Token, error)
 			args[i] = id
 		}
 		ids = ids[n:]
-		toks, err := s.queryTokens(ctx, false, "SELECT "+tokenColumns+" FROM api_tokens WHERE id IN (?"+strings.Repeat(", ?", n-1)+")", args...)
+		toks, err := s.queryTokens(ctx, false, "SELECT "+tokenColumns+" FROM api_tokens WHERE id IN ("+placeholders(n)+")", args...)
 		if err != nil {
 			return nil, err
 		}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"krane.dev/internal/kinds"
@@ -420,7 +419,7 @@ func (s *Store) RegionStates(ctx context.Context, ids ...string) (map[string][]R
 	if len(ids) == 0 {
 		return out, nil
 	}
-	in := "(?" + strings.Repeat(", ?", len(ids)-1) + ")"
+	in := "(" + placeholders(len(ids)) + ")"
 	args := make([]any, len(ids))
 	for i, id := range ids {
 		args[i] = id

@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -38,75 +36,242 @@ func (o Observation) newerThanOrEqual(version uint64, atNs int64) bool {
 // and changes nothing, when the report is older than the stored one;
 // ErrNotFound when the deployment has no topology in region.
 func (s *Store) ReportDeployment(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.DeploymentStatus) (bool, error) {
-	id := st.GetDeploymentId()
-	accepted := false
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
-		accepted = false
-		var storedVersion uint64
-		var storedAt int64
-		err := tx.QueryRow(ctx, "SELECT report_observed_version, report_observed_at_ns FROM deployment_topology WHERE deployment_id = ? AND region = ? FOR UPDATE",
-			id, region).Scan(&storedVersion, &storedAt)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
+	res, err := s.ReportDeployments(ctx, region, clusterID, []DeploymentReport{{Obs: obs, Status: st}})
+	if err != nil {
+		return false, err
+	}
+	return res[0].Accepted, res[0].Err
+}
+
+// DeploymentReport is one cluster's report on one deployment.
+type DeploymentReport struct {
+	Obs    Observation
+	Status *clusterv1.DeploymentStatus
+}
+
+// ReportResult answers one report of a batch: Err is ErrNotFound when the
+// object has no row in the region; Accepted is false when the report was
+// older than the stored one.
+type ReportResult struct {
+	Accepted bool
+	Err      error
+}
+
+// ReportDeployments records many reports of one cluster, as
+// ReportDeployment would one after the other, in one transaction of four
+// statements however many there are (a deployment named twice splits the
+// batch, so the later report is judged against the earlier one). The
+// error is the batch's own: when it is set, some groups may have been
+// stored; reports are idempotent, so sending them all again is safe.
+func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string, reps []DeploymentReport) ([]ReportResult, error) {
+	results := make([]ReportResult, len(reps))
+	for _, r := range reps {
+		for _, in := range r.Status.GetInstances() {
+			if in.GetK8SName() == "" {
+				return nil, fmt.Errorf("store: report on deployment %s lists an instance without a pod name", r.Status.GetDeploymentId())
+			}
 		}
+	}
+	for start := 0; start < len(reps); {
+		end, seen := start, map[string]bool{}
+		for end < len(reps) && !seen[reps[end].Status.GetDeploymentId()] {
+			seen[reps[end].Status.GetDeploymentId()] = true
+			end++
+		}
+		group := reps[start:end]
+		_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+			return reportDeploymentGroup(ctx, tx, region, clusterID, group, results[start:end])
+		})
 		if err != nil {
-			return fmt.Errorf("store: read report guard of deployment %s in %s: %w", id, region, err)
+			return nil, err
 		}
-		if !obs.newerThanOrEqual(storedVersion, storedAt) {
+		start = end
+	}
+	return results, nil
+}
+
+// reportDeploymentGroup stores reports on distinct deployments: lock their
+// topology rows, keep the reports not older than what is stored, then
+// upsert their instances, remove the instances they no longer list, and
+// write their summaries.
+func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, results []ReportResult) error {
+	ids := make([]any, 0, len(reps)+1)
+	ids = append(ids, region)
+	for _, r := range reps {
+		ids = append(ids, r.Status.GetDeploymentId())
+	}
+	rows, err := tx.Query(ctx, "SELECT deployment_id, report_observed_version, report_observed_at_ns FROM deployment_topology WHERE region = ? AND deployment_id IN ("+
+		placeholders(len(reps))+") ORDER BY deployment_id FOR UPDATE", ids...)
+	if err != nil {
+		return fmt.Errorf("store: lock report guards of %d deployments in %s: %w", len(reps), region, err)
+	}
+	type guard struct {
+		version uint64
+		atNs    int64
+	}
+	stored := make(map[string]guard, len(reps))
+	for rows.Next() {
+		var id string
+		var g guard
+		if err := rows.Scan(&id, &g.version, &g.atNs); err != nil {
+			rows.Close()
+			return fmt.Errorf("store: read report guards in %s: %w", region, err)
+		}
+		stored[id] = g
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("store: read report guards in %s: %w", region, err)
+	}
+	var take []int
+	for i, r := range reps {
+		g, ok := stored[r.Status.GetDeploymentId()]
+		results[i] = ReportResult{}
+		switch {
+		case !ok:
+			results[i].Err = ErrNotFound
+		case r.Obs.newerThanOrEqual(g.version, g.atNs):
+			take = append(take, i)
+		}
+	}
+	if len(take) == 0 {
+		return nil
+	}
+	if err := upsertInstances(ctx, tx, region, clusterID, reps, take); err != nil {
+		return err
+	}
+	if err := removeGoneInstances(ctx, tx, region, clusterID, reps, take); err != nil {
+		return err
+	}
+	if err := writeReportSummaries(ctx, tx, region, reps, take); err != nil {
+		return err
+	}
+	for _, i := range take {
+		results[i].Accepted = true
+	}
+	return nil
+}
+
+func liveInstances(st *clusterv1.DeploymentStatus) []*clusterv1.Instance {
+	if st.GetDeleted() {
+		return nil
+	}
+	return st.GetInstances()
+}
+
+// instanceRowsPerInsert bounds one INSERT (14 placeholders a row; MySQL
+// allows 65,535 in a statement).
+const instanceRowsPerInsert = 1000
+
+func upsertInstances(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, take []int) error {
+	now := nowMillis()
+	var b strings.Builder
+	var args []any
+	n := 0
+	flush := func() error {
+		if n == 0 {
 			return nil
 		}
-		instances := st.GetInstances()
-		if st.GetDeleted() {
-			instances = nil
-		}
-		now := nowMillis()
-		if len(instances) > 0 {
-			var b strings.Builder
-			args := make([]any, 0, len(instances)*14)
-			b.WriteString(`INSERT INTO instances (deployment_id, region, cluster_id, k8s_name, address, cpu_millicores, memory_mib,
-  status, reason, message, zone, observed_version, observed_at_ns, updated_at) VALUES `)
-			for i, in := range instances {
-				if in.GetK8SName() == "" {
-					return fmt.Errorf("store: report on deployment %s lists an instance without a pod name", id)
-				}
-				if i > 0 {
-					b.WriteString(", ")
-				}
-				b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-				args = append(args, id, region, clusterID, in.GetK8SName(), in.GetAddress(), in.GetCpuMillicores(), in.GetMemoryMib(),
-					instanceStatus(in.GetStatus()), in.GetReason(), nullString(in.GetMessage()), in.GetZone(), obs.Version, obs.At.UnixNano(), now)
-			}
-			b.WriteString(` ON DUPLICATE KEY UPDATE address = VALUES(address), cpu_millicores = VALUES(cpu_millicores),
+		b.WriteString(` ON DUPLICATE KEY UPDATE address = VALUES(address), cpu_millicores = VALUES(cpu_millicores),
   memory_mib = VALUES(memory_mib), status = VALUES(status), reason = VALUES(reason), message = VALUES(message),
   zone = VALUES(zone), observed_version = VALUES(observed_version), observed_at_ns = VALUES(observed_at_ns),
   updated_at = VALUES(updated_at)`)
-			if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
-				return fmt.Errorf("store: write instances of deployment %s in %s: %w", id, region, err)
-			}
+		if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
+			return fmt.Errorf("store: write %d instances in %s: %w", n, region, err)
 		}
-		// Remove this cluster's instances the report no longer lists.
-		del := "DELETE FROM instances WHERE deployment_id = ? AND region = ? AND cluster_id = ?"
-		args := []any{id, region, clusterID}
-		if len(instances) > 0 {
-			del += " AND k8s_name NOT IN (?" + strings.Repeat(", ?", len(instances)-1) + ")"
-			for _, in := range instances {
-				args = append(args, in.GetK8SName())
-			}
-		}
-		if _, err := tx.Exec(ctx, del, args...); err != nil {
-			return fmt.Errorf("store: remove gone instances of deployment %s in %s: %w", id, region, err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE deployment_topology SET report_observed_version = ?, report_observed_at_ns = ?,
-  reported_desired_replicas = ?, reported_ready_replicas = ?, reported_available_replicas = ?, reported_deleted = ?
-WHERE deployment_id = ? AND region = ?`,
-			obs.Version, obs.At.UnixNano(), st.GetDesiredReplicas(), st.GetReadyReplicas(), st.GetAvailableReplicas(), st.GetDeleted(),
-			id, region); err != nil {
-			return fmt.Errorf("store: write report summary of deployment %s in %s: %w", id, region, err)
-		}
-		accepted = true
+		b.Reset()
+		args, n = args[:0], 0
 		return nil
-	})
-	return accepted, err
+	}
+	for _, i := range take {
+		r := reps[i]
+		for _, in := range liveInstances(r.Status) {
+			if n == 0 {
+				b.WriteString(`INSERT INTO instances (deployment_id, region, cluster_id, k8s_name, address, cpu_millicores, memory_mib,
+  status, reason, message, zone, observed_version, observed_at_ns, updated_at) VALUES `)
+			} else {
+				b.WriteString(", ")
+			}
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, r.Status.GetDeploymentId(), region, clusterID, in.GetK8SName(), in.GetAddress(), in.GetCpuMillicores(), in.GetMemoryMib(),
+				instanceStatus(in.GetStatus()), in.GetReason(), nullString(in.GetMessage()), in.GetZone(), r.Obs.Version, r.Obs.At.UnixNano(), now)
+			if n++; n == instanceRowsPerInsert {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return flush()
+}
+
+// removeGoneInstances deletes this cluster's instances of the reported
+// deployments that their reports no longer list.
+func removeGoneInstances(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, take []int) error {
+	var b strings.Builder
+	args := []any{region, clusterID}
+	b.WriteString("DELETE FROM instances WHERE region = ? AND cluster_id = ? AND deployment_id IN (" + placeholders(len(take)) + ")")
+	for _, i := range take {
+		args = append(args, reps[i].Status.GetDeploymentId())
+	}
+	kept := 0
+	for _, i := range take {
+		for _, in := range liveInstances(reps[i].Status) {
+			if kept == 0 {
+				b.WriteString(" AND (deployment_id, k8s_name) NOT IN ((?, ?)")
+			} else {
+				b.WriteString(", (?, ?)")
+			}
+			args = append(args, reps[i].Status.GetDeploymentId(), in.GetK8SName())
+			kept++
+		}
+	}
+	if kept > 0 {
+		b.WriteString(")")
+	}
+	if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
+		return fmt.Errorf("store: remove gone instances of %d deployments in %s: %w", len(take), region, err)
+	}
+	return nil
+}
+
+// writeReportSummaries sets each reported deployment's summary columns in
+// one UPDATE (a CASE per column: portable across MySQL and MariaDB).
+func writeReportSummaries(ctx context.Context, tx *Tx, region string, reps []DeploymentReport, take []int) error {
+	columns := []struct {
+		name  string
+		value func(DeploymentReport) any
+	}{
+		{"report_observed_version", func(r DeploymentReport) any { return r.Obs.Version }},
+		{"report_observed_at_ns", func(r DeploymentReport) any { return r.Obs.At.UnixNano() }},
+		{"reported_desired_replicas", func(r DeploymentReport) any { return r.Status.GetDesiredReplicas() }},
+		{"reported_ready_replicas", func(r DeploymentReport) any { return r.Status.GetReadyReplicas() }},
+		{"reported_available_replicas", func(r DeploymentReport) any { return r.Status.GetAvailableReplicas() }},
+		{"reported_deleted", func(r DeploymentReport) any { return r.Status.GetDeleted() }},
+	}
+	var b strings.Builder
+	args := make([]any, 0, len(take)*(2*len(columns)+1)+1)
+	b.WriteString("UPDATE deployment_topology SET ")
+	for c, col := range columns {
+		if c > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(col.name + " = CASE deployment_id")
+		for _, i := range take {
+			b.WriteString(" WHEN ? THEN ?")
+			args = append(args, reps[i].Status.GetDeploymentId(), col.value(reps[i]))
+		}
+		b.WriteString(" END")
+	}
+	b.WriteString(" WHERE region = ? AND deployment_id IN (" + placeholders(len(take)) + ")")
+	args = append(args, region)
+	for _, i := range take {
+		args = append(args, reps[i].Status.GetDeploymentId())
+	}
+	if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
+		return fmt.Errorf("store: write report summaries of %d deployments in %s: %w", len(take), region, err)
+	}
+	return nil
 }
 
 func instanceStatus(s clusterv1.Instance_Status) string {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -94,6 +95,14 @@ func (s *Store) DB() *sql.DB { return s.db }
 
 // Ping checks the database is reachable.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+// placeholders is "?, ?, ..." with n marks, for an IN list.
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return "?" + strings.Repeat(", ?", n-1)
+}
 
 func nowMillis() int64 { return time.Now().UnixMilli() }
 

@@ -1,17 +1,23 @@
 // Package status forwards what plugins observe in the cluster (and apply
 // failures) to ctrl. Reports are coalesced per object (the latest wins),
-// held in a bounded buffer, retried with backoff behind a circuit breaker,
-// and never block applying: a ctrl outage only delays them.
+// held in a bounded buffer, sent in batches (one ReportStatuses call, and
+// one database transaction in ctrl, for what queued up), retried with
+// backoff behind a circuit breaker, and never block applying: a ctrl outage
+// only delays them.
 package status
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -19,10 +25,23 @@ import (
 	"krane.dev/sdk"
 )
 
+// Batching: a report waits at most linger for others to share its call,
+// and a call carries at most maxBatch reports or about maxBatchBytes.
+// Fifty milliseconds is nothing next to a pod starting, and under a
+// bootstrap's thousands of reports it turns a call per object into a call
+// per hundred.
+const (
+	linger        = 50 * time.Millisecond
+	maxBatch      = 200
+	maxBatchBytes = 1 << 20
+)
+
 type key struct{ kind, id string }
 
 type entry struct {
+	key       key
 	req       *clusterv1.ReportStatusRequest
+	queuedAt  time.Time
 	attempts  int
 	notBefore time.Time
 }
@@ -34,16 +53,18 @@ type Reporter struct {
 	max     int
 	timeout time.Duration
 
-	mu      sync.Mutex
-	pending map[key]*entry
-	order   []key // FIFO of keys in pending (a key appears once)
-	failed  map[key]uint64
-	wake    chan struct{}
-	breaker breaker
+	mu        sync.Mutex
+	pending   map[key]*entry
+	order     []key // FIFO of keys in pending (a key appears once)
+	failed    map[key]uint64
+	wake      chan struct{}
+	breaker   breaker
+	unbatched bool // ctrl predates ReportStatuses: send one by one
 
 	depth   prometheus.Gauge
 	sent    *prometheus.CounterVec
 	dropped prometheus.Counter
+	calls   prometheus.Counter
 }
 
 // New returns a reporter holding at most max objects' reports.
@@ -53,10 +74,11 @@ func New(client clusterv1.ClusterServiceClient, log hclog.Logger, reg prometheus
 		pending: map[key]*entry{}, failed: map[key]uint64{}, wake: make(chan struct{}, 1),
 		breaker: breaker{threshold: 5, minOpen: time.Second, maxOpen: time.Minute},
 		depth:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "krane_host_report_queue_depth", Help: "Objects with a status report waiting to be sent."}),
-		sent:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "krane_host_reports_total", Help: "Status reports sent to ctrl, by result."}, []string{"result"}),
+		sent:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "krane_host_reports_total", Help: "Status reports sent to ctrl, by result (ok, error: sent again later, rejected: refused by ctrl as unknown or malformed, dropped)."}, []string{"result"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "krane_host_reports_dropped_total", Help: "Reports dropped because the buffer was full (the oldest goes)."}),
+		calls:   prometheus.NewCounter(prometheus.CounterOpts{Name: "krane_host_report_calls_total", Help: "Calls to ctrl carrying status reports (a batch is one call)."}),
 	}
-	reg.MustRegister(r.depth, r.sent, r.dropped)
+	reg.MustRegister(r.depth, r.sent, r.dropped, r.calls)
 	return r
 }
 
@@ -141,7 +163,7 @@ func (r *Reporter) put(k key, merge func(*clusterv1.ReportStatusRequest) *cluste
 			delete(r.pending, oldest)
 			r.dropped.Inc()
 		}
-		r.pending[k] = &entry{req: merge(nil)}
+		r.pending[k] = &entry{key: k, req: merge(nil), queuedAt: time.Now()}
 		r.order = append(r.order, k)
 	}
 	r.depth.Set(float64(len(r.pending)))
@@ -179,12 +201,20 @@ func (r *Reporter) send(ctx context.Context) {
 			}
 			continue
 		}
-		k, e, wait := r.take()
-		if e == nil {
+		batch, wait, lingering := r.take(time.Now())
+		if len(batch) == 0 {
 			// Nothing was sent, so a probe slot taken above must be given
 			// back: otherwise the breaker waits for a probe that never ends
 			// and reports stay paused after ctrl recovers.
 			r.breaker.release()
+			if lingering {
+				// Reports are waiting for company: new ones need not wake
+				// us (each wake-up would scan the queue again).
+				if !sleep(ctx, wait) {
+					return
+				}
+				continue
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -193,64 +223,166 @@ func (r *Reporter) send(ctx context.Context) {
 			}
 			continue
 		}
-		r.mu.Lock()
-		client := r.client
-		r.mu.Unlock()
-		cctx, cancel := context.WithTimeout(ctx, r.timeout)
-		_, err := client.ReportStatus(cctx, e.req)
-		cancel()
+		again, err := r.deliver(ctx, batch)
 		if err == nil {
 			r.breaker.success()
-			r.sent.WithLabelValues("ok").Inc()
+			r.retry(again)
 			continue
 		}
 		if ctx.Err() != nil {
 			r.breaker.release()
 			return
 		}
-		r.sent.WithLabelValues("error").Inc()
 		if r.breaker.failure(time.Now()) {
-			r.log.Warn("ctrl is not accepting status reports; pausing reports (applying continues)", "error", err, "queued", r.Depth())
+			r.log.Warn("ctrl is not accepting status reports; pausing reports (applying continues)", "error", err, "queued", r.Depth()+len(again))
 		}
-		r.retry(k, e)
+		r.retry(again)
 	}
 }
 
-// take removes the oldest sendable entry; when none is due it returns how
-// long to wait.
-func (r *Reporter) take() (key, *entry, time.Duration) {
+// deliver sends a batch. It returns the entries to send again and, when
+// the call failed as a whole, its error. A report ctrl refuses on its own
+// (an object it does not know, a malformed status) is dropped: sending it
+// again cannot help.
+func (r *Reporter) deliver(ctx context.Context, batch []*entry) ([]*entry, error) {
+	r.mu.Lock()
+	client, unbatched := r.client, r.unbatched
+	r.mu.Unlock()
+	if !unbatched {
+		req := &clusterv1.ReportStatusesRequest{Reports: make([]*clusterv1.ReportStatusRequest, len(batch))}
+		for i, e := range batch {
+			req.Reports[i] = e.req
+		}
+		cctx, cancel := context.WithTimeout(ctx, r.timeout)
+		resp, err := client.ReportStatuses(cctx, req)
+		cancel()
+		r.calls.Inc()
+		switch {
+		case status.Code(err) == codes.Unimplemented:
+			r.log.Info("ctrl does not take batched status reports (it is older than this host); sending them one by one")
+			r.mu.Lock()
+			r.unbatched = true
+			r.mu.Unlock()
+		case err != nil:
+			r.sent.WithLabelValues("error").Add(float64(len(batch)))
+			return batch, err
+		case len(resp.GetResults()) != len(batch):
+			r.sent.WithLabelValues("error").Add(float64(len(batch)))
+			return batch, fmt.Errorf("ctrl answered %d results for %d status reports", len(resp.GetResults()), len(batch))
+		default:
+			var again []*entry
+			for i, res := range resp.GetResults() {
+				if e := r.judge(batch[i], status.Error(codes.Code(res.GetCode()), res.GetMessage())); e != nil {
+					again = append(again, e)
+				}
+			}
+			return again, nil
+		}
+	}
+	for i, e := range batch {
+		cctx, cancel := context.WithTimeout(ctx, r.timeout)
+		_, err := client.ReportStatus(cctx, e.req)
+		cancel()
+		r.calls.Inc()
+		if c := status.Code(err); c != codes.OK && c != codes.NotFound && c != codes.InvalidArgument {
+			r.sent.WithLabelValues("error").Add(float64(len(batch) - i))
+			return batch[i:], err
+		}
+		r.judge(e, err)
+	}
+	return nil, nil
+}
+
+// judge counts one report's outcome; it returns the entry when it must be
+// sent again.
+func (r *Reporter) judge(e *entry, err error) *entry {
+	switch status.Code(err) {
+	case codes.OK:
+		r.sent.WithLabelValues("ok").Inc()
+		return nil
+	case codes.NotFound, codes.InvalidArgument:
+		r.sent.WithLabelValues("rejected").Inc()
+		r.log.Warn("ctrl refused a status report; dropping it", "kind", e.key.kind, "id", e.key.id,
+			"observed_version", e.req.GetObservedVersion(), "error", status.Convert(err).Message())
+		return nil
+	default:
+		r.sent.WithLabelValues("error").Inc()
+		return e
+	}
+}
+
+// take removes the oldest due entries, up to a batch, once the oldest of
+// them has lingered long enough or the batch is full. With nothing to send
+// it returns how long to wait, and whether reports are lingering.
+func (r *Reporter) take(now time.Time) ([]*entry, time.Duration, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
 	wait := time.Second
+	var due []int // positions in r.order
+	size := 0
 	for i, k := range r.order {
 		e := r.pending[k]
 		if e.notBefore.After(now) {
-			if d := e.notBefore.Sub(now); d < wait {
-				wait = d
-			}
+			wait = min(wait, e.notBefore.Sub(now))
 			continue
 		}
-		r.order = append(r.order[:i:i], r.order[i+1:]...)
-		delete(r.pending, k)
-		r.depth.Set(float64(len(r.pending)))
-		return k, e, 0
+		n := proto.Size(e.req)
+		if len(due) == maxBatch || (len(due) > 0 && size+n > maxBatchBytes) {
+			size = maxBatchBytes // full
+			break
+		}
+		size += n
+		due = append(due, i)
 	}
-	return key{}, nil, wait
+	if len(due) == 0 {
+		return nil, wait, false
+	}
+	if waited := now.Sub(r.pending[r.order[due[0]]].queuedAt); len(due) < maxBatch && size < maxBatchBytes && waited < linger {
+		return nil, min(wait, linger-waited), true
+	}
+	batch := make([]*entry, len(due))
+	for j, i := range due {
+		batch[j] = r.pending[r.order[i]]
+		delete(r.pending, r.order[i])
+	}
+	if due[len(due)-1] == len(due)-1 {
+		// The common case, a prefix: no copying.
+		r.order = r.order[len(due):]
+	} else {
+		kept := r.order[:due[0]]
+		next := 0
+		for i := due[0]; i < len(r.order); i++ {
+			if next < len(due) && due[next] == i {
+				next++
+				continue
+			}
+			kept = append(kept, r.order[i])
+		}
+		r.order = kept
+	}
+	r.depth.Set(float64(len(r.pending)))
+	return batch, 0, false
 }
 
-// retry puts a failed report back unless a newer one arrived meanwhile.
-func (r *Reporter) retry(k key, e *entry) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, newer := r.pending[k]; newer {
+// retry puts failed reports back, each unless a newer one arrived
+// meanwhile, after a backoff that grows with its attempts.
+func (r *Reporter) retry(entries []*entry) {
+	if len(entries) == 0 {
 		return
 	}
-	e.attempts++
-	d := time.Duration(1<<min(e.attempts, 6)) * 100 * time.Millisecond
-	e.notBefore = time.Now().Add(d)
-	r.pending[k] = e
-	r.order = append(r.order, k)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for _, e := range entries {
+		if _, newer := r.pending[e.key]; newer {
+			continue
+		}
+		e.attempts++
+		e.notBefore = now.Add(time.Duration(1<<min(e.attempts, 6)) * 100 * time.Millisecond)
+		e.queuedAt = now
+		r.pending[e.key] = e
+		r.order = append(r.order, e.key)
+	}
 	r.depth.Set(float64(len(r.pending)))
 }
 

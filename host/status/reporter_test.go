@@ -166,3 +166,86 @@ func TestResumesWhenTheProbeFindsNothingDue(t *testing.T) {
 	r.Submit(report("late", 2))
 	waitFor(t, "the report submitted after the outage", func() bool { return srv.LatestReport("k", "late") != nil })
 }
+
+// TestBatchesWhatQueuedUp: 500 reports queued at once go out in a few
+// ReportStatuses calls of at most maxBatch, each object exactly once.
+func TestBatchesWhatQueuedUp(t *testing.T) {
+	srv := clustertest.Start(t, "r", "tok")
+	r := New(client(t, srv), hclog.NewNullLogger(), prometheus.NewRegistry(), 1000)
+	for o := range 500 {
+		r.Submit(report(fmt.Sprintf("o%d", o), 1))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx, 4)
+	waitFor(t, "every report", func() bool { return r.Depth() == 0 && srv.LatestReport("k", "o499") != nil })
+	time.Sleep(2 * linger)
+	for o := range 500 {
+		if n := len(srv.Reports("k", fmt.Sprintf("o%d", o))); n != 1 {
+			t.Fatalf("o%d reported %d times, want once", o, n)
+		}
+	}
+	if b := srv.Batches(); b < 3 || b > 5 {
+		t.Errorf("%d calls for 500 reports; want 3 (batches of at most %d), 5 at worst", b, maxBatch)
+	}
+}
+
+// TestSendsOneByOneToAnOlderCtrl: a ctrl without ReportStatuses still gets
+// every report, through ReportStatus.
+func TestSendsOneByOneToAnOlderCtrl(t *testing.T) {
+	srv := clustertest.Start(t, "r", "tok")
+	srv.ActLikeOlderCtrl()
+	r := New(client(t, srv), hclog.NewNullLogger(), prometheus.NewRegistry(), 100)
+	for o := range 20 {
+		r.Submit(report(fmt.Sprintf("o%d", o), 1))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx, 2)
+	waitFor(t, "every report", func() bool {
+		for o := range 20 {
+			if srv.LatestReport("k", fmt.Sprintf("o%d", o)) == nil {
+				return false
+			}
+		}
+		return true
+	})
+	if srv.Batches() != 0 {
+		t.Errorf("%d batches reached a ctrl that has no ReportStatuses", srv.Batches())
+	}
+}
+
+// TestDropsAReportCtrlRefuses: a report on an object ctrl does not know is
+// refused once and dropped, not retried, and does not hold back the
+// others or open the breaker, batched or not.
+func TestDropsAReportCtrlRefuses(t *testing.T) {
+	for _, older := range []bool{false, true} {
+		t.Run(fmt.Sprintf("older_ctrl=%v", older), func(t *testing.T) {
+			srv := clustertest.Start(t, "r", "tok")
+			if older {
+				srv.ActLikeOlderCtrl()
+			}
+			srv.Forget("gone")
+			r := New(client(t, srv), hclog.NewNullLogger(), prometheus.NewRegistry(), 100)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go r.Run(ctx, 1)
+			for round := range 8 {
+				r.Submit(report("gone", round+1))
+				r.Submit(report(fmt.Sprintf("ok%d", round), round+1))
+				waitFor(t, "the good report", func() bool { return srv.LatestReport("k", fmt.Sprintf("ok%d", round)) != nil })
+			}
+			waitFor(t, "an empty queue", func() bool { return r.Depth() == 0 })
+			time.Sleep(500 * time.Millisecond) // a retry would come within 200 ms
+			if got := srv.Rejected(); got != 8 {
+				t.Errorf("ctrl refused %d reports, want 8 (one per submit, none retried)", got)
+			}
+			r.breaker.mu.Lock()
+			failures := r.breaker.failures
+			r.breaker.mu.Unlock()
+			if failures != 0 {
+				t.Errorf("refused reports counted as %d failures of ctrl", failures)
+			}
+		})
+	}
+}

@@ -48,6 +48,11 @@ type Server struct {
 	watches  []*clusterv1.WatchRequest
 	refuse   bool
 	refused  int
+	batches  int
+	// Older ctrl (no ReportStatuses) and objects ctrl does not know.
+	noBatches bool
+	unknown   map[string]bool
+	rejected  int
 	// KeepAlive is the idle keep-alive interval.
 	KeepAlive time.Duration
 }
@@ -227,7 +232,7 @@ func (s *Server) RefuseReports(refuse bool) {
 	s.mu.Unlock()
 }
 
-// Refused counts reports refused so far.
+// Refused counts report calls refused so far.
 func (s *Server) Refused() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -241,9 +246,73 @@ func (s *Server) ReportStatus(_ context.Context, req *clusterv1.ReportStatusRequ
 		s.refused++
 		return nil, status.Error(codes.Unavailable, "ctrl is down")
 	}
+	if s.unknown[req.GetId()] {
+		s.rejected++
+		return nil, status.Errorf(codes.NotFound, "no %s %q", req.GetKind(), req.GetId())
+	}
 	k := key{req.GetKind(), req.GetId()}
 	s.reports[k] = append(s.reports[k], req)
 	return &clusterv1.ReportStatusResponse{Accepted: true}, nil
+}
+
+// ActLikeOlderCtrl makes ReportStatuses unimplemented, as in a ctrl that
+// predates it.
+func (s *Server) ActLikeOlderCtrl() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noBatches = true
+}
+
+// Forget makes reports on id answer NOT_FOUND, as for an object ctrl does
+// not have; Rejected counts them.
+func (s *Server) Forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unknown == nil {
+		s.unknown = map[string]bool{}
+	}
+	s.unknown[id] = true
+}
+
+// Rejected counts reports answered NOT_FOUND.
+func (s *Server) Rejected() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rejected
+}
+
+// ReportStatuses records a batch as ReportStatus records each report (a
+// refusal refuses the whole call, as a ctrl without its database would).
+func (s *Server) ReportStatuses(_ context.Context, req *clusterv1.ReportStatusesRequest) (*clusterv1.ReportStatusesResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refuse {
+		s.refused++
+		return nil, status.Error(codes.Unavailable, "ctrl is down")
+	}
+	if s.noBatches {
+		return nil, status.Error(codes.Unimplemented, "unknown method ReportStatuses")
+	}
+	out := &clusterv1.ReportStatusesResponse{}
+	for _, r := range req.GetReports() {
+		if s.unknown[r.GetId()] {
+			s.rejected++
+			out.Results = append(out.Results, &clusterv1.ReportStatusResult{Code: int32(codes.NotFound), Message: "no such object"})
+			continue
+		}
+		k := key{r.GetKind(), r.GetId()}
+		s.reports[k] = append(s.reports[k], r)
+		out.Results = append(out.Results, &clusterv1.ReportStatusResult{Accepted: true})
+	}
+	s.batches++
+	return out, nil
+}
+
+// Batches counts ReportStatuses calls so far.
+func (s *Server) Batches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.batches
 }
 
 func (s *Server) Heartbeat(context.Context, *clusterv1.HeartbeatRequest) (*clusterv1.HeartbeatResponse, error) {

@@ -135,7 +135,7 @@ func (x Instance_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Instance_Status.Descriptor instead.
 func (Instance_Status) EnumDescriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19, 0}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type WatchRequest struct {
@@ -788,6 +788,160 @@ func (x *ReportStatusResponse) GetAccepted() bool {
 	return false
 }
 
+type ReportStatusesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reports       []*ReportStatusRequest `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportStatusesRequest) Reset() {
+	*x = ReportStatusesRequest{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportStatusesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportStatusesRequest) ProtoMessage() {}
+
+func (x *ReportStatusesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportStatusesRequest.ProtoReflect.Descriptor instead.
+func (*ReportStatusesRequest) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReportStatusesRequest) GetReports() []*ReportStatusRequest {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
+type ReportStatusesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per report, in the request's order.
+	Results       []*ReportStatusResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportStatusesResponse) Reset() {
+	*x = ReportStatusesResponse{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportStatusesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportStatusesResponse) ProtoMessage() {}
+
+func (x *ReportStatusesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportStatusesResponse.ProtoReflect.Descriptor instead.
+func (*ReportStatusesResponse) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReportStatusesResponse) GetResults() []*ReportStatusResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ReportStatusResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the report was older than the stored one and was ignored,
+	// or was refused (see code).
+	Accepted bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// The gRPC status code ReportStatus would have failed with (0 = OK):
+	// NOT_FOUND and INVALID_ARGUMENT are final, sending the report again
+	// cannot help; any other code may succeed when sent again.
+	Code          int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportStatusResult) Reset() {
+	*x = ReportStatusResult{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportStatusResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportStatusResult) ProtoMessage() {}
+
+func (x *ReportStatusResult) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportStatusResult.ProtoReflect.Descriptor instead.
+func (*ReportStatusResult) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReportStatusResult) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *ReportStatusResult) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ReportStatusResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type HeartbeatRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	AgentVersion string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
@@ -799,7 +953,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -811,7 +965,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -824,7 +978,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatRequest) GetAgentVersion() string {
@@ -850,7 +1004,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +1016,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +1029,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatResponse) GetHeadVersion() uint64 {
@@ -896,7 +1050,7 @@ type DecryptEnvRequest struct {
 
 func (x *DecryptEnvRequest) Reset() {
 	*x = DecryptEnvRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[12]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1062,7 @@ func (x *DecryptEnvRequest) String() string {
 func (*DecryptEnvRequest) ProtoMessage() {}
 
 func (x *DecryptEnvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[12]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1075,7 @@ func (x *DecryptEnvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecryptEnvRequest.ProtoReflect.Descriptor instead.
 func (*DecryptEnvRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DecryptEnvRequest) GetDeploymentId() string {
@@ -948,7 +1102,7 @@ type DecryptEnvResponse struct {
 
 func (x *DecryptEnvResponse) Reset() {
 	*x = DecryptEnvResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[13]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1114,7 @@ func (x *DecryptEnvResponse) String() string {
 func (*DecryptEnvResponse) ProtoMessage() {}
 
 func (x *DecryptEnvResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[13]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1127,7 @@ func (x *DecryptEnvResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecryptEnvResponse.ProtoReflect.Descriptor instead.
 func (*DecryptEnvResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DecryptEnvResponse) GetEnv() map[string]string {
@@ -1012,7 +1166,7 @@ type Deployment struct {
 
 func (x *Deployment) Reset() {
 	*x = Deployment{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1178,7 @@ func (x *Deployment) String() string {
 func (*Deployment) ProtoMessage() {}
 
 func (x *Deployment) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1191,7 @@ func (x *Deployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
 func (*Deployment) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Deployment) GetId() string {
@@ -1175,7 +1329,7 @@ type Healthcheck struct {
 
 func (x *Healthcheck) Reset() {
 	*x = Healthcheck{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1341,7 @@ func (x *Healthcheck) String() string {
 func (*Healthcheck) ProtoMessage() {}
 
 func (x *Healthcheck) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1354,7 @@ func (x *Healthcheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Healthcheck.ProtoReflect.Descriptor instead.
 func (*Healthcheck) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Healthcheck) GetMethod() string {
@@ -1272,7 +1426,7 @@ type Sentinel struct {
 
 func (x *Sentinel) Reset() {
 	*x = Sentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1438,7 @@ func (x *Sentinel) String() string {
 func (*Sentinel) ProtoMessage() {}
 
 func (x *Sentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1451,7 @@ func (x *Sentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sentinel.ProtoReflect.Descriptor instead.
 func (*Sentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{16}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Sentinel) GetId() string {
@@ -1385,7 +1539,7 @@ type CiliumNetworkPolicy struct {
 
 func (x *CiliumNetworkPolicy) Reset() {
 	*x = CiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1551,7 @@ func (x *CiliumNetworkPolicy) String() string {
 func (*CiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1564,7 @@ func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{17}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CiliumNetworkPolicy) GetId() string {
@@ -1459,7 +1613,7 @@ type DeploymentStatus struct {
 
 func (x *DeploymentStatus) Reset() {
 	*x = DeploymentStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1625,7 @@ func (x *DeploymentStatus) String() string {
 func (*DeploymentStatus) ProtoMessage() {}
 
 func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1638,7 @@ func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentStatus.ProtoReflect.Descriptor instead.
 func (*DeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{18}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeploymentStatus) GetDeploymentId() string {
@@ -1556,7 +1710,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1722,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1735,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Instance) GetK8SName() string {
@@ -1661,7 +1815,7 @@ type SentinelStatus struct {
 
 func (x *SentinelStatus) Reset() {
 	*x = SentinelStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1827,7 @@ func (x *SentinelStatus) String() string {
 func (*SentinelStatus) ProtoMessage() {}
 
 func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1840,7 @@ func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelStatus.ProtoReflect.Descriptor instead.
 func (*SentinelStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SentinelStatus) GetSentinelId() string {
@@ -1779,7 +1933,7 @@ type CiliumNetworkPolicyStatus struct {
 
 func (x *CiliumNetworkPolicyStatus) Reset() {
 	*x = CiliumNetworkPolicyStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +1945,7 @@ func (x *CiliumNetworkPolicyStatus) String() string {
 func (*CiliumNetworkPolicyStatus) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +1958,7 @@ func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyStatus.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CiliumNetworkPolicyStatus) GetId() string {
@@ -1845,7 +1999,7 @@ type WatchDeploymentsRequest struct {
 
 func (x *WatchDeploymentsRequest) Reset() {
 	*x = WatchDeploymentsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +2011,7 @@ func (x *WatchDeploymentsRequest) String() string {
 func (*WatchDeploymentsRequest) ProtoMessage() {}
 
 func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +2024,7 @@ func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchDeploymentsRequest) GetRegion() string {
@@ -1897,7 +2051,7 @@ type WatchSentinelsRequest struct {
 
 func (x *WatchSentinelsRequest) Reset() {
 	*x = WatchSentinelsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2063,7 @@ func (x *WatchSentinelsRequest) String() string {
 func (*WatchSentinelsRequest) ProtoMessage() {}
 
 func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2076,7 @@ func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchSentinelsRequest) GetRegion() string {
@@ -1949,7 +2103,7 @@ type WatchCiliumNetworkPoliciesRequest struct {
 
 func (x *WatchCiliumNetworkPoliciesRequest) Reset() {
 	*x = WatchCiliumNetworkPoliciesRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2115,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) String() string {
 func (*WatchCiliumNetworkPoliciesRequest) ProtoMessage() {}
 
 func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2128,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use WatchCiliumNetworkPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*WatchCiliumNetworkPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchCiliumNetworkPoliciesRequest) GetRegion() string {
@@ -2005,7 +2159,7 @@ type DeploymentState struct {
 
 func (x *DeploymentState) Reset() {
 	*x = DeploymentState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2171,7 @@ func (x *DeploymentState) String() string {
 func (*DeploymentState) ProtoMessage() {}
 
 func (x *DeploymentState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2184,7 @@ func (x *DeploymentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentState.ProtoReflect.Descriptor instead.
 func (*DeploymentState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeploymentState) GetVersion() uint64 {
@@ -2092,7 +2246,7 @@ type DeleteDeployment struct {
 
 func (x *DeleteDeployment) Reset() {
 	*x = DeleteDeployment{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2258,7 @@ func (x *DeleteDeployment) String() string {
 func (*DeleteDeployment) ProtoMessage() {}
 
 func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2271,7 @@ func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeployment.ProtoReflect.Descriptor instead.
 func (*DeleteDeployment) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteDeployment) GetId() string {
@@ -2155,7 +2309,7 @@ type SentinelState struct {
 
 func (x *SentinelState) Reset() {
 	*x = SentinelState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2321,7 @@ func (x *SentinelState) String() string {
 func (*SentinelState) ProtoMessage() {}
 
 func (x *SentinelState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2334,7 @@ func (x *SentinelState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelState.ProtoReflect.Descriptor instead.
 func (*SentinelState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SentinelState) GetVersion() uint64 {
@@ -2241,7 +2395,7 @@ type DeleteSentinel struct {
 
 func (x *DeleteSentinel) Reset() {
 	*x = DeleteSentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2407,7 @@ func (x *DeleteSentinel) String() string {
 func (*DeleteSentinel) ProtoMessage() {}
 
 func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2420,7 @@ func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSentinel.ProtoReflect.Descriptor instead.
 func (*DeleteSentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteSentinel) GetId() string {
@@ -2297,7 +2451,7 @@ type CiliumNetworkPolicyState struct {
 
 func (x *CiliumNetworkPolicyState) Reset() {
 	*x = CiliumNetworkPolicyState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2463,7 @@ func (x *CiliumNetworkPolicyState) String() string {
 func (*CiliumNetworkPolicyState) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2476,7 @@ func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyState.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CiliumNetworkPolicyState) GetVersion() uint64 {
@@ -2384,7 +2538,7 @@ type DeleteCiliumNetworkPolicy struct {
 
 func (x *DeleteCiliumNetworkPolicy) Reset() {
 	*x = DeleteCiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2550,7 @@ func (x *DeleteCiliumNetworkPolicy) String() string {
 func (*DeleteCiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2563,7 @@ func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*DeleteCiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteCiliumNetworkPolicy) GetId() string {
@@ -2442,7 +2596,7 @@ type GetDesiredDeploymentStateRequest struct {
 
 func (x *GetDesiredDeploymentStateRequest) Reset() {
 	*x = GetDesiredDeploymentStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2608,7 @@ func (x *GetDesiredDeploymentStateRequest) String() string {
 func (*GetDesiredDeploymentStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2621,7 @@ func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredDeploymentStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredDeploymentStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetDesiredDeploymentStateRequest) GetDeploymentId() string {
@@ -2486,7 +2640,7 @@ type GetDesiredSentinelStateRequest struct {
 
 func (x *GetDesiredSentinelStateRequest) Reset() {
 	*x = GetDesiredSentinelStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2652,7 @@ func (x *GetDesiredSentinelStateRequest) String() string {
 func (*GetDesiredSentinelStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2665,7 @@ func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredSentinelStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredSentinelStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetDesiredSentinelStateRequest) GetSentinelId() string {
@@ -2532,7 +2686,7 @@ type ReportDeploymentStatusRequest struct {
 
 func (x *ReportDeploymentStatusRequest) Reset() {
 	*x = ReportDeploymentStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2698,7 @@ func (x *ReportDeploymentStatusRequest) String() string {
 func (*ReportDeploymentStatusRequest) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2711,7 @@ func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReportDeploymentStatusRequest) GetStatus() *DeploymentStatus {
@@ -2590,7 +2744,7 @@ type ReportDeploymentStatusResponse struct {
 
 func (x *ReportDeploymentStatusResponse) Reset() {
 	*x = ReportDeploymentStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2756,7 @@ func (x *ReportDeploymentStatusResponse) String() string {
 func (*ReportDeploymentStatusResponse) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2769,7 @@ func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReportDeploymentStatusResponse) GetAccepted() bool {
@@ -2636,7 +2790,7 @@ type ReportSentinelStatusRequest struct {
 
 func (x *ReportSentinelStatusRequest) Reset() {
 	*x = ReportSentinelStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2802,7 @@ func (x *ReportSentinelStatusRequest) String() string {
 func (*ReportSentinelStatusRequest) ProtoMessage() {}
 
 func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2815,7 @@ func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReportSentinelStatusRequest) GetStatus() *SentinelStatus {
@@ -2694,7 +2848,7 @@ type ReportSentinelStatusResponse struct {
 
 func (x *ReportSentinelStatusResponse) Reset() {
 	*x = ReportSentinelStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2860,7 @@ func (x *ReportSentinelStatusResponse) String() string {
 func (*ReportSentinelStatusResponse) ProtoMessage() {}
 
 func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2873,7 @@ func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReportSentinelStatusResponse) GetAccepted() bool {
@@ -2780,7 +2934,15 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\tpermanent\x18\x03 \x01(\bR\tpermanent\x12\x14\n" +
 	"\x05field\x18\x04 \x01(\tR\x05field\"2\n" +
 	"\x14ReportStatusResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\bR\baccepted\"\xbe\x01\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\"X\n" +
+	"\x15ReportStatusesRequest\x12?\n" +
+	"\areports\x18\x01 \x03(\v2%.krane.cluster.v1.ReportStatusRequestR\areports\"X\n" +
+	"\x16ReportStatusesResponse\x12>\n" +
+	"\aresults\x18\x01 \x03(\v2$.krane.cluster.v1.ReportStatusResultR\aresults\"^\n" +
+	"\x12ReportStatusResult\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xbe\x01\n" +
 	"\x10HeartbeatRequest\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12I\n" +
 	"\acursors\x18\x02 \x03(\v2/.krane.cluster.v1.HeartbeatRequest.CursorsEntryR\acursors\x1a:\n" +
@@ -2949,13 +3111,13 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x12HEALTH_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eHEALTH_HEALTHY\x10\x01\x12\x14\n" +
 	"\x10HEALTH_UNHEALTHY\x10\x02\x12\x11\n" +
-	"\rHEALTH_PAUSED\x10\x032\xb4\n" +
-	"\n" +
+	"\rHEALTH_PAUSED\x10\x032\x99\v\n" +
 	"\x0eClusterService\x12G\n" +
 	"\x05Watch\x12\x1e.krane.cluster.v1.WatchRequest\x1a\x1c.krane.cluster.v1.WatchEvent0\x01\x12S\n" +
 	"\vListDesired\x12$.krane.cluster.v1.ListDesiredRequest\x1a\x1c.krane.cluster.v1.WatchEvent0\x01\x12]\n" +
 	"\x0fGetDesiredState\x12(.krane.cluster.v1.GetDesiredStateRequest\x1a .krane.cluster.v1.ResourceChange\x12]\n" +
-	"\fReportStatus\x12%.krane.cluster.v1.ReportStatusRequest\x1a&.krane.cluster.v1.ReportStatusResponse\x12T\n" +
+	"\fReportStatus\x12%.krane.cluster.v1.ReportStatusRequest\x1a&.krane.cluster.v1.ReportStatusResponse\x12c\n" +
+	"\x0eReportStatuses\x12'.krane.cluster.v1.ReportStatusesRequest\x1a(.krane.cluster.v1.ReportStatusesResponse\x12T\n" +
 	"\tHeartbeat\x12\".krane.cluster.v1.HeartbeatRequest\x1a#.krane.cluster.v1.HeartbeatResponse\x12W\n" +
 	"\n" +
 	"DecryptEnv\x12#.krane.cluster.v1.DecryptEnvRequest\x1a$.krane.cluster.v1.DecryptEnvResponse\x12b\n" +
@@ -2980,7 +3142,7 @@ func file_krane_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_cluster_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(Health)(0),                               // 0: krane.cluster.v1.Health
 	(Instance_Status)(0),                      // 1: krane.cluster.v1.Instance.Status
@@ -2994,96 +3156,103 @@ var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(*ReportStatusRequest)(nil),               // 9: krane.cluster.v1.ReportStatusRequest
 	(*ApplyError)(nil),                        // 10: krane.cluster.v1.ApplyError
 	(*ReportStatusResponse)(nil),              // 11: krane.cluster.v1.ReportStatusResponse
-	(*HeartbeatRequest)(nil),                  // 12: krane.cluster.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 13: krane.cluster.v1.HeartbeatResponse
-	(*DecryptEnvRequest)(nil),                 // 14: krane.cluster.v1.DecryptEnvRequest
-	(*DecryptEnvResponse)(nil),                // 15: krane.cluster.v1.DecryptEnvResponse
-	(*Deployment)(nil),                        // 16: krane.cluster.v1.Deployment
-	(*Healthcheck)(nil),                       // 17: krane.cluster.v1.Healthcheck
-	(*Sentinel)(nil),                          // 18: krane.cluster.v1.Sentinel
-	(*CiliumNetworkPolicy)(nil),               // 19: krane.cluster.v1.CiliumNetworkPolicy
-	(*DeploymentStatus)(nil),                  // 20: krane.cluster.v1.DeploymentStatus
-	(*Instance)(nil),                          // 21: krane.cluster.v1.Instance
-	(*SentinelStatus)(nil),                    // 22: krane.cluster.v1.SentinelStatus
-	(*CiliumNetworkPolicyStatus)(nil),         // 23: krane.cluster.v1.CiliumNetworkPolicyStatus
-	(*WatchDeploymentsRequest)(nil),           // 24: krane.cluster.v1.WatchDeploymentsRequest
-	(*WatchSentinelsRequest)(nil),             // 25: krane.cluster.v1.WatchSentinelsRequest
-	(*WatchCiliumNetworkPoliciesRequest)(nil), // 26: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	(*DeploymentState)(nil),                   // 27: krane.cluster.v1.DeploymentState
-	(*DeleteDeployment)(nil),                  // 28: krane.cluster.v1.DeleteDeployment
-	(*SentinelState)(nil),                     // 29: krane.cluster.v1.SentinelState
-	(*DeleteSentinel)(nil),                    // 30: krane.cluster.v1.DeleteSentinel
-	(*CiliumNetworkPolicyState)(nil),          // 31: krane.cluster.v1.CiliumNetworkPolicyState
-	(*DeleteCiliumNetworkPolicy)(nil),         // 32: krane.cluster.v1.DeleteCiliumNetworkPolicy
-	(*GetDesiredDeploymentStateRequest)(nil),  // 33: krane.cluster.v1.GetDesiredDeploymentStateRequest
-	(*GetDesiredSentinelStateRequest)(nil),    // 34: krane.cluster.v1.GetDesiredSentinelStateRequest
-	(*ReportDeploymentStatusRequest)(nil),     // 35: krane.cluster.v1.ReportDeploymentStatusRequest
-	(*ReportDeploymentStatusResponse)(nil),    // 36: krane.cluster.v1.ReportDeploymentStatusResponse
-	(*ReportSentinelStatusRequest)(nil),       // 37: krane.cluster.v1.ReportSentinelStatusRequest
-	(*ReportSentinelStatusResponse)(nil),      // 38: krane.cluster.v1.ReportSentinelStatusResponse
-	nil,                                       // 39: krane.cluster.v1.HeartbeatRequest.CursorsEntry
-	nil,                                       // 40: krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	nil,                                       // 41: krane.cluster.v1.Deployment.EnvVarsEntry
-	(*anypb.Any)(nil),                         // 42: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 43: google.protobuf.Timestamp
+	(*ReportStatusesRequest)(nil),             // 12: krane.cluster.v1.ReportStatusesRequest
+	(*ReportStatusesResponse)(nil),            // 13: krane.cluster.v1.ReportStatusesResponse
+	(*ReportStatusResult)(nil),                // 14: krane.cluster.v1.ReportStatusResult
+	(*HeartbeatRequest)(nil),                  // 15: krane.cluster.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 16: krane.cluster.v1.HeartbeatResponse
+	(*DecryptEnvRequest)(nil),                 // 17: krane.cluster.v1.DecryptEnvRequest
+	(*DecryptEnvResponse)(nil),                // 18: krane.cluster.v1.DecryptEnvResponse
+	(*Deployment)(nil),                        // 19: krane.cluster.v1.Deployment
+	(*Healthcheck)(nil),                       // 20: krane.cluster.v1.Healthcheck
+	(*Sentinel)(nil),                          // 21: krane.cluster.v1.Sentinel
+	(*CiliumNetworkPolicy)(nil),               // 22: krane.cluster.v1.CiliumNetworkPolicy
+	(*DeploymentStatus)(nil),                  // 23: krane.cluster.v1.DeploymentStatus
+	(*Instance)(nil),                          // 24: krane.cluster.v1.Instance
+	(*SentinelStatus)(nil),                    // 25: krane.cluster.v1.SentinelStatus
+	(*CiliumNetworkPolicyStatus)(nil),         // 26: krane.cluster.v1.CiliumNetworkPolicyStatus
+	(*WatchDeploymentsRequest)(nil),           // 27: krane.cluster.v1.WatchDeploymentsRequest
+	(*WatchSentinelsRequest)(nil),             // 28: krane.cluster.v1.WatchSentinelsRequest
+	(*WatchCiliumNetworkPoliciesRequest)(nil), // 29: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	(*DeploymentState)(nil),                   // 30: krane.cluster.v1.DeploymentState
+	(*DeleteDeployment)(nil),                  // 31: krane.cluster.v1.DeleteDeployment
+	(*SentinelState)(nil),                     // 32: krane.cluster.v1.SentinelState
+	(*DeleteSentinel)(nil),                    // 33: krane.cluster.v1.DeleteSentinel
+	(*CiliumNetworkPolicyState)(nil),          // 34: krane.cluster.v1.CiliumNetworkPolicyState
+	(*DeleteCiliumNetworkPolicy)(nil),         // 35: krane.cluster.v1.DeleteCiliumNetworkPolicy
+	(*GetDesiredDeploymentStateRequest)(nil),  // 36: krane.cluster.v1.GetDesiredDeploymentStateRequest
+	(*GetDesiredSentinelStateRequest)(nil),    // 37: krane.cluster.v1.GetDesiredSentinelStateRequest
+	(*ReportDeploymentStatusRequest)(nil),     // 38: krane.cluster.v1.ReportDeploymentStatusRequest
+	(*ReportDeploymentStatusResponse)(nil),    // 39: krane.cluster.v1.ReportDeploymentStatusResponse
+	(*ReportSentinelStatusRequest)(nil),       // 40: krane.cluster.v1.ReportSentinelStatusRequest
+	(*ReportSentinelStatusResponse)(nil),      // 41: krane.cluster.v1.ReportSentinelStatusResponse
+	nil,                                       // 42: krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	nil,                                       // 43: krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	nil,                                       // 44: krane.cluster.v1.Deployment.EnvVarsEntry
+	(*anypb.Any)(nil),                         // 45: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 46: google.protobuf.Timestamp
 }
 var file_krane_cluster_v1_cluster_proto_depIdxs = []int32{
 	4,  // 0: krane.cluster.v1.WatchEvent.change:type_name -> krane.cluster.v1.ResourceChange
 	5,  // 1: krane.cluster.v1.WatchEvent.bootstrap_complete:type_name -> krane.cluster.v1.BootstrapComplete
 	6,  // 2: krane.cluster.v1.WatchEvent.keep_alive:type_name -> krane.cluster.v1.KeepAlive
-	42, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
-	43, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
-	43, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	42, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
+	45, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
+	46, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
+	46, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	45, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
 	10, // 7: krane.cluster.v1.ReportStatusRequest.apply_error:type_name -> krane.cluster.v1.ApplyError
-	39, // 8: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
-	40, // 9: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	41, // 10: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
-	17, // 11: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	21, // 12: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
-	1,  // 13: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
-	0,  // 14: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
-	16, // 15: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
-	28, // 16: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
-	18, // 17: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
-	30, // 18: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
-	19, // 19: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
-	32, // 20: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
-	20, // 21: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
-	43, // 22: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	22, // 23: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
-	43, // 24: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	2,  // 25: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
-	7,  // 26: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
-	8,  // 27: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
-	9,  // 28: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
-	12, // 29: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
-	14, // 30: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
-	24, // 31: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
-	25, // 32: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
-	26, // 33: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	33, // 34: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
-	34, // 35: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
-	35, // 36: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
-	37, // 37: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
-	3,  // 38: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
-	3,  // 39: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
-	4,  // 40: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
-	11, // 41: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
-	13, // 42: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
-	15, // 43: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
-	27, // 44: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
-	29, // 45: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
-	31, // 46: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
-	27, // 47: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
-	29, // 48: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
-	36, // 49: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
-	38, // 50: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
-	38, // [38:51] is the sub-list for method output_type
-	25, // [25:38] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	9,  // 8: krane.cluster.v1.ReportStatusesRequest.reports:type_name -> krane.cluster.v1.ReportStatusRequest
+	14, // 9: krane.cluster.v1.ReportStatusesResponse.results:type_name -> krane.cluster.v1.ReportStatusResult
+	42, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	43, // 11: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	44, // 12: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
+	20, // 13: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	24, // 14: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
+	1,  // 15: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
+	0,  // 16: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
+	19, // 17: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
+	31, // 18: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
+	21, // 19: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
+	33, // 20: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
+	22, // 21: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
+	35, // 22: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
+	23, // 23: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
+	46, // 24: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	25, // 25: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
+	46, // 26: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	2,  // 27: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
+	7,  // 28: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
+	8,  // 29: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
+	9,  // 30: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
+	12, // 31: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
+	15, // 32: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
+	17, // 33: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
+	27, // 34: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
+	28, // 35: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
+	29, // 36: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	36, // 37: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
+	37, // 38: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
+	38, // 39: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
+	40, // 40: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
+	3,  // 41: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
+	3,  // 42: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
+	4,  // 43: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
+	11, // 44: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
+	13, // 45: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
+	16, // 46: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
+	18, // 47: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
+	30, // 48: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
+	32, // 49: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
+	34, // 50: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
+	30, // 51: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
+	32, // 52: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
+	39, // 53: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
+	41, // 54: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
+	41, // [41:55] is the sub-list for method output_type
+	27, // [27:41] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_krane_cluster_v1_cluster_proto_init() }
@@ -3096,15 +3265,15 @@ func file_krane_cluster_v1_cluster_proto_init() {
 		(*WatchEvent_BootstrapComplete)(nil),
 		(*WatchEvent_KeepAlive)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[25].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[28].OneofWrappers = []any{
 		(*DeploymentState_Apply)(nil),
 		(*DeploymentState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[27].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[30].OneofWrappers = []any{
 		(*SentinelState_Apply)(nil),
 		(*SentinelState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[29].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[32].OneofWrappers = []any{
 		(*CiliumNetworkPolicyState_Apply)(nil),
 		(*CiliumNetworkPolicyState_Delete)(nil),
 	}
@@ -3114,7 +3283,7 @@ func file_krane_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_cluster_v1_cluster_proto_rawDesc), len(file_krane_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

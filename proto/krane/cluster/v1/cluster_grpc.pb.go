@@ -34,6 +34,7 @@ const (
 	ClusterService_ListDesired_FullMethodName                = "/krane.cluster.v1.ClusterService/ListDesired"
 	ClusterService_GetDesiredState_FullMethodName            = "/krane.cluster.v1.ClusterService/GetDesiredState"
 	ClusterService_ReportStatus_FullMethodName               = "/krane.cluster.v1.ClusterService/ReportStatus"
+	ClusterService_ReportStatuses_FullMethodName             = "/krane.cluster.v1.ClusterService/ReportStatuses"
 	ClusterService_Heartbeat_FullMethodName                  = "/krane.cluster.v1.ClusterService/Heartbeat"
 	ClusterService_DecryptEnv_FullMethodName                 = "/krane.cluster.v1.ClusterService/DecryptEnv"
 	ClusterService_WatchDeployments_FullMethodName           = "/krane.cluster.v1.ClusterService/WatchDeployments"
@@ -68,6 +69,14 @@ type ClusterServiceClient interface {
 	// ReportStatus records actual state observed in the cluster. A report older
 	// than the stored one (by observed_version, then observed_at) is ignored.
 	ReportStatus(ctx context.Context, in *ReportStatusRequest, opts ...grpc.CallOption) (*ReportStatusResponse, error)
+	// ReportStatuses records up to 500 reports in one call, each judged as
+	// ReportStatus judges it; results[i] answers reports[i]. Agents send what
+	// has queued up this way: one call and one database transaction for many
+	// objects instead of one each. A report refused on its own (unknown
+	// object, malformed status) is refused in its result, not by failing the
+	// call; a failed call may have stored some of the reports, and since
+	// reports are idempotent the agent simply sends them all again.
+	ReportStatuses(ctx context.Context, in *ReportStatusesRequest, opts ...grpc.CallOption) (*ReportStatusesResponse, error)
 	// Heartbeat records that the cluster is alive and where its cursors stand.
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	// DecryptEnv opens a deployment's sealed secret environment (its
@@ -150,6 +159,16 @@ func (c *clusterServiceClient) ReportStatus(ctx context.Context, in *ReportStatu
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReportStatusResponse)
 	err := c.cc.Invoke(ctx, ClusterService_ReportStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) ReportStatuses(ctx context.Context, in *ReportStatusesRequest, opts ...grpc.CallOption) (*ReportStatusesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportStatusesResponse)
+	err := c.cc.Invoke(ctx, ClusterService_ReportStatuses_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -296,6 +315,14 @@ type ClusterServiceServer interface {
 	// ReportStatus records actual state observed in the cluster. A report older
 	// than the stored one (by observed_version, then observed_at) is ignored.
 	ReportStatus(context.Context, *ReportStatusRequest) (*ReportStatusResponse, error)
+	// ReportStatuses records up to 500 reports in one call, each judged as
+	// ReportStatus judges it; results[i] answers reports[i]. Agents send what
+	// has queued up this way: one call and one database transaction for many
+	// objects instead of one each. A report refused on its own (unknown
+	// object, malformed status) is refused in its result, not by failing the
+	// call; a failed call may have stored some of the reports, and since
+	// reports are idempotent the agent simply sends them all again.
+	ReportStatuses(context.Context, *ReportStatusesRequest) (*ReportStatusesResponse, error)
 	// Heartbeat records that the cluster is alive and where its cursors stand.
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	// DecryptEnv opens a deployment's sealed secret environment (its
@@ -337,6 +364,9 @@ func (UnimplementedClusterServiceServer) GetDesiredState(context.Context, *GetDe
 }
 func (UnimplementedClusterServiceServer) ReportStatus(context.Context, *ReportStatusRequest) (*ReportStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportStatus not implemented")
+}
+func (UnimplementedClusterServiceServer) ReportStatuses(context.Context, *ReportStatusesRequest) (*ReportStatusesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportStatuses not implemented")
 }
 func (UnimplementedClusterServiceServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
@@ -440,6 +470,24 @@ func _ClusterService_ReportStatus_Handler(srv interface{}, ctx context.Context, 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ClusterServiceServer).ReportStatus(ctx, req.(*ReportStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_ReportStatuses_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportStatusesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).ReportStatuses(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_ReportStatuses_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).ReportStatuses(ctx, req.(*ReportStatusesRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -599,6 +647,10 @@ var ClusterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportStatus",
 			Handler:    _ClusterService_ReportStatus_Handler,
+		},
+		{
+			MethodName: "ReportStatuses",
+			Handler:    _ClusterService_ReportStatuses_Handler,
 		},
 		{
 			MethodName: "Heartbeat",

@@ -1,0 +1,319 @@
+package clusterapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// MaxReportsPerCall bounds ReportStatuses.
+const MaxReportsPerCall = 500
+
+// observation orders a report; a report without a time counts as observed
+// when it arrived.
+func observation(version uint64, at *timestamppb.Timestamp) store.Observation {
+	t := time.Now()
+	if at != nil && at.IsValid() && (at.GetSeconds() != 0 || at.GetNanos() != 0) {
+		t = at.AsTime()
+	}
+	return store.Observation{Version: version, At: t}
+}
+
+// ReportStatus records actual state of one object.
+func (s *Server) ReportStatus(ctx context.Context, req *clusterv1.ReportStatusRequest) (*clusterv1.ReportStatusResponse, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	results, err := s.reportAll(ctx, who, []*clusterv1.ReportStatusRequest{req})
+	if err != nil {
+		return nil, err
+	}
+	if r := results[0]; r.GetCode() != 0 {
+		return nil, status.Error(codes.Code(r.GetCode()), r.GetMessage())
+	}
+	return &clusterv1.ReportStatusResponse{Accepted: results[0].GetAccepted()}, nil
+}
+
+// ReportStatuses records many reports; the deployments among them in one
+// database transaction.
+func (s *Server) ReportStatuses(ctx context.Context, req *clusterv1.ReportStatusesRequest) (*clusterv1.ReportStatusesResponse, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(req.GetReports()); n > MaxReportsPerCall {
+		return nil, errorf(codes.InvalidArgument, "%d reports in one call; send at most %d", n, MaxReportsPerCall)
+	}
+	results, err := s.reportAll(ctx, who, req.GetReports())
+	if err != nil {
+		return nil, err
+	}
+	return &clusterv1.ReportStatusesResponse{Results: results}, nil
+}
+
+// decodedReport is a validated report, ready for the store.
+type decodedReport struct {
+	kind, id string
+	obs      store.Observation
+	msg      proto.Message // the status of a built-in kind
+	raw      *anypb.Any    // the status of a generic kind
+}
+
+// reportAll judges every report. A report refused on its own gets its code
+// in its result; the error is the call's (the database is unavailable, the
+// caller went away), and nothing after it was stored.
+func (s *Server) reportAll(ctx context.Context, who auth.Identity, reqs []*clusterv1.ReportStatusRequest) ([]*clusterv1.ReportStatusResult, error) {
+	results := make([]*clusterv1.ReportStatusResult, len(reqs))
+	var deployments []store.DeploymentReport
+	var deploymentAt []int // index in reqs of each of deployments
+	for i, req := range reqs {
+		d, done, err := s.decodeReport(ctx, who, req)
+		if err == nil && !done {
+			if st, ok := d.msg.(*clusterv1.DeploymentStatus); ok {
+				deployments = append(deployments, store.DeploymentReport{Obs: d.obs, Status: st})
+				deploymentAt = append(deploymentAt, i)
+				continue
+			}
+			var accepted bool
+			accepted, err = s.report(ctx, who, d)
+			done = accepted
+		}
+		if results[i], err = result(done, err); err != nil {
+			return nil, err
+		}
+	}
+	if len(deployments) == 0 {
+		return results, nil
+	}
+	stored, err := s.store.ReportDeployments(ctx, who.Region, who.ClusterID, deployments)
+	if err != nil {
+		s.m.reports.WithLabelValues(kinds.Deployment, "error").Add(float64(len(deployments)))
+		s.log.Error("cannot store status reports", "kind", kinds.Deployment, "region", who.Region, "cluster_id", who.ClusterID, "reports", len(deployments), "error", err)
+		return nil, storeError(ctx, err, "storing the reports failed")
+	}
+	for j, r := range stored {
+		id := deployments[j].Status.GetDeploymentId()
+		accepted, err := s.outcome(ctx, who, decodedReport{kind: kinds.Deployment, id: id, obs: deployments[j].Obs}, r.Accepted, r.Err)
+		if results[deploymentAt[j]], err = result(accepted, err); err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// result turns one report's outcome into its result. Only a refusal of
+// that report alone (malformed, unknown object) stays in the result; any
+// other error is returned, to fail the call.
+func result(accepted bool, err error) (*clusterv1.ReportStatusResult, error) {
+	switch c := status.Code(err); c {
+	case codes.OK:
+		return &clusterv1.ReportStatusResult{Accepted: accepted}, nil
+	case codes.InvalidArgument, codes.NotFound:
+		return &clusterv1.ReportStatusResult{Code: int32(c), Message: status.Convert(err).Message()}, nil
+	default:
+		return nil, err
+	}
+}
+
+// decodeReport validates a report and records its apply error, if any.
+// done is true when the report was only an apply error (now recorded).
+func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clusterv1.ReportStatusRequest) (decodedReport, bool, error) {
+	d := decodedReport{kind: req.GetKind(), id: req.GetId(), obs: observation(req.GetObservedVersion(), req.GetObservedAt()), raw: req.GetStatus()}
+	if err := checkKind(d.kind); err != nil {
+		return d, false, err
+	}
+	if d.id == "" {
+		return d, false, status.Error(codes.InvalidArgument, "an object id is required")
+	}
+	if ae := req.GetApplyError(); ae != nil {
+		if err := s.store.ReportApplyError(ctx, d.kind, who.Region, who.ClusterID, d.id, ae); err != nil {
+			return d, false, storeError(ctx, err, "recording the apply error failed")
+		}
+		if ae.GetMessage() != "" {
+			s.log.Warn("cluster cannot apply a change", "kind", d.kind, "id", d.id, "region", who.Region, "cluster", who.ClusterID,
+				"version", ae.GetVersion(), "permanent", ae.GetPermanent(), "field", ae.GetField(), "error", ae.GetMessage())
+		}
+		if req.GetStatus() == nil {
+			s.m.reports.WithLabelValues(d.kind, "apply_error").Inc()
+			// A permanent apply error can decide a deploy: wake its waiter.
+			s.notify(ctx, who, d.kind, d.id)
+			return d, true, nil
+		}
+	}
+	switch d.kind {
+	case kinds.Deployment:
+		d.msg = &clusterv1.DeploymentStatus{}
+	case kinds.Sentinel:
+		d.msg = &clusterv1.SentinelStatus{}
+	case kinds.CiliumNetworkPolicy:
+		d.msg = &clusterv1.CiliumNetworkPolicyStatus{}
+	default:
+		return d, false, nil
+	}
+	if req.GetStatus() == nil || req.GetStatus().UnmarshalTo(d.msg) != nil {
+		s.m.reports.WithLabelValues(d.kind, "invalid").Inc()
+		return d, false, errorf(codes.InvalidArgument, "the status of a %s must be a %s", d.kind, d.msg.ProtoReflect().Descriptor().FullName())
+	}
+	if err := s.checkStatusNames(&d); err != nil {
+		s.m.reports.WithLabelValues(d.kind, "invalid").Inc()
+		return d, false, err
+	}
+	return d, false, nil
+}
+
+// checkStatusNames fills a built-in status's object id from the report
+// and refuses one that names another object.
+func (s *Server) checkStatusNames(d *decodedReport) error {
+	var named *string
+	switch st := d.msg.(type) {
+	case *clusterv1.DeploymentStatus:
+		named = &st.DeploymentId
+		for _, in := range st.GetInstances() {
+			if in.GetK8SName() == "" {
+				return errorf(codes.InvalidArgument, "the report on deployment %q lists an instance without k8s_name (the pod's name)", d.id)
+			}
+		}
+	case *clusterv1.SentinelStatus:
+		named = &st.SentinelId
+	case *clusterv1.CiliumNetworkPolicyStatus:
+		named = &st.Id
+	default:
+		return nil
+	}
+	if *named == "" {
+		*named = d.id
+	}
+	if *named != d.id {
+		return errorf(codes.InvalidArgument, "the report is for %s %q but its status names %q", d.kind, d.id, *named)
+	}
+	return nil
+}
+
+// ReportDeploymentStatus is the typed ReportStatus of a deployment.
+func (s *Server) ReportDeploymentStatus(ctx context.Context, req *clusterv1.ReportDeploymentStatusRequest) (*clusterv1.ReportDeploymentStatusResponse, error) {
+	st := req.GetStatus()
+	if st.GetDeploymentId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "status.deployment_id is required")
+	}
+	accepted, err := s.reportTyped(ctx, kinds.Deployment, st.GetDeploymentId(), req.GetObservedVersion(), req.GetObservedAt(), st)
+	if err != nil {
+		return nil, err
+	}
+	return &clusterv1.ReportDeploymentStatusResponse{Accepted: accepted}, nil
+}
+
+// ReportSentinelStatus is the typed ReportStatus of a sentinel.
+func (s *Server) ReportSentinelStatus(ctx context.Context, req *clusterv1.ReportSentinelStatusRequest) (*clusterv1.ReportSentinelStatusResponse, error) {
+	st := req.GetStatus()
+	if st.GetSentinelId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "status.sentinel_id is required")
+	}
+	accepted, err := s.reportTyped(ctx, kinds.Sentinel, st.GetSentinelId(), req.GetObservedVersion(), req.GetObservedAt(), st)
+	if err != nil {
+		return nil, err
+	}
+	return &clusterv1.ReportSentinelStatusResponse{Accepted: accepted}, nil
+}
+
+func (s *Server) reportTyped(ctx context.Context, kind, id string, version uint64, at *timestamppb.Timestamp, st proto.Message) (bool, error) {
+	who, err := caller(ctx)
+	if err != nil {
+		return false, err
+	}
+	d := decodedReport{kind: kind, id: id, obs: observation(version, at), msg: st}
+	if err := s.checkStatusNames(&d); err != nil {
+		return false, err
+	}
+	return s.report(ctx, who, d)
+}
+
+// report stores one decoded report.
+func (s *Server) report(ctx context.Context, who auth.Identity, d decodedReport) (bool, error) {
+	var accepted bool
+	var err error
+	switch st := d.msg.(type) {
+	case *clusterv1.DeploymentStatus:
+		accepted, err = s.store.ReportDeployment(ctx, who.Region, who.ClusterID, d.obs, st)
+	case *clusterv1.SentinelStatus:
+		accepted, err = s.store.ReportSentinel(ctx, who.Region, d.obs, st)
+	case *clusterv1.CiliumNetworkPolicyStatus:
+		accepted, err = s.store.ReportCiliumNetworkPolicy(ctx, who.Region, d.obs, st)
+	default:
+		doc, jerr := statusJSON(d.raw)
+		if jerr != nil {
+			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "invalid").Inc()
+			return false, errorf(codes.InvalidArgument, "the status of %s %q: %v", d.kind, d.id, jerr)
+		}
+		accepted, err = s.store.ReportResource(ctx, d.kind, who.Region, d.id, d.obs, doc)
+	}
+	return s.outcome(ctx, who, d, accepted, err)
+}
+
+// outcome counts and logs what the store made of a report and wakes the
+// report's listeners when it was accepted.
+func (s *Server) outcome(ctx context.Context, who auth.Identity, d decodedReport, accepted bool, err error) (bool, error) {
+	label := s.kindLabel(d.kind)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		s.m.reports.WithLabelValues(label, "not_found").Inc()
+		return false, errorf(codes.NotFound, "no %s %q in region %q", d.kind, d.id, who.Region)
+	case err != nil:
+		s.m.reports.WithLabelValues(label, "error").Inc()
+		s.log.Error("cannot store a status report", "kind", d.kind, "region", who.Region, "id", d.id, "cluster_id", who.ClusterID, "error", err)
+		return false, storeError(ctx, err, "storing the report failed")
+	case !accepted:
+		s.m.reports.WithLabelValues(label, "stale").Inc()
+		s.log.Debug("ignored a stale report", "kind", d.kind, "region", who.Region, "id", d.id, "observed_version", d.obs.Version)
+		return false, nil
+	}
+	s.m.reports.WithLabelValues(label, "accepted").Inc()
+	s.notify(ctx, who, d.kind, d.id)
+	return true, nil
+}
+
+func (s *Server) notify(ctx context.Context, who auth.Identity, kind, id string) {
+	if s.listener == nil {
+		return
+	}
+	switch kind {
+	case kinds.Deployment:
+		s.listener.DeploymentReported(ctx, id, who.Region)
+	case kinds.Sentinel:
+		s.listener.SentinelReported(ctx, id)
+	}
+}
+
+// statusJSON turns a generic kind's status into the JSON stored for it: a
+// google.protobuf.Struct as its JSON object, any other registered message
+// as its protojson form (with "@type").
+func statusJSON(a *anypb.Any) ([]byte, error) {
+	if a == nil {
+		return nil, errors.New("a status is required")
+	}
+	var st structpb.Struct
+	if a.MessageIs(&st) {
+		if err := a.UnmarshalTo(&st); err != nil {
+			return nil, err
+		}
+		return protojson.Marshal(&st)
+	}
+	b, err := protojson.Marshal(a)
+	if err != nil {
+		return nil, errors.New("it must be a google.protobuf.Struct (or a message type ctrl knows)")
+	}
+	return b, nil
+}
