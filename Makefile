@@ -53,7 +53,7 @@ demo: deps testenv build ## bring up the whole system locally and show a deploy 
 	$(GO) run ./cmd/demo -bin bin $(if $(filter 1,$(DEMO_EXIT)),-exit,)
 
 bench: deps testenv build ## measure propagation, bootstrap vs raw client-go, resync cost, plugin hop, memory, versions/s, watch rows/s, rollout; writes bench/results.json
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./sdk/kube ./host/syncer
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./sdk/kube ./host/syncer ./plugins/deployment/controller ./plugins/cilium/controller
 	$(GO) run ./cmd/bench -bin bin
 
 # Every fuzz target, each for FUZZ_TIME; corpora live in testdata/fuzz.
