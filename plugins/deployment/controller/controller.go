@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -362,7 +363,7 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 		// Before the ReplicaSet: its pods must find the Secret.
 		_, err = c.ensureSecret(ctx, k, host, secret, owner)
 	}
-	var applied *unstructured.Unstructured
+	var applied metav1.Object
 	if err == nil {
 		applied, err = c.applyReplicaSet(ctx, k, id, desired)
 		err = classify(err, id)
@@ -403,19 +404,28 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	return sdk.Applied, nil
 }
 
-// applyReplicaSet server-side applies the ReplicaSet. An apply takes back
-// every field we set, but cannot remove a list entry someone added under
-// their own field manager (an env var, a container added by hand). When
-// such drift survives the apply, the template is replaced with an update
+// applyReplicaSet server-side applies the ReplicaSet (answered in
+// protobuf: see kube.ApplyTyped). An apply takes back every field we set,
+// but cannot remove a list entry someone added under their own field
+// manager (an env var, a container added by hand). When such drift
+// survives the apply, the template is replaced with an update
 // (optimistic: it fails on a concurrent change and is retried).
-func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured) (*unstructured.Unstructured, error) {
-	out, err := kube.Apply(ctx, k.dynamic, replicaSetsGVR, desired)
+func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured) (metav1.Object, error) {
+	applied, err := kube.ApplyTyped(ctx, k.client.AppsV1().ReplicaSets(desired.GetNamespace()).Patch, desired)
 	if err != nil {
 		return nil, err
 	}
+	// The drift check needs no managedFields, and converting them is most
+	// of the conversion's cost.
+	applied.ManagedFields = nil
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(applied)
+	if err != nil {
+		return nil, fmt.Errorf("convert applied ReplicaSet %s/%s: %w", applied.Namespace, applied.Name, err)
+	}
+	out := &unstructured.Unstructured{Object: m}
 	drift := kube.Drift(desired.Object, out.Object)
 	if drift == "" {
-		return out, nil
+		return applied, nil
 	}
 	c.log.Info("drift survived the apply, replacing the template", "deployment", id, "replicaset", out.GetNamespace()+"/"+out.GetName(), "field", drift)
 	rs := k.dynamic.Resource(replicaSetsGVR).Namespace(out.GetNamespace())
