@@ -8,6 +8,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/stack"
+	"krane.dev/internal/testenv/kubeenv"
 )
 
 // Figure is one measured number.
@@ -112,22 +114,61 @@ func percentile(sorted []time.Duration, p float64) float64 {
 }
 
 // scrape reads a Prometheus text endpoint into series -> value.
-func scrape(ctx context.Context, url, token string) (map[string]float64, error) {
+func scrape(ctx context.Context, url string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	c := http.DefaultClient
-	resp, err := c.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return parseMetrics(resp.Body)
+}
+
+// apiServerMetrics reads the API server's /metrics with the cluster's
+// admin credentials (it serves TLS with its own CA).
+func apiServerMetrics(ctx context.Context, c *kubeenv.Cluster) (map[string]float64, error) {
+	body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the API server's metrics: %w", err)
+	}
+	return parseMetrics(bytes.NewReader(body))
+}
+
+// profileAPIServer records the API server's CPU profile for d into
+// $KRANE_BENCH_PROFILES/name.pprof, when that variable names a directory
+// (go tool pprof reads it with the kube-apiserver binary). It returns at
+// once; wait on the channel for the file.
+func profileAPIServer(ctx context.Context, c *kubeenv.Cluster, name string, d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	dir := os.Getenv("KRANE_BENCH_PROFILES")
+	if dir == "" {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(int(d.Seconds()))).DoRaw(ctx)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name+".pprof"), body, 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: API server profile %s: %v\n", name, err)
+		}
+	}()
+	return done
+}
+
+// parseMetrics reads the Prometheus text format into series -> value.
+func parseMetrics(r io.Reader) (map[string]float64, error) {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -165,17 +206,141 @@ next:
 func procCPU(pids ...int) float64 {
 	var total float64
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		_, cpu, ok := procStat(pid)
+		if ok {
+			total += cpu
+		}
+	}
+	return total
+}
+
+// procStat reads a process's command name and CPU seconds.
+func procStat(pid int) (string, float64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", 0, false
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", 0, false
+	}
+	fields := strings.Fields(s[end+2:])
+	ut, _ := strconv.ParseFloat(fields[11], 64)
+	st, _ := strconv.ParseFloat(fields[12], 64)
+	return s[open+1 : end], (ut + st) / 100, true // clock ticks (USER_HZ = 100 on Linux)
+}
+
+// cpuByCommand is the CPU seconds used so far by every process on the
+// machine, summed by command name (kube-apiserver, etcd, krane, ctrl,
+// mariadbd...): the difference of two samples says where an interval's
+// CPU went.
+func cpuByCommand() map[string]float64 {
+	out := map[string]float64{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		s := string(b)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		ut, _ := strconv.ParseFloat(fields[11], 64)
-		st, _ := strconv.ParseFloat(fields[12], 64)
-		total += (ut + st) / 100 // clock ticks (USER_HZ = 100 on Linux)
+		if name, cpu, ok := procStat(pid); ok && !kernelThread(pid) {
+			out[name] += cpu
+		}
 	}
-	return total
+	return out
+}
+
+// apiCalls counts the API server's requests so far by verb and resource
+// (apiserver_request_total).
+func apiCalls(ctx context.Context, c *kubeenv.Cluster) (map[string]float64, error) {
+	m, err := apiServerMetrics(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for series, v := range m {
+		if !strings.HasPrefix(series, "apiserver_request_total{") {
+			continue
+		}
+		key := label(series, "verb") + " " + label(series, "resource")
+		if sub := label(series, "subresource"); sub != "" {
+			key += "/" + sub
+		}
+		out[key] += v
+	}
+	return out, nil
+}
+
+// label is the value of one label of a Prometheus series.
+func label(series, name string) string {
+	i := strings.Index(series, name+`="`)
+	if i < 0 || (i > 0 && series[i-1] != '{' && series[i-1] != ',') {
+		return ""
+	}
+	rest := series[i+len(name)+2:]
+	return rest[:strings.IndexByte(rest, '"')]
+}
+
+// apiCallsSince formats the requests made since an earlier count, most
+// frequent first.
+func apiCallsSince(ctx context.Context, c *kubeenv.Cluster, before map[string]float64) string {
+	type use struct {
+		key string
+		n   float64
+	}
+	now, err := apiCalls(ctx, c)
+	if err != nil {
+		return err.Error()
+	}
+	var uses []use
+	for k, v := range now {
+		if d := v - before[k]; d >= 1 {
+			uses = append(uses, use{k, d})
+		}
+	}
+	sort.Slice(uses, func(i, j int) bool { return uses[i].n > uses[j].n })
+	var parts []string
+	for _, u := range uses {
+		parts = append(parts, fmt.Sprintf("%s %.0f", u.key, u.n))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// kernelThread reports children of kthreadd (pid 2): kernel workers
+// rename themselves with the work they do, so their counters cannot be
+// compared by name.
+func kernelThread(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	return pid == 2 || (len(fields) > 1 && fields[1] == "2")
+}
+
+// cpuSince formats where CPU went since an earlier sample, largest first
+// (at least 0.1 CPU s each).
+func cpuSince(before map[string]float64) string {
+	type use struct {
+		name string
+		cpu  float64
+	}
+	var uses []use
+	total := 0.0
+	for name, cpu := range cpuByCommand() {
+		if d := cpu - before[name]; d >= 0.1 {
+			uses = append(uses, use{name, d})
+			total += d
+		}
+	}
+	sort.Slice(uses, func(i, j int) bool { return uses[i].cpu > uses[j].cpu })
+	var b strings.Builder
+	fmt.Fprintf(&b, "%.1f CPU s:", total)
+	for _, u := range uses {
+		fmt.Fprintf(&b, " %s %.1f", u.name, u.cpu)
+	}
+	return b.String()
 }
 
 // procRSS is a process's resident set size in MiB.
