@@ -206,45 +206,53 @@ next:
 func procCPU(pids ...int) float64 {
 	var total float64
 	for _, pid := range pids {
-		_, cpu, ok := procStat(pid)
-		if ok {
-			total += cpu
+		if st, ok := readProcStat(pid); ok {
+			total += st.cpu
 		}
 	}
 	return total
 }
 
-// procStat reads a process's command name and CPU seconds.
-func procStat(pid int) (string, float64, bool) {
+// procStat is what the bench reads of /proc/PID/stat.
+type procStat struct {
+	name string
+	ppid int
+	cpu  float64 // user+system seconds
+}
+
+func readProcStat(pid int) (procStat, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return "", 0, false
+		return procStat{}, false
 	}
 	s := string(b)
 	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
 	if open < 0 || end < open {
-		return "", 0, false
+		return procStat{}, false
 	}
 	fields := strings.Fields(s[end+2:])
+	ppid, _ := strconv.Atoi(fields[1])
 	ut, _ := strconv.ParseFloat(fields[11], 64)
 	st, _ := strconv.ParseFloat(fields[12], 64)
-	return s[open+1 : end], (ut + st) / 100, true // clock ticks (USER_HZ = 100 on Linux)
+	return procStat{name: s[open+1 : end], ppid: ppid, cpu: (ut + st) / 100}, true // clock ticks (USER_HZ = 100 on Linux)
 }
 
 // cpuByCommand is the CPU seconds used so far by every process on the
 // machine, summed by command name (kube-apiserver, etcd, krane, ctrl,
 // mariadbd...): the difference of two samples says where an interval's
-// CPU went.
+// CPU went. Kernel threads (kthreadd, pid 2, and its children) are left
+// out: they rename themselves with the work they do, so their counters
+// cannot be compared by name.
 func cpuByCommand() map[string]float64 {
 	out := map[string]float64{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+		if err != nil || pid == 2 {
 			continue
 		}
-		if name, cpu, ok := procStat(pid); ok && !kernelThread(pid) {
-			out[name] += cpu
+		if st, ok := readProcStat(pid); ok && st.ppid != 2 {
+			out[st.name] += st.cpu
 		}
 	}
 	return out
@@ -304,19 +312,6 @@ func apiCallsSince(ctx context.Context, c *kubeenv.Cluster, before map[string]fl
 		parts = append(parts, fmt.Sprintf("%s %.0f", u.key, u.n))
 	}
 	return strings.Join(parts, ", ")
-}
-
-// kernelThread reports children of kthreadd (pid 2): kernel workers
-// rename themselves with the work they do, so their counters cannot be
-// compared by name.
-func kernelThread(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	return pid == 2 || (len(fields) > 1 && fields[1] == "2")
 }
 
 // cpuSince formats where CPU went since an earlier sample, largest first
