@@ -246,13 +246,22 @@ func (s *Server) ReportStatus(_ context.Context, req *clusterv1.ReportStatusRequ
 		s.refused++
 		return nil, status.Error(codes.Unavailable, "ctrl is down")
 	}
+	if err := s.record(req); err != nil {
+		return nil, err
+	}
+	return &clusterv1.ReportStatusResponse{Accepted: true}, nil
+}
+
+// record keeps a report, or refuses one on an object ctrl does not know.
+// The caller holds s.mu.
+func (s *Server) record(req *clusterv1.ReportStatusRequest) error {
 	if s.unknown[req.GetId()] {
 		s.rejected++
-		return nil, status.Errorf(codes.NotFound, "no %s %q", req.GetKind(), req.GetId())
+		return status.Errorf(codes.NotFound, "no %s %q", req.GetKind(), req.GetId())
 	}
 	k := key{req.GetKind(), req.GetId()}
 	s.reports[k] = append(s.reports[k], req)
-	return &clusterv1.ReportStatusResponse{Accepted: true}, nil
+	return nil
 }
 
 // ActLikeOlderCtrl makes ReportStatuses unimplemented, as in a ctrl that
@@ -295,13 +304,11 @@ func (s *Server) ReportStatuses(_ context.Context, req *clusterv1.ReportStatuses
 	}
 	out := &clusterv1.ReportStatusesResponse{}
 	for _, r := range req.GetReports() {
-		if s.unknown[r.GetId()] {
-			s.rejected++
-			out.Results = append(out.Results, &clusterv1.ReportStatusResult{Code: int32(codes.NotFound), Message: "no such object"})
+		if err := s.record(r); err != nil {
+			st := status.Convert(err)
+			out.Results = append(out.Results, &clusterv1.ReportStatusResult{Code: int32(st.Code()), Message: st.Message()})
 			continue
 		}
-		k := key{r.GetKind(), r.GetId()}
-		s.reports[k] = append(s.reports[k], r)
 		out.Results = append(out.Results, &clusterv1.ReportStatusResult{Accepted: true})
 	}
 	s.batches++
