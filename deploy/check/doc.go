@@ -14,6 +14,11 @@
 //     evaluates the NetworkPolicies for each: the configured caller is
 //     allowed; for Restate's ports and ctrl's endpoint, everyone else is
 //     refused;
+//   - runs the overlay's Restate nodes as local processes from the
+//     rendered restate.toml and the pods' environment (only addresses and
+//     the memory budget made local), provisions a multi-node cluster with
+//     the `restatectl provision` command docs/operating.md shows, and
+//     requires every node to serve its ingress;
 //   - checks images are pinned and set by the overlay, pods get no
 //     Service environment and a token only when their ServiceAccount has
 //     roles, every Secret a pod uses is named in docs/operating.md;

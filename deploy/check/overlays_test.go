@@ -85,6 +85,9 @@ func TestOverlays(t *testing.T) {
 			if t.Failed() {
 				t.Skip("not installing an overlay that fails its static checks")
 			}
+			if in.restate != nil {
+				t.Run("restate-cluster", func(t *testing.T) { checkRestateCluster(t, in) })
+			}
 			t.Run("cluster", func(t *testing.T) { checkCluster(t, in) })
 		})
 	}

@@ -1,10 +1,17 @@
 package check
 
 import (
+	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -237,4 +244,158 @@ func sameValue(a, b any) bool {
 	af, aerr := strconv.ParseFloat(an, 64)
 	bf, berr := strconv.ParseFloat(bn, 64)
 	return aok && bok && aerr == nil && berr == nil && af == bf && aunit == bunit
+}
+
+// restatectlBin is restatectl, installed next to restate-server by `make
+// testenv`.
+func restatectlBin() string {
+	return filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(testenv.RestateServerBin()))), "restatectl-linux-x64", "bin", "restatectl")
+}
+
+// provisionCommand is the restatectl command docs/operating.md tells
+// operators to provision the cluster with (its arguments after
+// "restatectl").
+func provisionCommand(t *testing.T) []string {
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(doc)) {
+		if _, after, ok := strings.Cut(line, "restatectl provision"); ok {
+			return append([]string{"provision"}, strings.Fields(after)...)
+		}
+	}
+	t.Fatal("docs/operating.md shows no `restatectl provision` command")
+	return nil
+}
+
+// checkRestateCluster runs the overlay's Restate nodes as local processes,
+// from the rendered restate.toml and the pods' environment with only the
+// addresses (and the memory budget) made local, and checks that they form
+// one cluster: a multi-node cluster provisioned with the command
+// docs/operating.md shows, a single node on its own. Every node must then
+// serve its ingress.
+func checkRestateCluster(t *testing.T, in *install) {
+	w := in.restate.w
+	c, _ := w.Container("restate")
+	key, err := identityKey(in.workDir(t, "identity"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type node struct {
+		p                                *testenv.Process
+		nodePort, adminPort, ingressPort int
+	}
+	nodes := make([]node, w.Replicas)
+	var addresses []string
+	for i := range nodes {
+		ports, err := testenv.FreePorts(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = node{nodePort: ports[0], adminPort: ports[1], ingressPort: ports[2]}
+		addresses = append(addresses, fmt.Sprintf("%q", fmt.Sprintf("http://127.0.0.1:%d", ports[0])))
+	}
+	dir := in.workDir(t, "restate-cluster")
+	for i := range nodes {
+		n := &nodes[i]
+		fields := podFields(w)
+		fields["metadata.name"] = fmt.Sprintf("%s-%d", w.Name, i)
+		env, err := in.o.PodEnv(w, c, fields)
+		if err != nil {
+			t.Fatal(err)
+		}
+		local, err := in.o.Files(w, c, in.workDir(t, "restate-node"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env["RESTATE_CONFIG"], _ = local(env["RESTATE_CONFIG"])
+		for k, v := range map[string]string{
+			"RESTATE_BASE_DIR":                                               filepath.Join(dir, fmt.Sprint(i)),
+			"RESTATE_BIND_ADDRESS":                                           fmt.Sprintf("127.0.0.1:%d", n.nodePort),
+			"RESTATE_ADVERTISED_ADDRESS":                                     fmt.Sprintf("http://127.0.0.1:%d", n.nodePort),
+			"RESTATE_ADMIN__BIND_ADDRESS":                                    fmt.Sprintf("127.0.0.1:%d", n.adminPort),
+			"RESTATE_INGRESS__BIND_ADDRESS":                                  fmt.Sprintf("127.0.0.1:%d", n.ingressPort),
+			"RESTATE_METADATA_CLIENT__ADDRESSES":                             "[" + strings.Join(addresses, ",") + "]",
+			"RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE":                              "128MB",
+			"RESTATE_WORKER__INVOKER__REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE": key,
+		} {
+			env[k] = v
+		}
+		var environ []string
+		for k, v := range env {
+			if strings.HasPrefix(k, "RESTATE_") {
+				environ = append(environ, k+"="+v)
+			}
+		}
+		if n.p, err = testenv.StartProcess(dir, fmt.Sprintf("restate-%d", i), testenv.RestateServerBin(), []string{"--no-logo"}, environ); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.p.Stop(10 * time.Second) })
+	}
+	if w.Replicas > 1 {
+		bin := restatectlBin()
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatal(&testenv.MissingBinaryError{Binary: "restatectl", Looked: bin, Fix: "run `make testenv` to install it from the npm registry"})
+		}
+		args := append(provisionCommand(t), "--address", fmt.Sprintf("http://127.0.0.1:%d", nodes[0].nodePort))
+		ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+		defer cancel()
+		for {
+			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+			if err == nil && strings.Contains(string(out), "provisioned") {
+				t.Logf("restatectl %s: %s", strings.Join(args, " "), bytes.TrimSpace(out))
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("restatectl %s did not provision the cluster within %s: %v\n%s", strings.Join(args, " "), waitBound, err, out)
+			case <-time.After(time.Second): // the nodes are still starting
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+	defer cancel()
+	for i, n := range nodes {
+		url := fmt.Sprintf("http://127.0.0.1:%d/restate/health", n.ingressPort)
+		for !httpOK(ctx, url) {
+			select {
+			case <-n.p.Done():
+				t.Fatalf("Restate node %d exited:\n%s", i, n.p.Tail(20))
+			case <-ctx.Done():
+				t.Fatalf("Restate node %d does not serve its ingress within %s:\n%s", i, waitBound, n.p.Tail(20))
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	t.Logf("%d Restate node(s) serve their ingress", len(nodes))
+}
+
+func httpOK(ctx context.Context, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// identityKey writes a fresh ed25519 private key (PKCS#8 PEM, what
+// `openssl genpkey -algorithm ed25519` makes) for Restate's request
+// signing.
+func identityKey(dir string) (string, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "private.pem")
+	return p, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
 }
