@@ -95,6 +95,11 @@ func TestOverlays(t *testing.T) {
 
 func checkStatic(t *testing.T, in *install) {
 	o := in.o
+	for ns, l := range o.Namespaces {
+		if l["pod-security.kubernetes.io/enforce"] != "restricted" {
+			t.Errorf("Namespace %s lacks the label pod-security.kubernetes.io/enforce=restricted: the API server would hold its pods to no standard", ns)
+		}
+	}
 	checkImages(t, o)
 	checkPodTemplates(t, o)
 	checkSelectors(t, o)
