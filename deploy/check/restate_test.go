@@ -273,8 +273,9 @@ func provisionCommand(t *testing.T) []string {
 // from the rendered restate.toml and the pods' environment with only the
 // addresses (and the memory budget) made local, and checks that they form
 // one cluster: a multi-node cluster provisioned with the command
-// docs/operating.md shows, a single node on its own. Every node must then
-// serve its ingress.
+// docs/operating.md shows (its nodes passing their liveness probe while
+// they wait for it), a single node on its own. Every node must then pass
+// its readiness and liveness probes.
 func checkRestateCluster(t *testing.T, in *install) {
 	w := in.restate.w
 	c, _ := w.Container("restate")
@@ -333,7 +334,35 @@ func checkRestateCluster(t *testing.T, in *install) {
 		}
 		t.Cleanup(func() { n.p.Stop(10 * time.Second) })
 	}
+	probe := func(n node, p *corev1.Probe) string {
+		if p == nil || p.HTTPGet == nil {
+			return ""
+		}
+		ports := map[string]int{"node": n.nodePort, "admin": n.adminPort, "ingress": n.ingressPort}
+		return fmt.Sprintf("http://127.0.0.1:%d%s", ports[p.HTTPGet.Port.StrVal], p.HTTPGet.Path)
+	}
+	waitProbe := func(what string, p *corev1.Probe) {
+		ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+		defer cancel()
+		for i, n := range nodes {
+			url := probe(n, p)
+			if url == "" {
+				continue
+			}
+			for !httpOK(ctx, url) {
+				select {
+				case <-n.p.Done():
+					t.Fatalf("Restate node %d exited:\n%s", i, n.p.Tail(20))
+				case <-ctx.Done():
+					t.Fatalf("Restate node %d: the %s probe (%s) does not pass within %s:\n%s", i, what, url, waitBound, n.p.Tail(20))
+				case <-time.After(250 * time.Millisecond):
+				}
+			}
+		}
+	}
 	if w.Replicas > 1 {
+		// The kubelet must not restart nodes waiting to be provisioned.
+		waitProbe("liveness", c.LivenessProbe)
 		bin := restatectlBin()
 		if _, err := os.Stat(bin); err != nil {
 			t.Fatal(&testenv.MissingBinaryError{Binary: "restatectl", Looked: bin, Fix: "run `make testenv` to install it from the npm registry"})
@@ -354,21 +383,9 @@ func checkRestateCluster(t *testing.T, in *install) {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
-	defer cancel()
-	for i, n := range nodes {
-		url := fmt.Sprintf("http://127.0.0.1:%d/restate/health", n.ingressPort)
-		for !httpOK(ctx, url) {
-			select {
-			case <-n.p.Done():
-				t.Fatalf("Restate node %d exited:\n%s", i, n.p.Tail(20))
-			case <-ctx.Done():
-				t.Fatalf("Restate node %d does not serve its ingress within %s:\n%s", i, waitBound, n.p.Tail(20))
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-	}
-	t.Logf("%d Restate node(s) serve their ingress", len(nodes))
+	waitProbe("readiness", c.ReadinessProbe)
+	waitProbe("liveness", c.LivenessProbe)
+	t.Logf("%d Restate node(s) pass their readiness and liveness probes", len(nodes))
 }
 
 func httpOK(ctx context.Context, url string) bool {
