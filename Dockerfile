@@ -1,5 +1,6 @@
-# krane and its plugins in one image. Build from the repository root:
-#   docker build -t krane:latest .
+# Two images from the repository root:
+#   docker build -t krane:latest .                     krane and its plugins (the default)
+#   docker build --target ctrl -t krane-ctrl:latest .  ctrl, the control plane
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -8,7 +9,14 @@ COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 make build VERSION=${VERSION}
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot AS ctrl
+COPY --from=build /src/bin/ctrl /usr/local/bin/ctrl
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/ctrl"]
+CMD ["serve"]
+
+# The last stage is the default target.
+FROM gcr.io/distroless/static-debian12:nonroot AS krane
 COPY --from=build /src/bin/krane /usr/local/bin/krane
 COPY --from=build /src/bin/krane-plugin-deployment /src/bin/krane-plugin-sentinel /src/bin/krane-plugin-cilium /usr/local/lib/krane/plugins/
 USER 65532:65532

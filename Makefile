@@ -1,4 +1,4 @@
-# Krane: build, test, demo, proto, lint, deps, testenv, bench.
+# Krane: build, test, demo, proto, lint, deps, testenv, bench, deploy-check.
 # Every target works on a fresh machine: what it needs is installed or built
 # here (Go tools through the module proxy, Restate from npm, the Kubernetes
 # test binaries from source, MariaDB from Debian packages).
@@ -28,7 +28,7 @@ BINARIES := krane ctrl krane-plugin-deployment krane-plugin-sentinel krane-plugi
 TEST_FLAGS ?= -race -timeout 45m
 PKGS ?= ./...
 
-.PHONY: build test test-go demo chaos fuzz bench proto proto-check lint deps tools testenv clean help
+.PHONY: build test test-go deploy-check demo chaos fuzz bench proto proto-check lint deps tools testenv clean help
 .PHONY: $(addprefix bin/,$(BINARIES))
 
 help: ## list targets
@@ -74,6 +74,10 @@ test: deps testenv proto-check lint build test-go ## everything CI checks: gener
 
 test-go: ## go test (real apiserver, MySQL and Restate; set PKGS or TEST_FLAGS to narrow)
 	KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) $(PKGS)
+
+# Part of test-go too (./deploy/check is one of its packages).
+deploy-check: deps testenv build ## render every deploy/ overlay, install it into a real API server, prove its RBAC and NetworkPolicies
+	KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) ./deploy/check
 
 proto: tools ## regenerate Go code from proto/
 	buf generate

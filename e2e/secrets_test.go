@@ -111,7 +111,7 @@ func TestSecretsEndToEnd(t *testing.T) {
 	}
 
 	// krane, in this process, with the real deployment plugin binary. The
-	// token comes from a variable, as in deploy/deployment.yaml: the plugin
+	// token comes from a variable, as in deploy/base/krane/deployment.yaml: the plugin
 	// must not inherit it.
 	t.Setenv("E2E_CLUSTER_TOKEN", token)
 	plugin := testenv.Build(t, "krane.dev/plugins/deployment", "krane-plugin-deployment")

@@ -397,8 +397,9 @@ func (s *Stack) register() error {
 
 func (s *Stack) startKrane(ctx context.Context, region string) error {
 	c := s.Clusters[region]
-	// What deploy/README.md tells an operator to apply, in that order.
-	for _, f := range []string{"deploy/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/cilium/rbac.yaml", "deploy/rbac.yaml"} {
+	// What deploy/README.md tells an operator to apply without kustomize,
+	// in that order.
+	for _, f := range []string{"deploy/base/krane/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/cilium/rbac.yaml", "deploy/base/krane/rbac.yaml"} {
 		p, err := repoFile(f)
 		if err != nil {
 			return err
