@@ -8,7 +8,7 @@
 // registration, the Notifier that turns status reports into workflow
 // wake-ups, and the operators' deploy API (ctrl/deployapi). ctrl serves
 // clusters whether or not Restate is reachable; registration retries in the
-// background.
+// background. It always serves the operators' fleet API (ctrl/fleetapi).
 package serve
 
 import (
@@ -37,6 +37,7 @@ import (
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/clusterapi"
+	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -188,6 +189,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		return fail(err)
 	}
 	clusterv1.RegisterClusterServiceServer(gs, api)
+	fleetapi.New(st, log).Register(gs)
 	if deps.RegisterServices != nil {
 		if err := deps.RegisterServices(gs, st); err != nil {
 			return fail(fmt.Errorf("register services: %w", err))
