@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -323,7 +324,86 @@ func TestLiveStreamSendsTheRegionWhenItChanges(t *testing.T) {
 	}
 }
 
+// TestLiveStreamsAreBoundedAndEndWithTheirClient: one session holds at
+// most 16 live streams (the 17th is told to retry later); every stream's
+// loop ends when its browser goes away.
+func TestLiveStreamsAreBoundedAndEndWithTheirClient(t *testing.T) {
+	env := startCtrl(t)
+	b := newBrowser(t, env.Server.ConsoleURL())
+	b.mustSignIn(env.OperatorToken(t, "gina"))
+	metricsURL := "http://" + env.Server.HTTPAddr() + "/metrics"
+	ctx, cancel := context.WithCancel(context.Background())
+	var bodies []io.Closer
+	for i := 0; i < 17; i++ {
+		resp := b.stream(ctx, "/fleet")
+		bodies = append(bodies, resp.Body)
+		want := http.StatusOK
+		if i == 16 {
+			want = http.StatusTooManyRequests
+		}
+		if resp.StatusCode != want {
+			t.Fatalf("stream %d: %s, want %d", i+1, resp.Status, want)
+		}
+	}
+	if got := gauge(t, metricsURL, "krane_ctrl_console_live_streams"); got != 16 {
+		t.Fatalf("krane_ctrl_console_live_streams = %v with 16 open, want 16", got)
+	}
+	cancel()
+	for _, body := range bodies {
+		body.Close()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for gauge(t, metricsURL, "krane_ctrl_console_live_streams") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("live streams still open on the server 60s after their clients went away")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The session may open streams again.
+	openStream(t, b, "/fleet").next(t)
+}
+
+// gauge reads one unlabelled series from a /metrics page.
+func gauge(t *testing.T, metricsURL, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s on %s", name, metricsURL)
+	return 0
+}
+
 type event struct{ name, data string }
+
+// stream asks for a page's live stream, as the page's script does; the
+// stream lasts until ctx ends.
+func (b *browser) stream(ctx context.Context, path string) *http.Response {
+	b.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+path, nil)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	client := *b.c
+	client.Timeout = 0
+	resp, err := client.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return resp
+}
 
 type eventStream struct {
 	events chan event
@@ -333,17 +413,7 @@ type eventStream struct {
 func openStream(t *testing.T, b *browser, path string) *eventStream {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	client := *b.c
-	client.Timeout = 0
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := b.stream(ctx, path)
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("live stream of %s: %s %s", path, resp.Status, resp.Header.Get("Content-Type"))
 	}

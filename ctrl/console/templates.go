@@ -55,6 +55,16 @@ var funcs = template.FuncMap{
 	"ready": func(d *ctrlv1.DeploymentInfo) bool {
 		return d.GetStatus() == ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY
 	},
+	// depActions is what the dep-actions template needs: a deployment's
+	// promote and roll-back forms.
+	"depActions": func(d *ctrlv1.DeploymentInfo, csrf, back string) depActions {
+		return depActions{D: d, CSRF: csrf, Back: back}
+	},
+}
+
+type depActions struct {
+	D          *ctrlv1.DeploymentInfo
+	CSRF, Back string
 }
 
 func tsTime(t *timestamppb.Timestamp) time.Time {
