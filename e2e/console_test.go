@@ -235,6 +235,45 @@ func (p *page) unlabelled() []string {
 		.filter(e => !e.labels || e.labels.length === 0).map(e => e.id || e.name)`))
 }
 
+// lowContrast lists the page's texts whose contrast with their background
+// is below WCAG AA's 4.5:1, with the ratio.
+func (p *page) lowContrast() []string {
+	return value(p, "measure contrast", chromedp.Evaluate[[]string](`(() => {
+		const parse = c => {
+			const m = c.match(/[\d.]+/g).map(Number);
+			const [r, g, b] = m.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+			return { l: 0.2126 * r + 0.7152 * g + 0.0722 * b, a: m.length > 3 ? m[3] : 1 };
+		};
+		const background = e => {
+			for (; e; e = e.parentElement) {
+				const c = parse(getComputedStyle(e).backgroundColor);
+				if (c.a > 0) return c.l;
+			}
+			return 1;
+		};
+		const low = [];
+		for (const e of document.querySelectorAll('body *')) {
+			if (![...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
+			const fg = parse(getComputedStyle(e).color).l, bg = background(e);
+			const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+			if (ratio < 4.5) low.push((e.id || e.className || e.tagName) + ' "' + e.textContent.trim().slice(0, 30) + '": ' + ratio.toFixed(2));
+		}
+		return low;
+	})()`))
+}
+
+// checkAccessible fails the test for form controls without a label and
+// for text of low contrast on the current page.
+func (p *page) checkAccessible(name string) {
+	p.t.Helper()
+	if u := p.unlabelled(); len(u) > 0 {
+		p.t.Errorf("%s has form controls without a label: %v", name, u)
+	}
+	if low := p.lowContrast(); len(low) > 0 {
+		p.t.Errorf("%s has text below 4.5:1 contrast: %v", name, low)
+	}
+}
+
 // operatorClient calls ctrl's operator API with token.
 func operatorClient(t *testing.T, st *stack.Stack, token string) *grpc.ClientConn {
 	t.Helper()
@@ -293,6 +332,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			waitText("#signin-error", tc.says, 0),
 		)
 	}
+	p.checkAccessible("Sign-in")
 	p.screenshot("signin-refused.png")
 
 	// Sign in with the keyboard: the token field, then Enter.
@@ -310,9 +350,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		waitText("#cluster-local-b-1 .badge", "up", 200*time.Millisecond),
 		waitText("#fleet-summary", "in 2 regions", 0),
 	)
-	if u := p.unlabelled(); len(u) > 0 {
-		t.Errorf("Fleet has form controls without a label: %v", u)
-	}
+	p.checkAccessible("Fleet")
 
 	// A deploy through the console's form, followed to ready on its page.
 	const env = "console-e2e"
@@ -345,6 +383,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal("the deployment page reloaded; it should update in place")
 	}
 	t.Logf("deployment %s: page opened at %q, reached ready in place (no reload)", depID, firstStatus)
+	p.checkAccessible("Deployment")
 	p.screenshot("deployment.png")
 
 	// How long a change takes to show: scale the deployment through the
@@ -376,12 +415,11 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SetValue(chromedp.CSS("#r-timeout"), "20"),
 		confirmed("#start-rollout", failing, "started"),
 	)
-	if u := p.unlabelled(); len(u) > 0 {
-		t.Errorf("Rollouts has form controls without a label: %v", u)
-	}
+	p.checkAccessible("Rollouts")
 	begin = time.Now()
 	p.run("the rollout pauses", step, waitText("#rollout-state", "paused", 200*time.Millisecond), waitText("#rollout-message", "wave 1/2", 0))
 	t.Logf("rollout paused at its failing first wave %s after it started", time.Since(begin).Round(100*time.Millisecond))
+	p.checkAccessible("Rollouts, paused")
 	p.screenshot("rollouts.png")
 	p.run("resume", step, confirmed("#resume", "Resume", "resumed"),
 		waitText("#rollout-state", "paused", 200*time.Millisecond),
@@ -390,7 +428,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	p.run("roll back", step, confirmed("#rollback", "Roll back", "back"),
 		waitText("#rollout-state", "cancelled", 200*time.Millisecond),
 	)
-	p.run("fleet for the README", step, chromedp.Navigate(base+"/fleet"), chromedp.WaitVisible(chromedp.CSS("#fleet-summary")))
+	// Fleet once both clusters' heartbeats (every 30s) report they caught
+	// up with the rollout's and the rollback's versions: the page follows.
+	p.run("the fleet catches up", step, chromedp.Navigate(base+"/fleet"),
+		waitText("#fleet-summary", "0 silent · 0 behind", 200*time.Millisecond))
 	p.screenshot("fleet.png")
 
 	// Without the script: pages are plain HTML and forms still post.
