@@ -179,7 +179,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /logout", c.signOut)
 
 	mux.HandleFunc("GET /fleet", c.page("fleet", "fleet", c.loadFleet))
-	mux.HandleFunc("GET /deployments", c.page("deployments", "deployments", c.loadDeployments))
+	mux.HandleFunc("GET /deployments", c.deploymentsIndex(c.page("deployments", "deployments", c.loadDeployments)))
 	mux.HandleFunc("GET /deployments/{id}", c.page("deployment", "deployments", c.loadDeployment))
 	mux.HandleFunc("GET /sentinels", c.page("sentinels", "sentinels", c.loadSentinels))
 	mux.HandleFunc("GET /rollouts", c.page("rollouts", "rollouts", c.loadRollouts))

@@ -30,7 +30,14 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // startCtrl runs a real ctrl (MySQL, no Restate) with its console on.
 func startCtrl(t *testing.T) *ctrltest.Env {
 	t.Helper()
-	env := ctrltest.Start(t, ctrltest.Options{Configure: func(c *serve.Config) { c.Console.Addr = "127.0.0.1:0" }})
+	return startCtrlWith(t, ctrltest.Options{})
+}
+
+// startCtrlWith runs a real ctrl with its console on.
+func startCtrlWith(t *testing.T, o ctrltest.Options) *ctrltest.Env {
+	t.Helper()
+	o.Configure = func(c *serve.Config) { c.Console.Addr = "127.0.0.1:0" }
+	env := ctrltest.Start(t, o)
 	if env.Server.ConsoleURL() == "" {
 		t.Fatal("console.addr is set but ctrl serves no console")
 	}
@@ -478,6 +485,27 @@ func TestPagesSayWhatThisCtrlDoesNotServe(t *testing.T) {
 	resp, body := b.get("/resources")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "no resource API") {
 		t.Errorf("/resources without a resource API: %s\n%s", resp.Status, body)
+	}
+}
+
+// TestDeploymentsWithoutAnEnvironmentNameTheFirst: /deployments goes to
+// the first environment's address, so that its live stream and a reload
+// show the same environment as the page.
+func TestDeploymentsWithoutAnEnvironmentNameTheFirst(t *testing.T) {
+	env := startCtrlWith(t, ctrltest.Options{Restate: testenv.SharedRestate(t)})
+	env.CreateSentinels(t, "eu", "sen", "registry.test/krane/sentinel:1", 2)
+	b := newBrowser(t, env.Server.ConsoleURL())
+	b.mustSignIn(env.OperatorToken(t, "hana"))
+	resp, _ := b.get("/deployments")
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "/deployments?environment=env-sen-000" {
+		t.Fatalf("/deployments: %s to %q, want a redirect to the first environment", resp.Status, loc)
+	}
+	resp, body := b.get("/deployments?environment=env-sen-001")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Environment env-sen-001") || !strings.Contains(body, `value="env-sen-000"`) {
+		t.Fatalf("/deployments of env-sen-001: %s\n%s", resp.Status, body)
+	}
+	if ev := openStream(t, b, "/deployments?environment=env-sen-001").next(t); !strings.Contains(ev.data, "Environment env-sen-001") {
+		t.Fatalf("the live stream shows another environment:\n%s", ev.data)
 	}
 }
 

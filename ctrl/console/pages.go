@@ -105,9 +105,6 @@ func (c *Console) loadDeployments(ctx context.Context, r *http.Request) (any, er
 		p.Regions = regions
 		errs = append(errs, err)
 		envs, err := c.environments(ctx)
-		if p.Environment == "" && len(envs) > 0 {
-			p.Environment = envs[0]
-		}
 		if p.Environment != "" && !slices.Contains(envs, p.Environment) {
 			envs = append(envs, p.Environment)
 			sort.Strings(envs)
@@ -129,6 +126,31 @@ func (c *Console) loadDeployments(ctx context.Context, r *http.Request) (any, er
 		errs = append(errs, err)
 	}
 	return p, firstError(errs...)
+}
+
+// deploymentsIndex sends /deployments without an environment to the first
+// environment that has sentinels, so that the address (which the live
+// stream and a reload use) names what the page shows.
+func (c *Console) deploymentsIndex(page http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("environment") != "" || streaming(r) {
+			page(w, r)
+			return
+		}
+		s := c.sessions.get(r)
+		if s == nil {
+			page(w, r) // sends the browser to sign in
+			return
+		}
+		ctx, cancel := c.callCtx(r.Context(), s)
+		envs, err := c.environments(ctx)
+		cancel()
+		if err != nil || len(envs) == 0 {
+			page(w, r) // shows the error, or that there is no environment yet
+			return
+		}
+		http.Redirect(w, r, "/deployments?"+url.Values{"environment": {envs[0]}}.Encode(), http.StatusSeeOther)
+	}
 }
 
 // regions are the regions of the fleet's clusters.
