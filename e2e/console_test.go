@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/auth"
-	"krane.dev/internal/stack"
 	"krane.dev/internal/testenv"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -274,10 +273,10 @@ func (p *page) checkAccessible(name string) {
 	}
 }
 
-// operatorClient calls ctrl's operator API with token.
-func operatorClient(t *testing.T, st *stack.Stack, token string) *grpc.ClientConn {
+// operatorClient calls ctrl's operator API at addr with token.
+func operatorClient(t *testing.T, addr, token string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(st.CtrlAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			return invoker(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), method, req, reply, cc, opts...)
 		}))
@@ -299,7 +298,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	chromium := findChromium(t)
 	shots := screenshotDir(t)
 	ctx := context.Background()
-	rollouts := ctrlv1.NewRolloutServiceClient(operatorClient(t, st, st.OperatorToken))
+	rollouts := ctrlv1.NewRolloutServiceClient(operatorClient(t, st.CtrlAddr, st.OperatorToken))
 	if cur, err := rollouts.GetRolloutStatus(ctx, &ctrlv1.GetRolloutStatusRequest{}); err != nil {
 		t.Fatal(err)
 	} else if s := cur.GetState(); s == "in_progress" || s == "paused" || s == "rolling_back" {
@@ -389,7 +388,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// How long a change takes to show: scale the deployment through the
 	// API and time from the call's return to the page showing it, polled
 	// every animation frame.
-	deploys := ctrlv1.NewDeploymentServiceClient(operatorClient(t, st, st.OperatorToken))
+	deploys := ctrlv1.NewDeploymentServiceClient(operatorClient(t, st.CtrlAddr, st.OperatorToken))
 	var delays []time.Duration
 	for i, replicas := range []int32{2, 3, 2, 3, 2, 3, 2, 1} {
 		if _, err := deploys.ScaleDeployment(ctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: depID, Replicas: replicas}); err != nil {
@@ -483,7 +482,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if _, err := st.Ctrl(ctx, "token", "revoke", parsed.ID); err != nil {
 		t.Fatal(err)
 	}
-	fleet := ctrlv1.NewFleetServiceClient(operatorClient(t, st, second))
+	fleet := ctrlv1.NewFleetServiceClient(operatorClient(t, st.CtrlAddr, second))
 	waitFor(t, time.Minute, "ctrl refuses the revoked token", func() error {
 		_, err := fleet.ListClusters(ctx, &ctrlv1.ListClustersRequest{})
 		if status.Code(err) != codes.Unauthenticated {
