@@ -28,7 +28,7 @@ BINARIES := krane ctrl krane-plugin-deployment krane-plugin-sentinel krane-plugi
 TEST_FLAGS ?= -race -timeout 45m
 PKGS ?= ./...
 
-.PHONY: build test test-go deploy-check demo chaos fuzz bench proto proto-check lint deps tools testenv clean help
+.PHONY: build test test-go deploy-check demo chaos fuzz bench proto proto-check lint deps tools testenv clean help screenshots
 .PHONY: $(addprefix bin/,$(BINARIES))
 
 help: ## list targets
@@ -79,6 +79,12 @@ test-go: ## go test (real apiserver, MySQL and Restate; set PKGS or TEST_FLAGS t
 deploy-check: deps testenv build ## render every deploy/ overlay, install it into a real API server, prove its RBAC and NetworkPolicies
 	KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) ./deploy/check
 
+# The README's pictures of the web console, taken by its browser test from
+# the running stack.
+SCREENSHOT_DIR := docs/images/console
+screenshots: deps testenv build ## run the console's browser test on the whole stack and refresh the README's screenshots (docs/images/console)
+	KRANE_BIN_DIR=$(CURDIR)/bin KRANE_SCREENSHOT_DIR=$(CURDIR)/$(SCREENSHOT_DIR) $(GO) test -count=1 -run '^TestConsoleInBrowser$$' -timeout 30m ./e2e
+
 proto: tools ## regenerate Go code from proto/
 	buf generate
 
@@ -96,7 +102,7 @@ lint: tools ## gofmt, go vet, staticcheck
 	$(GO) vet ./...
 	staticcheck ./...
 
-deps: tools ## Go modules, Go tools, and a MariaDB server for private test databases
+deps: tools ## Go modules, Go tools, a MariaDB server for private test databases, Chromium for the console's browser test
 	$(GO) mod download
 	@if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then \
 	  echo "==> mariadbd not found: installing mariadb-server from Debian packages"; \
@@ -105,6 +111,12 @@ deps: tools ## Go modules, Go tools, and a MariaDB server for private test datab
 	  else echo "cannot install mariadb-server (not root, no sudo): install it, or set KRANE_TEST_MYSQL_DSN to a MySQL server" >&2; exit 1; fi; \
 	fi
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js and npm (Debian: apt-get install nodejs npm); the Restate server comes from the npm registry" >&2; exit 1; }
+	@if [ -z "$${KRANE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  echo "==> chromium not found: installing chromium and chromium-driver from Debian packages (the web console's browser test drives it)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "cannot install chromium (not root, no sudo): install the Debian packages chromium and chromium-driver, or set KRANE_CHROMIUM to a Chromium or Chrome binary" >&2; exit 1; fi; \
+	fi
 
 # Each tool is installed at its pinned version; a stamp per version makes a
 # version bump reinstall it.

@@ -1,7 +1,7 @@
 // Command demo brings up the whole system on this machine (MySQL, Restate,
 // two simulated Kubernetes clusters, ctrl, one krane per region), runs the
 // scripted scenario through the CLI, then keeps everything running and says
-// how to use it until Ctrl-C. With -exit (make demo DEMO_EXIT=1) it exits
+// how to use it (the CLI, the web console) until Ctrl-C. With -exit (make demo DEMO_EXIT=1) it exits
 // after the scenario: 0 when every step had its outcome.
 package main
 
@@ -41,6 +41,7 @@ func run(exit bool, binDir string) int {
 	}
 	defer func() { st.Stop(); testenv.StopAll(false) }()
 	fmt.Printf("\nStack ready in %s.\n", time.Since(begin).Round(100*time.Millisecond))
+	fmt.Printf("Web console: %s (sign in with the operator token %s); open it to watch the scenario live.\n", st.ConsoleURL, st.OperatorToken)
 
 	if err := demo.Scenario(ctx, st, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "\ndemo: FAILED: %v\n(process logs: %s)\n", err, st.Dir())
@@ -72,9 +73,12 @@ The stack keeps running. Use it from another terminal:
   %s deploy create --workspace w --project p --app a --environment staging --image nginx:1.27 --wait
   API_KEY=demo %s deploy create --workspace w --project p --app a --environment staging --image nginx:1.27 --secret-env API_KEY --wait
 
+Web console (sign in with the CTRL_TOKEN above):
+  %s
+
 Metrics and health:
   ctrl   %s/metrics   %s/readyz
-`, st.CtrlAddr, st.OperatorToken, st.Bin("ctrl"), demo.Environment, st.Bin("ctrl"), st.Bin("ctrl"), st.CtrlHTTP, st.CtrlHTTP)
+`, st.CtrlAddr, st.OperatorToken, st.Bin("ctrl"), demo.Environment, st.Bin("ctrl"), st.Bin("ctrl"), st.ConsoleURL, st.CtrlHTTP, st.CtrlHTTP)
 	for _, r := range regions {
 		fmt.Printf("  krane  %s/metrics   %s/readyz   (%s)\n", st.KraneHTTP[r], st.KraneHTTP[r], r)
 	}

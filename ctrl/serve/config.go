@@ -39,7 +39,21 @@ type Config struct {
 	Deploy   DeployConfig   `koanf:"deploy"`
 	Sentinel SentinelConfig `koanf:"sentinel"`
 	Vault    VaultConfig    `koanf:"vault"`
+	// Console is the web console; off while console.addr is empty.
+	Console ConsoleConfig `koanf:"console"`
 }
+
+// ConsoleConfig is the web console's listener and sessions.
+type ConsoleConfig struct {
+	Addr         string        `koanf:"addr"`
+	TLSCert      string        `koanf:"tls_cert"`
+	TLSKey       string        `koanf:"tls_key"`
+	SecureCookie bool          `koanf:"secure_cookie"`
+	SessionTTL   time.Duration `koanf:"session_ttl"`
+}
+
+// Enabled reports whether ctrl serves the web console.
+func (c ConsoleConfig) Enabled() bool { return c.Addr != "" }
 
 // VaultConfig is the keyring that seals deployments' secret variables.
 type VaultConfig struct {
@@ -155,6 +169,11 @@ var settings = []setting{
 	{"sentinel.default_memory_mib", 256, "memory of a new sentinel, in MiB"},
 	{"sentinel.deploy_timeout", 10 * time.Minute, "how long a sentinel deploy (and each sentinel of a rollout) waits for its cluster to run the new configuration healthy, when the request does not say"},
 	{"vault.keyring_file", "", "keyring file sealing deployments' secret variables (mode 0600; `ctrl vault init` creates it, reloaded when it changes); empty: no secrets"},
+	{"console.addr", "", "listen address of the web console, e.g. :8080; empty: no console"},
+	{"console.tls_cert", "", "TLS certificate file (PEM) of the console; without it the console serves plain HTTP (keep it on a private network or behind a TLS proxy)"},
+	{"console.tls_key", "", "TLS private key file (PEM) of the console"},
+	{"console.secure_cookie", false, "mark the console's session cookie Secure (sent over HTTPS only): set it when a TLS proxy fronts a plain-HTTP console; console.tls_cert sets it anyway"},
+	{"console.session_ttl", 12 * time.Hour, "a console session ends this long after sign-in (1m..168h); revoking the operator token ends it at once"},
 	{"log.level", "info", "log level: trace, debug, info, warn, error"},
 	{"log.format", "json", "log format: json or text"},
 }
@@ -297,7 +316,29 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("auth.recheck_interval %s is out of range 1s..24h (default 1m)", r))
 	}
 	errs = append(errs, c.validateRestate()...)
+	errs = append(errs, c.validateConsole()...)
 	return errors.Join(errs...)
+}
+
+func (c Config) validateConsole() []error {
+	k := c.Console
+	if !k.Enabled() {
+		if k.TLSCert != "" || k.TLSKey != "" {
+			return []error{errors.New("console.tls_cert/console.tls_key are set but console.addr is not: set console.addr to serve the console")}
+		}
+		return nil
+	}
+	var errs []error
+	if _, _, err := net.SplitHostPort(k.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("console.addr %q is not host:port (e.g. :8080 or 127.0.0.1:8080)", k.Addr))
+	}
+	if (k.TLSCert == "") != (k.TLSKey == "") {
+		errs = append(errs, errors.New("console.tls_cert and console.tls_key must be set together"))
+	}
+	if k.SessionTTL < time.Minute || k.SessionTTL > 7*24*time.Hour {
+		errs = append(errs, fmt.Errorf("console.session_ttl %s is out of range 1m..168h (default 12h)", k.SessionTTL))
+	}
+	return errs
 }
 
 func (c Config) validateRestate() []error {

@@ -8,7 +8,10 @@
 // registration, the Notifier that turns status reports into workflow
 // wake-ups, and the operators' deploy API (ctrl/deployapi). ctrl serves
 // clusters whether or not Restate is reachable; registration retries in the
-// background.
+// background. It always serves the operators' fleet API (ctrl/fleetapi).
+//
+// With console.addr set it also serves the web console (ctrl/console) on a
+// listener of its own (console.go).
 package serve
 
 import (
@@ -37,6 +40,7 @@ import (
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/clusterapi"
+	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -71,7 +75,8 @@ type Server struct {
 	http     *http.Server
 	grpcLis  net.Listener
 	httpLis  net.Listener
-	restate  *restateStack // nil when Restate is not configured
+	restate  *restateStack  // nil when Restate is not configured
+	console  *consoleServer // nil when the console is off
 	cancel   context.CancelFunc
 	done     chan struct{}
 	errOnce  sync.Once
@@ -188,6 +193,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		return fail(err)
 	}
 	clusterv1.RegisterClusterServiceServer(gs, api)
+	fleetapi.New(st, log).Register(gs)
 	if deps.RegisterServices != nil {
 		if err := deps.RegisterServices(gs, st); err != nil {
 			return fail(fmt.Errorf("register services: %w", err))
@@ -203,9 +209,17 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		grpcLis.Close()
 		return fail(fmt.Errorf("listen for HTTP on %s: %w", cfg.HTTP.Addr, err))
 	}
+	var cons *consoleServer
+	if cfg.Console.Enabled() {
+		if cons, err = startConsole(cfg, gs, log, reg); err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			return fail(err)
+		}
+	}
 	s := &Server{
 		cfg: cfg, log: log, store: st, registry: reg, authn: authn, grpc: gs, grpcLis: grpcLis, httpLis: httpLis,
-		restate: stack, cancel: cancel, done: make(chan struct{}),
+		restate: stack, console: cons, cancel: cancel, done: make(chan struct{}),
 	}
 	s.http = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 
@@ -229,6 +243,20 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 			s.fail(fmt.Errorf("HTTP server: %w", err))
 		}
 	}()
+	if cons != nil {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			// Ends with gs's graceful stop, which closes the listener.
+			_ = gs.Serve(cons.inproc)
+		}()
+		go func() {
+			defer wg.Done()
+			if err := cons.serve(); err != nil {
+				s.fail(fmt.Errorf("console: %w", err))
+			}
+		}()
+	}
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -242,7 +270,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		close(s.done)
 	}()
 	log.Info("ctrl serving", "version", version.Version, "grpc", grpcLis.Addr().String(), "tls", cfg.GRPC.TLSCert != "",
-		"mtls", cfg.GRPC.ClientCA != "", "http", httpLis.Addr().String())
+		"mtls", cfg.GRPC.ClientCA != "", "http", httpLis.Addr().String(), "console", s.ConsoleURL())
 	return s, nil
 }
 
@@ -252,6 +280,10 @@ func (s *Server) shutdown(apiDone <-chan struct{}) {
 	s.log.Info("shutting down: ending streams (agents reconnect with their cursor), then stopping the servers")
 	s.cancel()
 	<-apiDone
+	if s.console != nil {
+		// First: its live pages hold calls on the gRPC server open.
+		s.console.stop()
+	}
 	stopped := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(stopped) }()
 	select {
@@ -289,6 +321,14 @@ func (s *Server) Wait() error {
 // GRPCAddr and HTTPAddr are the listening addresses.
 func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
+
+// ConsoleURL is where the web console is served ("" when it is off).
+func (s *Server) ConsoleURL() string {
+	if s.console == nil {
+		return ""
+	}
+	return s.console.URL()
+}
 
 // RestateEndpointURL is the URL Restate calls ctrl's services at ("" when
 // Restate is not configured).
@@ -369,7 +409,7 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator) ([]grpc.ServerOp
 
 func transportCredentials(c GRPCConfig) (credentials.TransportCredentials, error) {
 	if c.TLSCert == "" {
-		return insecure.NewCredentials(), nil // plaintext HTTP/2 (h2c)
+		return inprocCreds{insecure.NewCredentials()}, nil // plaintext HTTP/2 (h2c)
 	}
 	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
 	if err != nil {
@@ -388,7 +428,7 @@ func transportCredentials(c GRPCConfig) (credentials.TransportCredentials, error
 		conf.ClientCAs = pool
 		conf.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return credentials.NewTLS(conf), nil
+	return inprocCreds{credentials.NewTLS(conf)}, nil
 }
 
 func (s *Server) httpHandler() http.Handler {

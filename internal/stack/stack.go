@@ -63,6 +63,7 @@ type Stack struct {
 
 	CtrlAddr      string // gRPC host:port
 	CtrlHTTP      string // http://host:port (health, metrics)
+	ConsoleURL    string // http://host:port of ctrl's web console
 	OperatorToken string
 	ClusterTokens map[string]string
 	KraneHTTP     map[string]string // region -> http://host:port (health, metrics)
@@ -72,7 +73,7 @@ type Stack struct {
 	replicas  []*CtrlReplica
 	kranes    map[string]*testenv.Process
 	proxies   map[string]*testenv.Proxy
-	ctrlPorts [3]int
+	ctrlPorts [4]int
 }
 
 // Binaries the stack runs.
@@ -249,6 +250,7 @@ func (s *Stack) ctrlEnv() []string {
 		"CTRL_DB_DSN=" + s.DSN,
 		"CTRL_GRPC_ADDR=" + s.CtrlAddr,
 		"CTRL_HTTP_ADDR=" + strings.TrimPrefix(s.CtrlHTTP, "http://"),
+		"CTRL_CONSOLE_ADDR=" + strings.TrimPrefix(s.ConsoleURL, "http://"),
 		"CTRL_LOG_FORMAT=text",
 		"CTRL_WATCH_POLL_INTERVAL=20ms",
 		"CTRL_ADDR=" + s.CtrlAddr,
@@ -278,7 +280,7 @@ func (s *Stack) startCtrl() error {
 		}
 	}
 	if s.ctrlPorts[0] == 0 {
-		ports, err := testenv.FreePorts(3)
+		ports, err := testenv.FreePorts(len(s.ctrlPorts))
 		if err != nil {
 			return err
 		}
@@ -286,6 +288,7 @@ func (s *Stack) startCtrl() error {
 	}
 	s.CtrlAddr = fmt.Sprintf("127.0.0.1:%d", s.ctrlPorts[0])
 	s.CtrlHTTP = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[1])
+	s.ConsoleURL = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[3])
 	p, err := testenv.StartProcess(s.dir, "ctrl", s.bin["ctrl"], []string{"serve"}, s.ctrlEnv())
 	if err != nil {
 		return err
@@ -336,6 +339,7 @@ func (s *Stack) StartCtrlReplica(name string) (*CtrlReplica, error) {
 		"CTRL_HTTP_ADDR="+strings.TrimPrefix(r.HTTP, "http://"),
 		fmt.Sprintf("CTRL_RESTATE_ENDPOINT_LISTEN=127.0.0.1:%d", ports[2]),
 		"CTRL_RESTATE_REGISTER_ON_START=false",
+		"CTRL_CONSOLE_ADDR=", // the first ctrl serves the console
 	)
 	if r.p, err = testenv.StartProcess(s.dir, name, s.bin["ctrl"], []string{"serve"}, env); err != nil {
 		return nil, err

@@ -1,0 +1,37 @@
+// Live updates for the Krane console. Each page works without this script
+// (plain links, forms and reloads); with it, the page's live region is
+// replaced whenever the server sends a newer rendering of it.
+(function () {
+  "use strict";
+  var live = document.getElementById("live");
+  var status = document.querySelector("[data-live-status]");
+  if (!live || !window.EventSource) {
+    return;
+  }
+  var source = new EventSource(window.location.pathname + window.location.search);
+  source.addEventListener("live", function (e) {
+    // Keep keyboard focus where it was when the element is still there.
+    var focused = document.activeElement && document.activeElement.id;
+    live.innerHTML = e.data;
+    if (focused && focused !== "main") {
+      var again = document.getElementById(focused);
+      if (again) {
+        again.focus();
+      }
+    }
+    live.setAttribute("data-updated", String(Date.now()));
+    if (status) {
+      status.textContent = "Live: updated " + new Date().toLocaleTimeString() + ".";
+    }
+  });
+  source.addEventListener("signedout", function (e) {
+    source.close();
+    window.location.assign(e.data);
+  });
+  source.addEventListener("error", function () {
+    if (status) {
+      status.textContent = "Live updates interrupted; retrying. Reload to see the latest.";
+    }
+  });
+  document.documentElement.classList.add("live");
+})();
