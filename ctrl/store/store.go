@@ -26,11 +26,19 @@ type PoolOptions struct {
 	// ConnMaxLifetime default 5 minutes (behind proxies and failovers a
 	// connection should not live forever).
 	ConnMaxLifetime time.Duration
+	// MaxWriteBatch bounds the WriteTx calls one group-commit transaction
+	// carries. Default 64; 1 turns group commit off (every call its own
+	// transaction).
+	MaxWriteBatch int
+	// WriteCommitters bounds the group-commit transactions in flight at
+	// once. Default 2.
+	WriteCommitters int
 }
 
 // Store is ctrl's database.
 type Store struct {
-	db *sql.DB
+	db     *sql.DB
+	writes *groupCommitter // nil: group commit off
 
 	hooksMu sync.RWMutex
 	hooks   TestHooks
@@ -83,7 +91,17 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: cannot reach the database at %s: %w (check the DSN and that the server is up)", cfg.Addr, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db}
+	if pool.MaxWriteBatch <= 0 {
+		pool.MaxWriteBatch = 64
+	}
+	if pool.WriteCommitters <= 0 {
+		pool.WriteCommitters = 3
+	}
+	if pool.MaxWriteBatch > 1 {
+		s.writes = &groupCommitter{s: s, maxBatch: pool.MaxWriteBatch, maxRunning: pool.WriteCommitters}
+	}
+	return s, nil
 }
 
 // Close closes the connection pool.

@@ -19,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func openStore(t *testing.T) *store.Store {
+func openStore(t testing.TB) *store.Store {
 	t.Helper()
 	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
 	ctx := context.Background()
