@@ -80,6 +80,8 @@ type DBConfig struct {
 	MaxOpenConns    int           `koanf:"max_open_conns"`
 	MaxIdleConns    int           `koanf:"max_idle_conns"`
 	ConnMaxLifetime time.Duration `koanf:"conn_max_lifetime"`
+	MaxWriteBatch   int           `koanf:"max_write_batch"`
+	WriteCommitters int           `koanf:"write_committers"`
 }
 
 type MigrateConfig struct {
@@ -126,8 +128,10 @@ type setting struct {
 var settings = []setting{
 	{"db.dsn", "", "MySQL/MariaDB DSN, e.g. ctrl:secret@tcp(db:3306)/ctrl (required)"},
 	{"db.max_open_conns", 50, "maximum open database connections (each bootstrapping stream holds one)"},
-	{"db.max_idle_conns", 10, "maximum idle database connections"},
+	{"db.max_idle_conns", 0, "idle database connections kept open; 0 keeps as many as db.max_open_conns (a commit waking many streams then reuses connections instead of reopening them)"},
 	{"db.conn_max_lifetime", 5 * time.Minute, "recycle database connections after this long"},
+	{"db.max_write_batch", 64, "most concurrent desired-state writes committed in one transaction (group commit); 1 turns group commit off"},
+	{"db.write_committers", 2, "group-commit transactions in flight at once (one runs its writes while the other commits)"},
 	{"migrate.on_start", true, "apply pending schema migrations when ctrl serve starts"},
 	{"grpc.addr", ":7443", "gRPC listen address (ClusterService and operator APIs)"},
 	{"grpc.tls_cert", "", "TLS certificate file (PEM); without it gRPC is plaintext h2c"},
@@ -280,6 +284,12 @@ func (c Config) Validate() error {
 	}
 	if c.GRPC.ClientCA != "" && c.GRPC.TLSCert == "" {
 		errs = append(errs, errors.New("grpc.client_ca (mTLS) needs grpc.tls_cert and grpc.tls_key"))
+	}
+	if c.DB.MaxWriteBatch < 1 || c.DB.MaxWriteBatch > 1000 {
+		errs = append(errs, fmt.Errorf("db.max_write_batch %d is out of range 1..1000 (1 turns group commit off)", c.DB.MaxWriteBatch))
+	}
+	if c.DB.WriteCommitters < 1 || c.DB.WriteCommitters > 64 {
+		errs = append(errs, fmt.Errorf("db.write_committers %d is out of range 1..64", c.DB.WriteCommitters))
 	}
 	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
 		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))

@@ -21,7 +21,10 @@ type PoolOptions struct {
 	// MaxOpenConns caps connections; every open bootstrap stream holds one
 	// for its duration. Default 50.
 	MaxOpenConns int
-	// MaxIdleConns default 10.
+	// MaxIdleConns is how many unused connections stay open. Default (0):
+	// MaxOpenConns, so a burst (a commit waking many streams, a reconnect
+	// storm) finds its connections again next time instead of closing and
+	// reopening them; connections unused for a minute are closed anyway.
 	MaxIdleConns int
 	// ConnMaxLifetime default 5 minutes (behind proxies and failovers a
 	// connection should not live forever).
@@ -77,8 +80,8 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 	if pool.MaxOpenConns <= 0 {
 		pool.MaxOpenConns = 50
 	}
-	if pool.MaxIdleConns <= 0 {
-		pool.MaxIdleConns = 10
+	if pool.MaxIdleConns <= 0 || pool.MaxIdleConns > pool.MaxOpenConns {
+		pool.MaxIdleConns = pool.MaxOpenConns
 	}
 	if pool.ConnMaxLifetime <= 0 {
 		pool.ConnMaxLifetime = 5 * time.Minute

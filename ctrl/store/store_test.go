@@ -323,3 +323,34 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 		t.Fatalf("report from another region: %v, want ErrNotFound", err)
 	}
 }
+
+// A wake of many streams queries at once; the pool must keep what it
+// opened for them instead of closing all but a few and reopening them on
+// the next wake.
+func TestPoolKeepsConnectionsAfterABurst(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	const burst = 40
+	var ready, wg sync.WaitGroup
+	release := make(chan struct{})
+	ready.Add(burst)
+	for range burst {
+		wg.Go(func() {
+			conn, err := s.DB().Conn(ctx)
+			ready.Done()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			<-release
+			conn.Close()
+		})
+	}
+	ready.Wait()
+	close(release)
+	wg.Wait()
+	st := s.DB().Stats()
+	if st.MaxIdleClosed != 0 || st.Idle < burst {
+		t.Fatalf("after a burst of %d connections: %d idle, %d closed for the idle limit; want all kept", burst, st.Idle, st.MaxIdleClosed)
+	}
+}
