@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -41,6 +42,7 @@ type scenario struct {
 	txPerWriter int
 	perPair     int           // objects per (kind, region)
 	maxDelay    time.Duration // inside the transaction, after stamping
+	feedWindow  int           // changes a (region, kind) feed keeps; 0: the default
 }
 
 type result struct {
@@ -218,7 +220,12 @@ func mix(x uint64) uint64 { // splitmix64
 
 func runScenario(t *testing.T, sc scenario) result {
 	t.Helper()
-	env := ctrltest.Start(t, ctrltest.Options{Configure: fastConfig})
+	env := ctrltest.Start(t, ctrltest.Options{Configure: func(c *serve.Config) {
+		fastConfig(c)
+		if sc.feedWindow > 0 {
+			c.Watch.FeedWindow = sc.feedWindow
+		}
+	}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	regions := []string{"eu", "us"}
@@ -473,6 +480,21 @@ func TestNoLostChangeUnderShuffledCommits(t *testing.T) {
 		percentile(res.latencies, 1).Round(time.Millisecond), len(res.latencies))
 	if p99 >= time.Second {
 		t.Errorf("commit->send p99 %s, want well under 1s", p99)
+	}
+}
+
+// With a feed window of a few changes, streams keep falling behind it and
+// reading the database themselves, then joining it again: nothing may be
+// lost or reordered on the way in or out.
+func TestNoLostChangeWithATinyFeedWindow(t *testing.T) {
+	sc := scenario{seed: seedFromEnv(t, 20260202), writers: 8, txPerWriter: 50, perPair: 20, maxDelay: 15 * time.Millisecond, feedWindow: 3}
+	res := runScenario(t, sc)
+	for i, p := range res.problems {
+		if i == 20 {
+			t.Errorf("... and %d more", len(res.problems)-20)
+			break
+		}
+		t.Error(p)
 	}
 }
 

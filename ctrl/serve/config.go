@@ -105,6 +105,7 @@ type WatchConfig struct {
 	PageSize     int           `koanf:"page_size"`
 	KeepAlive    time.Duration `koanf:"keepalive"`
 	PollInterval time.Duration `koanf:"poll_interval"`
+	FeedWindow   int           `koanf:"feed_window"`
 }
 
 type AuthConfig struct {
@@ -143,6 +144,7 @@ var settings = []setting{
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
+	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s; a revocation this ctrl sees drops it at once)"},
 	{"auth.revocation_poll_interval", 250 * time.Millisecond, "how often ctrl reads newly revoked tokens from the database and closes their open streams (10ms..1m)"},
 	{"auth.recheck_interval", time.Minute, "how often the tokens of all open streams are read again in one query, a safety net behind the revocation poll (1s..24h)"},
@@ -290,6 +292,9 @@ func (c Config) Validate() error {
 	}
 	if c.DB.WriteCommitters < 1 || c.DB.WriteCommitters > 64 {
 		errs = append(errs, fmt.Errorf("db.write_committers %d is out of range 1..64", c.DB.WriteCommitters))
+	}
+	if c.Watch.FeedWindow < 1 || c.Watch.FeedWindow > 1000000 {
+		errs = append(errs, fmt.Errorf("watch.feed_window %d is out of range 1..1000000", c.Watch.FeedWindow))
 	}
 	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
 		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))
