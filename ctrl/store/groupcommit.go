@@ -28,10 +28,11 @@ import (
 // yet answered runs alone, exactly as without group commit.
 //
 // Two batches never run their fns at the same time (fnMu): the next batch
-// runs its fns while the previous one stamps and commits, which holds no
-// row lock the next one could be waiting for while it waits for it. So
-// batches do not deadlock with each other, however their fns lock rows; a
-// deadlock needs a transaction outside the group commit.
+// is taken, and runs its fns, while the previous one stamps and commits,
+// which takes no row lock the next one could hold. So batches do not
+// deadlock with each other, however their fns lock rows; a deadlock needs a
+// transaction outside the group commit. A batch of one is a transaction of
+// its own without a savepoint.
 
 // groupCommitter batches WriteTx calls.
 type groupCommitter struct {
@@ -145,43 +146,56 @@ func (c *groupCommitter) do(ctx context.Context, fn func(ctx context.Context, tx
 	return r.stamped, r.err
 }
 
-// run takes batches off the queue until it is empty.
+// run takes batches off the queue until it is empty. A runner takes its
+// batch only once it holds fnMu: while another batch runs its fns, the
+// queue fills up, and the next batch takes all of it.
 func (c *groupCommitter) run() {
 	for {
-		c.mu.Lock()
-		var batch []*writeReq
-		for len(c.queue) > 0 && len(batch) < c.maxBatch {
-			r := c.queue[0]
-			c.queue[0] = nil
-			c.queue = c.queue[1:]
-			if r.state.CompareAndSwap(reqQueued, reqTaken) {
-				batch = append(batch, r)
-			}
-		}
+		c.fnMu.Lock()
+		batch := c.take()
 		if len(batch) == 0 {
-			c.queue = nil // drop the drained backing array
-			c.running--
-			c.mu.Unlock()
+			c.fnMu.Unlock()
 			return
 		}
-		c.mu.Unlock()
 		c.commit(batch)
 	}
 }
 
-// commit runs one batch and answers every caller in it.
+// take removes a batch from the queue; when there is nothing to take, the
+// runner stops (in the same critical section, so a caller queueing now
+// starts another).
+func (c *groupCommitter) take() []*writeReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var batch []*writeReq
+	for len(c.queue) > 0 && len(batch) < c.maxBatch {
+		r := c.queue[0]
+		c.queue[0] = nil
+		c.queue = c.queue[1:]
+		if r.state.CompareAndSwap(reqQueued, reqTaken) {
+			batch = append(batch, r)
+		}
+	}
+	if len(batch) == 0 {
+		c.queue = nil // drop the drained backing array
+		c.running--
+	}
+	return batch
+}
+
+// commit runs one batch and answers every caller in it. It is called with
+// fnMu held, and releases it once the batch's fns have run.
 func (c *groupCommitter) commit(batch []*writeReq) {
 	if len(batch) == 1 {
 		c.stats.solo.Add(1)
-		c.s.runSolo(batch[0])
-		return
-	}
-	c.stats.batches.Add(1)
-	c.stats.batched.Add(int64(len(batch)))
-	for n := int64(len(batch)); ; {
-		l := c.stats.largest.Load()
-		if n <= l || c.stats.largest.CompareAndSwap(l, n) {
-			break
+	} else {
+		c.stats.batches.Add(1)
+		c.stats.batched.Add(int64(len(batch)))
+		for n := int64(len(batch)); ; {
+			l := c.stats.largest.Load()
+			if n <= l || c.stats.largest.CompareAndSwap(l, n) {
+				break
+			}
 		}
 	}
 	pending := batch
@@ -190,13 +204,14 @@ func (c *groupCommitter) commit(batch []*writeReq) {
 		if pending, err = c.commitBatch(pending); err == nil {
 			return
 		}
-		if !isRetryable(err) || attempt == maxTxAttempts || len(pending) < 2 {
+		if !isRetryable(err) || attempt == maxTxAttempts {
 			break
 		}
 		// A deadlock with a transaction outside the group commit: the
 		// batch runs again, as a transaction of its own would.
 		c.stats.retries.Add(1)
 		time.Sleep(time.Duration(attempt*attempt) * 5 * time.Millisecond)
+		c.fnMu.Lock()
 	}
 	// The transaction failed as a whole before its COMMIT was sent: the
 	// callers not answered yet run alone, one after another (all at once
@@ -227,16 +242,15 @@ func (e errBatchAborted) Unwrap() error { return e.err }
 // commitBatch runs batch in one transaction. Callers whose own fn failed
 // are answered at once; the others when the COMMIT is answered. When the
 // transaction fails before COMMIT, it returns the callers not answered
-// yet, and an error.
+// yet, and an error. It is called with fnMu held and releases it once the
+// fns have run.
 func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
-	if len(batch) == 0 {
-		return nil, nil
-	}
 	// Statements run on the batch's context, not on any caller's: one
 	// caller going away must not break the others' transaction.
 	ctx := context.Background()
 	sqlTx, err := c.s.db.BeginTx(ctx, nil)
 	if err != nil {
+		c.fnMu.Unlock()
 		return batch, fmt.Errorf("store: begin write transaction: %w", err)
 	}
 	committed := false
@@ -245,7 +259,6 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 			_ = sqlTx.Rollback()
 		}
 	}()
-	c.fnMu.Lock()
 	members, current, pending, err := c.runMembers(ctx, sqlTx, batch)
 	c.fnMu.Unlock()
 	if err != nil {
@@ -256,7 +269,7 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 	}
 	hooks := c.s.testHooks()
 	if hooks.BatchFault != nil {
-		if err := hooks.BatchFault("stamp", len(members)); err != nil {
+		if err := hooks.BatchFault("stamp", len(members), len(batch)); err != nil {
 			return members, errBatchAborted{err}
 		}
 	}
@@ -274,7 +287,7 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 		}
 	}
 	if hooks.BatchFault != nil {
-		if err := hooks.BatchFault("commit", len(members)); err != nil {
+		if err := hooks.BatchFault("commit", len(members), len(batch)); err != nil {
 			return members, errBatchAborted{err}
 		}
 	}
@@ -304,17 +317,22 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 // aborts the batch.
 func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []*writeReq) (members []*writeReq, current map[Ref]uint64, pending []*writeReq, err error) {
 	hooks := c.s.testHooks()
+	// A caller alone needs no savepoint: its failure rolls back the whole
+	// transaction.
+	savepoints := len(batch) > 1
 	for i, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			r.answer(nil, err)
 			continue
 		}
-		if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT member"); err != nil {
-			return nil, nil, unanswered(members, batch[i:]), errBatchAborted{fmt.Errorf("savepoint: %w", err)}
+		if savepoints {
+			if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT member"); err != nil {
+				return nil, nil, unanswered(members, batch[i:]), errBatchAborted{fmt.Errorf("savepoint: %w", err)}
+			}
 		}
 		panicked, fnErr := runMember(r, sqlTx)
 		if fnErr == nil && hooks.BatchFault != nil {
-			fnErr = hooks.BatchFault("member", i)
+			fnErr = hooks.BatchFault("member", i, len(batch))
 		}
 		if panicked == nil && isRetryable(fnErr) {
 			// A deadlock rolled the whole transaction back (and a lock
@@ -324,6 +342,11 @@ func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []
 		if fnErr == nil {
 			members = append(members, r)
 			continue
+		}
+		if !savepoints {
+			r.panicked = panicked
+			r.answer(nil, fnErr)
+			return nil, nil, nil, nil // the deferred rollback undoes it
 		}
 		if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member"); err != nil {
 			rest := unanswered(members, batch[i+1:])

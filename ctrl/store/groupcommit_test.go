@@ -326,8 +326,8 @@ func TestGroupCommitFaultPoints(t *testing.T) {
 				checkLeaks(t)
 				s := openBatchStore(t)
 				var once sync.Once
-				s.SetTestHooks(store.TestHooks{BatchFault: func(point string, i int) error {
-					if point != f.point || (f.point == "member" && i != f.i) {
+				s.SetTestHooks(store.TestHooks{BatchFault: func(point string, i, size int) error {
+					if size != n || point != f.point || (f.point == "member" && i != f.i) {
 						return nil
 					}
 					var err error

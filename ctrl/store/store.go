@@ -99,7 +99,7 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		pool.MaxWriteBatch = 64
 	}
 	if pool.WriteCommitters <= 0 {
-		pool.WriteCommitters = 3
+		pool.WriteCommitters = 2
 	}
 	if pool.MaxWriteBatch > 1 {
 		s.writes = &groupCommitter{s: s, maxBatch: pool.MaxWriteBatch, maxRunning: pool.WriteCommitters}

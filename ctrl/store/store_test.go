@@ -21,9 +21,14 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func openStore(t testing.TB) *store.Store {
 	t.Helper()
-	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
+	return openDSN(t, testenv.SharedMySQL(t).Database(t, t.Name()), store.PoolOptions{})
+}
+
+// openDSN opens (and migrates) the database at dsn with pool options.
+func openDSN(t testing.TB, dsn string, pool store.PoolOptions) *store.Store {
+	t.Helper()
 	ctx := context.Background()
-	s, err := store.Open(ctx, dsn, store.PoolOptions{})
+	s, err := store.Open(ctx, dsn, pool)
 	if err != nil {
 		t.Fatal(err)
 	}

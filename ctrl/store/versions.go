@@ -67,10 +67,11 @@ type TestHooks struct {
 	// one has been streamed. Exists only to prove the tests catch that.
 	UnsafeAllocator bool
 	// BatchFault, when it returns an error, injects a failure into a group
-	// commit at a point: "member" after caller i's fn succeeded (i is its
-	// position in the batch), "stamp" before the batch is stamped and
-	// "commit" before COMMIT (i is the number of callers kept).
-	BatchFault func(point string, i int) error
+	// commit of size callers at a point: "member" after caller i's fn
+	// succeeded (i is its position in the batch), "stamp" before the batch
+	// is stamped and "commit" before COMMIT (i is the number of callers
+	// kept).
+	BatchFault func(point string, i, size int) error
 }
 
 // SetTestHooks installs test hooks (see TestHooks).
