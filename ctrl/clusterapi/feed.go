@@ -59,11 +59,17 @@ func (e *feedEntry) resourceChange() (*clusterv1.ResourceChange, error) {
 // feeds holds the feeds of the pairs that have streams.
 type feeds struct {
 	window int
+	off    bool // Options.UnsharedReads
 	mu     sync.Mutex
 	m      map[store.HeadKey]*feed
 }
 
+// acquire returns the feed of k for a stream, or nil when streams do not
+// share reads (each then reads the database itself).
 func (fs *feeds) acquire(k store.HeadKey) *feed {
+	if fs.off {
+		return nil
+	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if fs.m == nil {
@@ -80,6 +86,9 @@ func (fs *feeds) acquire(k store.HeadKey) *feed {
 
 // release drops a stream's hold; the last one frees the feed's memory.
 func (fs *feeds) release(f *feed) {
+	if f == nil {
+		return
+	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if f.streams--; f.streams == 0 {
@@ -90,6 +99,9 @@ func (fs *feeds) release(f *feed) {
 // after returns the window's changes after cursor, or ok = false when
 // cursor is before the window (or there is none yet).
 func (f *feed) after(cursor uint64) (entries []*feedEntry, ok bool) {
+	if f == nil {
+		return nil, false
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.anchored || cursor < f.start {
@@ -119,6 +131,9 @@ func (f *feed) done(cursor uint64, g fetchGoal) bool {
 // anchor starts an empty window at cursor, which a stream has just caught
 // up to by its own reads (a window claims nothing until it has fetched).
 func (f *feed) anchor(cursor uint64) {
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.anchored {

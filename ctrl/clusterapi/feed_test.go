@@ -24,12 +24,19 @@ func reads(t *testing.T, env *ctrltest.Env) (own, shared uint64) {
 }
 
 // A commit wakes every stream of its (region, kind); they must share one
-// read of the new rows, not run one query each.
+// read of the new rows, not run one query each (unless watch.shared_reads
+// is off).
 func TestStreamsOfARegionShareOneReadPerCommit(t *testing.T) {
+	t.Run("shared", func(t *testing.T) { testReadsPerCommit(t, true) })
+	t.Run("unshared", func(t *testing.T) { testReadsPerCommit(t, false) })
+}
+
+func testReadsPerCommit(t *testing.T, shared bool) {
 	const streams, writes = 20, 10
 	env := ctrltest.Start(t, ctrltest.Options{Configure: func(c *serve.Config) {
 		fastConfig(c)
 		c.Watch.KeepAlive = time.Hour // no re-checks in this test
+		c.Watch.SharedReads = shared
 	}})
 	putDeployment(t, env.Store, "d0", "eu", "app:0", 1, "running")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -93,12 +100,18 @@ func TestStreamsOfARegionShareOneReadPerCommit(t *testing.T) {
 		}
 	}
 	own1, shared1 := reads(t, env)
-	own, shared := own1-own0, shared1-shared0
-	t.Logf("%d commits, %d streams: %d shared reads, %d reads by single streams", writes, streams, shared, own)
+	own, sharedReads := own1-own0, shared1-shared0
+	t.Logf("%d commits, %d streams: %d shared reads, %d reads by single streams", writes, streams, sharedReads, own)
+	if !shared {
+		if own < streams*writes || sharedReads != 0 {
+			t.Fatalf("unshared: %d commits to %d streams took %d reads of their own and %d shared; want one per stream and commit", writes, streams, own, sharedReads)
+		}
+		return
+	}
 	// One shared read per commit, give or take a stream that took its
 	// first live read alone; never one per stream.
-	if own+shared > 2*writes+streams {
-		t.Fatalf("%d commits to %d streams took %d reads (%d shared, %d own); want about one per commit", writes, streams, own+shared, shared, own)
+	if own+sharedReads > 2*writes+streams {
+		t.Fatalf("%d commits to %d streams took %d reads (%d shared, %d own); want about one per commit", writes, streams, own+sharedReads, sharedReads, own)
 	}
 }
 

@@ -71,6 +71,9 @@ type Options struct {
 	// FeedWindow is how many of the latest changes of each (region, kind)
 	// are kept for its streams to share (feed.go). Default 1024.
 	FeedWindow int
+	// UnsharedReads turns the feeds off: every stream reads the database
+	// itself on every wake (the design before feeds, kept to compare with).
+	UnsharedReads bool
 	// Listener, when set, is told about accepted reports.
 	Listener StatusListener
 	// Vault opens sealed environments for DecryptEnv; nil when ctrl has no
@@ -123,7 +126,7 @@ func New(o Options) (*Server, error) {
 	return &Server{
 		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
 		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
-		feeds:    feeds{window: o.FeedWindow},
+		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
 		stopping: make(chan struct{}),
 		labels:   map[string]bool{},
 	}, nil

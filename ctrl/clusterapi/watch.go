@@ -122,7 +122,7 @@ func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64,
 			recheck = time.Now() // the heads say nothing: ask the database
 		}
 		var err error
-		if cursor, err = s.catchUp(ctx, f, kind, region, cursor, recheck, out); err != nil {
+		if cursor, err = s.catchUp(ctx, f, key, cursor, recheck, out); err != nil {
 			return err
 		}
 		recheck = time.Time{}
@@ -151,7 +151,8 @@ func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64,
 // seen (with recheck set, also everything a read started after recheck
 // finds), from the feed where the cursor is inside its window and from the
 // database where it is behind. It returns the new cursor.
-func (s *Server) catchUp(ctx context.Context, f *feed, kind, region string, cursor uint64, recheck time.Time, out sink) (uint64, error) {
+func (s *Server) catchUp(ctx context.Context, f *feed, key store.HeadKey, cursor uint64, recheck time.Time, out sink) (uint64, error) {
+	kind, region := key.Kind, key.Region
 	label := s.kindLabel(kind)
 	rows := s.m.rowsStreamed.WithLabelValues(region, label, "stream")
 	send := func(c store.Change, fe *feedEntry) error {
@@ -174,7 +175,7 @@ func (s *Server) catchUp(ctx context.Context, f *feed, kind, region string, curs
 	}
 	// The target is read before asOf: every version up to it committed
 	// before asOf.
-	goal := fetchGoal{target: s.poller.head(f.key), asOf: time.Now(), recheck: recheck}
+	goal := fetchGoal{target: s.poller.head(key), asOf: time.Now(), recheck: recheck}
 	for {
 		if entries, ok := f.after(cursor); ok {
 			for _, e := range entries {

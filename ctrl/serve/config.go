@@ -106,6 +106,7 @@ type WatchConfig struct {
 	KeepAlive    time.Duration `koanf:"keepalive"`
 	PollInterval time.Duration `koanf:"poll_interval"`
 	FeedWindow   int           `koanf:"feed_window"`
+	SharedReads  bool          `koanf:"shared_reads"`
 }
 
 type AuthConfig struct {
@@ -144,6 +145,7 @@ var settings = []setting{
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
+	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s; a revocation this ctrl sees drops it at once)"},
 	{"auth.revocation_poll_interval", 250 * time.Millisecond, "how often ctrl reads newly revoked tokens from the database and closes their open streams (10ms..1m)"},

@@ -185,7 +185,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	}
 	api, err := clusterapi.New(clusterapi.Options{
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
-		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, Listener: listeners, Vault: keys,
+		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
 	})
 	if err != nil {
 		return fail(err)
