@@ -63,7 +63,7 @@ var ErrClusterRegionConflict = errors.New("the cluster is registered in another 
 // again in the same region adds a token (for rotation); in another region it
 // fails with ErrClusterRegionConflict.
 func (s *Store) RegisterCluster(ctx context.Context, clusterID, region string, tok Token) error {
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		var existing string
 		err := tx.QueryRow(ctx, "SELECT region FROM clusters WHERE id = ? FOR UPDATE", clusterID).Scan(&existing)
 		switch {
@@ -103,7 +103,7 @@ func (s *Store) RegisterClusters(ctx context.Context, regs []ClusterRegistration
 		seen[r.ClusterID] = true
 	}
 	const chunk = 500
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		var conflicts []string
 		now := nowMillis()
 		for start := 0; start < len(regs); start += chunk {
@@ -180,7 +180,7 @@ func rowGroups(n, arity int) string {
 // CreateOperatorToken stores an operator token.
 func (s *Store) CreateOperatorToken(ctx context.Context, tok Token) error {
 	tok.Kind = OperatorToken
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error { return insertToken(ctx, tx, tok) })
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error { return insertToken(ctx, tx, tok) })
 	return err
 }
 
@@ -326,7 +326,7 @@ func (s *Store) queryTokens(ctx context.Context, withHash bool, query string, ar
 // RevokedAt is then the first revocation's). ErrNotFound if there is no
 // such token.
 func (s *Store) RevokeToken(ctx context.Context, id string) (tok Token, revokedNow bool, err error) {
-	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err = s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		t, err := scanToken(tx.QueryRow(ctx, "SELECT "+tokenColumns+" FROM api_tokens WHERE id = ? FOR UPDATE", id), false)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
@@ -356,7 +356,7 @@ func (s *Store) RevokeToken(ctx context.Context, id string) (tok Token, revokedN
 // many it revoked; ErrNotFound if the cluster is not registered.
 func (s *Store) RevokeClusterTokens(ctx context.Context, clusterID string) (int, error) {
 	var n int64
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		var one int
 		if err := tx.QueryRow(ctx, "SELECT 1 FROM clusters WHERE id = ?", clusterID).Scan(&one); errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound

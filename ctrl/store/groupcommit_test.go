@@ -15,6 +15,7 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 const batchKind = "x.example"
@@ -365,5 +366,46 @@ func TestGroupCommitFaultPoints(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Status reports give no versions: they must not queue behind the group
+// commit of desired-state writes (at a thousand clusters they are most of
+// the writes, and would hold up deploys behind them).
+func TestReportsDoNotWaitForTheGroupCommit(t *testing.T) {
+	checkLeaks(t)
+	s := openBatchStore(t)
+	ctx := context.Background()
+	if _, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		return putDeployment(ctx, tx, "d1", "eu", "img:1", 1, "running")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A desired-state write holds the only committer.
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+			once.Do(func() { close(started); <-release })
+			return nil
+		})
+		done <- err
+	}()
+	<-started
+	defer func() {
+		close(release)
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := s.ReportDeployments(rctx, "eu", "eu-1", []store.DeploymentReport{{
+		Obs:    store.Observation{Version: 1, At: time.Now()},
+		Status: &clusterv1.DeploymentStatus{DeploymentId: "d1", K8SName: "d-d1", DesiredReplicas: 1, ReadyReplicas: 1},
+	}})
+	if err != nil || len(res) != 1 || !res[0].Accepted {
+		t.Fatalf("a report while a group commit is held: %v, %v; want it stored at once", res, err)
 	}
 }

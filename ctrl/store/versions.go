@@ -109,6 +109,15 @@ func (s *Store) WriteTx(ctx context.Context, fn func(ctx context.Context, tx *Tx
 	return s.writeTxSolo(ctx, fn)
 }
 
+// WriteTxAlone is WriteTx in a transaction of its own, never
+// group-committed: for writes that give no versions (status reports,
+// tokens, registrations). They gain nothing from group commit, which
+// serialises the writes it batches, and in its queue they would wait
+// behind desired-state writes, and make those wait.
+func (s *Store) WriteTxAlone(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) ([]Stamped, error) {
+	return s.writeTxSolo(ctx, fn)
+}
+
 // writeTxSolo runs fn in a transaction of its own, retried after deadlocks.
 func (s *Store) writeTxSolo(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) ([]Stamped, error) {
 	var lastErr error
