@@ -71,11 +71,21 @@ func main() {
 		}
 		begin := time.Now()
 		fmt.Printf("==> %s\n", m.name)
+		m0 := bench.SampleMachine()
 		f, err := m.run(ctx, env)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", m.name, err)
 			failed = true
 			continue
+		}
+		// What else ran: figures of a loaded machine are not a quiet one's.
+		load := bench.LoadNote(m0, bench.SampleMachine())
+		fmt.Printf("    %s\n", load)
+		for i := range f {
+			if f[i].Note != "" {
+				f[i].Note += "; "
+			}
+			f[i].Note += load
 		}
 		fmt.Printf("==> %s done in %s\n", m.name, time.Since(begin).Round(100*time.Millisecond))
 		figs = append(figs, f...)

@@ -90,7 +90,11 @@ type FleetRow struct {
 // Load is what else used the machine while an arm was measured: the
 // figures of a loaded machine are not comparable with a quiet one's.
 type Load struct {
-	LoadAvg1   float64 `json:"loadavg_1m"`
+	LoadAvg1 float64 `json:"loadavg_1m"`
+	// Busy is the whole machine's CPU in use (/proc/stat, every process
+	// in every container), OtherCores what of it is not ctrl, MariaDB,
+	// Restate or the benchmark.
+	Busy       float64 `json:"machine_busy_cores"`
 	MariaDB    float64 `json:"mariadb_cores"`
 	Restate    float64 `json:"restate_cores"`
 	Bench      float64 `json:"bench_cores"`
@@ -398,7 +402,7 @@ type fleetSample struct {
 	mariaCPU float64
 	restCPU  float64
 	selfCPU  float64
-	all      map[string]float64 // CPU s by command, every process
+	busy     float64 // CPU s the whole machine was busy
 	loadavg  float64
 	db       map[string]float64
 	reads    float64
@@ -407,10 +411,8 @@ type fleetSample struct {
 func (f *fleet) sample(ctx context.Context) (fleetSample, error) {
 	e := f.e
 	s := fleetSample{at: time.Now(), ctrlCPU: procCPU(e.St.CtrlPid()), mariaCPU: procCPU(e.St.MySQL.Pid()),
-		restCPU: procCPU(e.St.Restate.Pid()), selfCPU: procCPU(os.Getpid()), all: cpuByCommand(), db: map[string]float64{}}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		s.loadavg, _ = strconv.ParseFloat(strings.Fields(string(b))[0], 64)
-	}
+		restCPU: procCPU(e.St.Restate.Pid()), selfCPU: procCPU(os.Getpid()), busy: machineBusy(), db: map[string]float64{}}
+	s.loadavg = loadavg1()
 	rows, err := e.Store.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select', 'Com_insert', 'Com_update', 'Com_commit')")
 	if err != nil {
 		return s, fmt.Errorf("read MariaDB's counters: %w", err)
@@ -433,15 +435,57 @@ func (f *fleet) sample(ctx context.Context) (fleetSample, error) {
 
 func loadBetween(a, b fleetSample) Load {
 	secs := b.at.Sub(a.at).Seconds()
-	var all float64
-	for name, v := range b.all {
-		all += v - a.all[name]
-	}
-	l := Load{LoadAvg1: (a.loadavg + b.loadavg) / 2, MariaDB: (b.mariaCPU - a.mariaCPU) / secs, Restate: (b.restCPU - a.restCPU) / secs,
-		Bench: (b.selfCPU - a.selfCPU) / secs}
+	l := Load{LoadAvg1: (a.loadavg + b.loadavg) / 2, Busy: (b.busy - a.busy) / secs, MariaDB: (b.mariaCPU - a.mariaCPU) / secs,
+		Restate: (b.restCPU - a.restCPU) / secs, Bench: (b.selfCPU - a.selfCPU) / secs}
 	ours := (b.ctrlCPU - a.ctrlCPU) + (b.mariaCPU - a.mariaCPU) + (b.restCPU - a.restCPU) + (b.selfCPU - a.selfCPU)
-	l.OtherCores = max(0, (all-ours)/secs)
+	l.OtherCores = max(0, (b.busy-a.busy-ours)/secs)
 	return l
+}
+
+// Machine is a sample of the whole machine's use, to put next to figures
+// measured between two samples.
+type Machine struct {
+	at      time.Time
+	busy    float64
+	loadavg float64
+}
+
+// SampleMachine reads the machine's CPU use and load average.
+func SampleMachine() Machine {
+	return Machine{at: time.Now(), busy: machineBusy(), loadavg: loadavg1()}
+}
+
+// LoadNote says how loaded the machine was between a and b.
+func LoadNote(a, b Machine) string {
+	return fmt.Sprintf("machine: load %.1f, %.2f of %d cores busy", (a.loadavg+b.loadavg)/2, (b.busy-a.busy)/b.at.Sub(a.at).Seconds(), cpus())
+}
+
+func loadavg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	return v
+}
+
+// machineBusy is the CPU seconds the machine has been busy (the first line
+// of /proc/stat: user, nice, system, irq, softirq and steal time).
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var t float64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		if i < len(f) {
+			v, _ := strconv.ParseFloat(f[i], 64)
+			t += v
+		}
+	}
+	return t / 100 // USER_HZ
 }
 
 // memoryForClusters is a rough need of one arm: the simulated clusters
@@ -464,8 +508,8 @@ func availableMiB() float64 {
 }
 
 func (r FleetRow) line() string {
-	return fmt.Sprintf("%s, %d clusters: delivery p50 %.1f p99 %.1f max %.1f ms, p99 from the answer %.1f ms, API call p50 %.1f p99 %.1f ms (%d of %d missing); ctrl %.2f cores, %.0f MiB; MariaDB %.0f statements/s; ctrl reads %.1f/s; %.0f streams open; load %.1f, others %.2f cores",
-		r.Arm, r.Clusters, r.P50, r.P99, r.Max, r.P99Acked, r.API, r.APIp99, r.Missing, r.Deliveries, r.CPU, r.RSS, r.DBQ, r.Read, r.Streams, r.Load.LoadAvg1, r.Load.OtherCores)
+	return fmt.Sprintf("%s, %d clusters: delivery p50 %.1f p99 %.1f max %.1f ms, p99 from the answer %.1f ms, API call p50 %.1f p99 %.1f ms (%d of %d missing); ctrl %.2f cores, %.0f MiB; MariaDB %.0f statements/s; ctrl reads %.1f/s; %.0f streams open; load %.1f, machine busy %.2f cores, others %.2f",
+		r.Arm, r.Clusters, r.P50, r.P99, r.Max, r.P99Acked, r.API, r.APIp99, r.Missing, r.Deliveries, r.CPU, r.RSS, r.DBQ, r.Read, r.Streams, r.Load.LoadAvg1, r.Load.Busy, r.Load.OtherCores)
 }
 
 // PrintFleet prints the side-by-side table, the ratios of each size
