@@ -100,7 +100,6 @@ func WriteJSON(path string, figs []Figure, started time.Time, extra map[string]a
 		_ = json.Unmarshal(b, &out)
 	}
 	all := append(kept, figs...)
-	sort.SliceStable(all, func(i, j int) bool { return all[i].Section < all[j].Section })
 	for k, v := range extra {
 		out[k] = v
 	}
