@@ -32,17 +32,30 @@ func checkLeaks(t *testing.T) {
 // a batch of a known size.
 func openBatchStore(t *testing.T) *store.Store {
 	t.Helper()
-	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
-	ctx := context.Background()
-	s, err := store.Open(ctx, dsn, store.PoolOptions{WriteCommitters: 1})
-	if err != nil {
-		t.Fatal(err)
+	return openDSN(t, testenv.SharedMySQL(t).Database(t, t.Name()), store.PoolOptions{WriteCommitters: 1})
+}
+
+// holdCommitter makes a write that holds the only committer until release
+// is called; release then waits for the write.
+func holdCommitter(t *testing.T, s *store.Store) (release func()) {
+	t.Helper()
+	started, done := make(chan struct{}), make(chan error, 1)
+	hold := make(chan struct{})
+	var once sync.Once
+	go func() {
+		_, err := s.WriteTx(context.Background(), func(ctx context.Context, tx *store.Tx) error {
+			once.Do(func() { close(started); <-hold })
+			return nil
+		})
+		done <- err
+	}()
+	<-started
+	return func() {
+		close(hold)
+		if err := <-done; err != nil {
+			t.Errorf("the write holding the committer: %v", err)
+		}
 	}
-	t.Cleanup(func() { s.Close() })
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 type callResult struct {
@@ -63,17 +76,7 @@ type call struct {
 func runBatch(t *testing.T, s *store.Store, calls []call, beforeRelease func()) []callResult {
 	t.Helper()
 	ctx := context.Background()
-	started, release := make(chan struct{}), make(chan struct{})
-	var gateOnce sync.Once
-	gateDone := make(chan error, 1)
-	go func() {
-		_, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-			gateOnce.Do(func() { close(started); <-release })
-			return nil
-		})
-		gateDone <- err
-	}()
-	<-started
+	release := holdCommitter(t, s)
 	out := make([]callResult, len(calls))
 	var wg sync.WaitGroup
 	for i, c := range calls {
@@ -91,11 +94,8 @@ func runBatch(t *testing.T, s *store.Store, calls []call, beforeRelease func()) 
 	if beforeRelease != nil {
 		beforeRelease()
 	}
-	close(release)
+	release()
 	wg.Wait()
-	if err := <-gateDone; err != nil {
-		t.Fatalf("gate write: %v", err)
-	}
 	return out
 }
 
@@ -382,23 +382,7 @@ func TestReportsDoNotWaitForTheGroupCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A desired-state write holds the only committer.
-	started, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-			once.Do(func() { close(started); <-release })
-			return nil
-		})
-		done <- err
-	}()
-	<-started
-	defer func() {
-		close(release)
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer holdCommitter(t, s)()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	res, err := s.ReportDeployments(rctx, "eu", "eu-1", []store.DeploymentReport{{

@@ -229,22 +229,36 @@ func tableRefs(refs []Ref) [][]Ref {
 // optimizer that finds most of a small table asked for scans the table,
 // and a locking scan locks every row it passes, not just these.
 func rowsCond(def *kindDef, refs []Ref) (string, []any) {
+	match := keyMatch(def)
 	var sb strings.Builder
 	args := make([]any, 0, len(refs)*len(def.keyCols))
 	for i, r := range refs {
 		if i > 0 {
 			sb.WriteString(" OR ")
 		}
-		sb.WriteByte('(')
-		for j, c := range def.keyCols {
-			if j > 0 {
-				sb.WriteString(" AND ")
-			}
-			sb.WriteString(c + " = ?")
-		}
-		sb.WriteByte(')')
+		sb.WriteString("(" + match + ")")
 		args = append(args, def.keyArgs(r)...)
 	}
+	return sb.String(), args
+}
+
+// keyMatch is "k1 = ? AND k2 = ?" for the table's key columns.
+func keyMatch(def *kindDef) string {
+	return strings.Join(def.keyCols, " = ? AND ") + " = ?"
+}
+
+// versionCase is "CASE WHEN <key> THEN ? ... ELSE <otherwise> END": each
+// row's new version, for refs of one table.
+func versionCase(def *kindDef, refs []Ref, versions map[Ref]uint64, otherwise string) (string, []any) {
+	match := keyMatch(def)
+	var sb strings.Builder
+	args := make([]any, 0, len(refs)*(len(def.keyCols)+1))
+	sb.WriteString("CASE")
+	for _, r := range refs {
+		sb.WriteString(" WHEN " + match + " THEN ?")
+		args = append(append(args, def.keyArgs(r)...), versions[r])
+	}
+	sb.WriteString(" ELSE " + otherwise + " END")
 	return sb.String(), args
 }
 
@@ -390,38 +404,15 @@ func (s *Store) assign(ctx context.Context, tx execer, refs []Ref, current map[R
 // with the monotonic guard in SQL too, and checks every row matched.
 func stampRows(ctx context.Context, tx execer, group []Ref, versions map[Ref]uint64) error {
 	def := lookupKind(group[0].Kind)
-	var sb strings.Builder
-	args := make([]any, 0, len(group)*(2*len(def.keyCols)+1))
-	sb.WriteString("UPDATE " + def.table + " FORCE INDEX (PRIMARY) SET version = CASE")
-	for _, r := range group {
-		sb.WriteString(" WHEN ")
-		for j, c := range def.keyCols {
-			if j > 0 {
-				sb.WriteString(" AND ")
-			}
-			sb.WriteString(c + " = ?")
-		}
-		sb.WriteString(" THEN ?")
-		args = append(append(args, def.keyArgs(r)...), versions[r])
-	}
+	set, setArgs := versionCase(def, group, versions, "version")
 	cond, condArgs := rowsCond(def, group)
-	// The guard: a row only ever moves up (the CASE gives no row a lower
-	// version than it has, or no row matches and the count below fails).
-	sb.WriteString(" ELSE version END WHERE (" + cond + ") AND version < CASE")
-	args = append(args, condArgs...)
-	for _, r := range group {
-		sb.WriteString(" WHEN ")
-		for j, c := range def.keyCols {
-			if j > 0 {
-				sb.WriteString(" AND ")
-			}
-			sb.WriteString(c + " = ?")
-		}
-		sb.WriteString(" THEN ?")
-		args = append(append(args, def.keyArgs(r)...), versions[r])
-	}
-	sb.WriteString(" ELSE 0 END")
-	res, err := tx.ExecContext(ctx, sb.String(), args...)
+	// The guard: a row only ever moves up (a row that already has the
+	// version it would get, or a higher one, does not match, and the count
+	// below fails).
+	guard, guardArgs := versionCase(def, group, versions, "0")
+	query := "UPDATE " + def.table + " FORCE INDEX (PRIMARY) SET version = " + set + " WHERE (" + cond + ") AND version < " + guard
+	args := append(append(setArgs, condArgs...), guardArgs...)
+	res, err := tx.ExecContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: stamp %d %s rows (first %s): %w", len(group), def.table, group[0], err)
 	}
