@@ -28,7 +28,7 @@ BINARIES := krane ctrl krane-plugin-deployment krane-plugin-sentinel krane-plugi
 TEST_FLAGS ?= -race -timeout 45m
 PKGS ?= ./...
 
-.PHONY: build test test-go deploy-check demo chaos fuzz bench proto proto-check lint deps tools testenv clean help screenshots
+.PHONY: build test test-go deploy-check demo chaos fuzz bench bench-fleet proto proto-check lint deps tools testenv clean help screenshots
 .PHONY: $(addprefix bin/,$(BINARIES))
 
 help: ## list targets
@@ -52,9 +52,15 @@ bin/krane-plugin-configmap:
 demo: deps testenv build ## bring up the whole system locally and show a deploy working (DEMO_EXIT=1: exit after the scenario)
 	$(GO) run ./cmd/demo -bin bin $(if $(filter 1,$(DEMO_EXIT)),-exit,)
 
-bench: deps testenv build ## measure propagation, bootstrap vs raw client-go, resync cost, plugin hop, memory, versions/s, watch rows/s, rollout; writes bench/results.json
+bench: deps testenv build ## measure propagation, bootstrap vs raw client-go, resync cost, plugin hop, memory, versions/s, watch rows/s, rollout, writes/s, a 100-cluster fleet; writes bench/results.json
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./sdk/kube ./host/syncer ./plugins/deployment/controller ./plugins/cilium/controller
 	$(GO) run ./cmd/bench -bin bin
+
+# FLEET_FLAGS e.g. -fleet-clusters 100,1000 -fleet-window 60s -fleet-arms streaming,polling,streaming-unshared
+FLEET_FLAGS ?=
+bench-fleet: deps build ## simulated clusters (100 to 3,000) against one ctrl: streaming vs polling, how costs grow; the write path; writes bench/results.json
+	./scripts/testenv-restate.sh
+	$(GO) run ./cmd/bench -bin bin -fleet $(FLEET_FLAGS)
 
 # Every fuzz target, each for FUZZ_TIME; corpora live in testdata/fuzz.
 FUZZ_TIME ?= 30s

@@ -153,6 +153,35 @@ func RegisterCluster(ctx context.Context, s *store.Store, region, clusterID stri
 	return token, nil
 }
 
+// ClusterRef names a cluster to register: its region and id.
+type ClusterRef struct {
+	Region, ClusterID string
+}
+
+// RegisterClusters registers many clusters at once (or adds a token to
+// those already registered in the same region), in one transaction, and
+// returns their new tokens in order. All or none: a cluster registered in
+// another region, listed twice, or with an invalid name fails the call and
+// registers nothing.
+func RegisterClusters(ctx context.Context, s *store.Store, clusters []ClusterRef, opts ...TokenOption) ([]string, error) {
+	regs := make([]store.ClusterRegistration, len(clusters))
+	tokens := make([]string, len(clusters))
+	for i, c := range clusters {
+		if !validName(c.Region) || !validName(c.ClusterID) {
+			return nil, fmt.Errorf("cluster %d (%q in %q): region and cluster must be 1-64 characters of a-z, 0-9, '-', '_' or '.'", i+1, c.ClusterID, c.Region)
+		}
+		token, rec, err := newToken(store.ClusterToken, opts)
+		if err != nil {
+			return nil, err
+		}
+		regs[i], tokens[i] = store.ClusterRegistration{ClusterID: c.ClusterID, Region: c.Region, Token: rec}, token
+	}
+	if err := s.RegisterClusters(ctx, regs); err != nil {
+		return nil, err
+	}
+	return tokens, nil
+}
+
 // CreateOperatorToken stores a new operator token named name and returns
 // it (shown once).
 func CreateOperatorToken(ctx context.Context, s *store.Store, name string, opts ...TokenOption) (string, error) {

@@ -6,10 +6,12 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -140,19 +142,69 @@ func newMigrate() *cobra.Command {
 	}
 }
 
+// readClusterList reads `REGION CLUSTER` lines from a file (or standard
+// input for "-").
+func readClusterList(cmd *cobra.Command, path string) ([]auth.ClusterRef, error) {
+	r := cmd.InOrStdin()
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("cluster list: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	var refs []auth.ClusterRef
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			return nil, fmt.Errorf("%s:%d: %q: want `REGION CLUSTER`", path, n, line)
+		}
+		refs = append(refs, auth.ClusterRef{Region: f[0], ClusterID: f[1]})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(refs) == 0 {
+		return nil, fmt.Errorf("%s lists no clusters (want `REGION CLUSTER` lines)", path)
+	}
+	return refs, nil
+}
+
 func newCluster() *cobra.Command {
 	cmd := &cobra.Command{Use: "cluster", Short: "Register clusters, revoke their tokens, list them"}
 
-	var region, cluster, registerExpires string
+	var region, cluster, registerExpires, from string
 	register := &cobra.Command{
-		Use:   "register --region R --cluster C",
-		Short: "Register a cluster (or add a token to it) and print its token once",
+		Use:   "register (--region R --cluster C | --from FILE)",
+		Short: "Register a cluster (or many) and print each new token once",
 		Long: "Register a cluster in a region and print a new cluster token on stdout. " +
 			"ctrl stores only the token's hash: copy it into the cluster's krane configuration now, it cannot be shown again. " +
 			"Registering an existing cluster again adds a token (for rotation); revoke the old one afterwards (`ctrl token revoke ID`). " +
-			"With --expires-in the token stops working after that long, and the cluster's open streams are closed then.",
+			"With --expires-in the token stops working after that long, and the cluster's open streams are closed then.\n\n" +
+			"With --from FILE (- for standard input), register every cluster the file lists, one per line as `REGION CLUSTER` " +
+			"(blank lines and lines starting with # are skipped), in one transaction: all of them or, on any error, none. " +
+			"Standard output then has one `CLUSTER TOKEN` line per cluster, in the file's order.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case from != "" && (region != "" || cluster != ""):
+				return errors.New("--from registers the clusters its file lists: leave out --region and --cluster")
+			case from == "" && (region == "" || cluster == ""):
+				return errors.New("give --region and --cluster for one cluster, or --from FILE for many")
+			}
+			var refs []auth.ClusterRef
+			if from != "" {
+				var err error
+				if refs, err = readClusterList(cmd, from); err != nil {
+					return err
+				}
+			}
 			st, err := openStore(cmd, true)
 			if err != nil {
 				return err
@@ -162,21 +214,37 @@ func newCluster() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			token, err := auth.RegisterCluster(cmd.Context(), st, region, cluster, opts...)
+			if from == "" {
+				token, err := auth.RegisterCluster(cmd.Context(), st, region, cluster, opts...)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), token)
+				fmt.Fprintf(cmd.ErrOrStderr(), "Registered cluster %s in region %s; its token %s. It went to stdout and is shown only once: ctrl keeps just its hash.\n",
+					cluster, region, until)
+				return nil
+			}
+			begin := time.Now()
+			tokens, err := auth.RegisterClusters(cmd.Context(), st, refs, opts...)
 			if err != nil {
+				return fmt.Errorf("%s: %w", from, err)
+			}
+			w := bufio.NewWriter(cmd.OutOrStdout())
+			for i, ref := range refs {
+				fmt.Fprintf(w, "%s %s\n", ref.ClusterID, tokens[i])
+			}
+			if err := w.Flush(); err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), token)
-			fmt.Fprintf(cmd.ErrOrStderr(), "Registered cluster %s in region %s; its token %s. It went to stdout and is shown only once: ctrl keeps just its hash.\n",
-				cluster, region, until)
+			fmt.Fprintf(cmd.ErrOrStderr(), "Registered %d clusters from %s in %s; each token %s. They went to stdout and are shown only once: ctrl keeps just their hashes.\n",
+				len(refs), from, time.Since(begin).Round(time.Millisecond), until)
 			return nil
 		},
 	}
-	register.Flags().StringVar(&region, "region", "", "region the cluster serves (required)")
-	register.Flags().StringVar(&cluster, "cluster", "", "cluster id, unique across regions (required)")
+	register.Flags().StringVar(&region, "region", "", "region the cluster serves")
+	register.Flags().StringVar(&cluster, "cluster", "", "cluster id, unique across regions")
+	register.Flags().StringVar(&from, "from", "", "file listing clusters to register, one `REGION CLUSTER` per line (- for standard input)")
 	register.Flags().StringVar(&registerExpires, "expires-in", "", expiresInUsage)
-	_ = register.MarkFlagRequired("region")
-	_ = register.MarkFlagRequired("cluster")
 
 	var revokeID string
 	revoke := &cobra.Command{

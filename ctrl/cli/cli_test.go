@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -263,5 +266,88 @@ func TestTokenListRevokeAndExpiresIn(t *testing.T) {
 	}
 	if code, out, _ := run(t, "token", "list", "--valid"); code != 0 || strings.Contains(out, operator.ID) || strings.Contains(out, cluster.ID) || !strings.Contains(out, forever.ID) {
 		t.Fatalf("token list --valid:\n%s", out)
+	}
+}
+
+// A fleet is registered from a list in one transaction: every cluster gets
+// a working token, or, on any error, none does.
+func TestRegisterClustersFromAList(t *testing.T) {
+	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
+	ctx := context.Background()
+	t.Setenv("CTRL_DB_DSN", dsn)
+	if code, _, errOut := run(t, "migrate"); code != 0 {
+		t.Fatalf("migrate: %q", errOut)
+	}
+	if code, _, errOut := run(t, "cluster", "register", "--region", "eu", "--cluster", "eu-0"); code != 0 {
+		t.Fatalf("register eu-0: %q", errOut)
+	}
+	const n = 1200 // more than one statement's worth
+	var list strings.Builder
+	list.WriteString("# region cluster\n\n")
+	for i := range n {
+		fmt.Fprintf(&list, "%s eu-%d\n", []string{"eu", "us"}[i%2], i)
+	}
+	file := filepath.Join(t.TempDir(), "clusters.txt")
+	if err := os.WriteFile(file, []byte(list.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	countTokens := func() int {
+		st, err := store.Open(ctx, dsn, store.PoolOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		toks, err := st.ListTokens(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(toks)
+	}
+
+	// A list that would move eu-0 (registered in eu) to us registers
+	// nothing, not even the new cluster before it.
+	bad := filepath.Join(t.TempDir(), "bad.txt")
+	if err := os.WriteFile(bad, []byte("eu eu-new\nus eu-0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := run(t, "cluster", "register", "--from", bad); code == 0 || out != "" || !strings.Contains(errOut, "eu-0 (in eu, not us)") {
+		t.Fatalf("a list moving eu-0 to us: %d %q %q; want a refusal naming it and no tokens", code, out, errOut)
+	}
+	if got := countTokens(); got != 1 {
+		t.Fatalf("%d tokens after a refused list, want the 1 from before", got)
+	}
+	if err := os.WriteFile(bad, []byte("eu a\neu a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := run(t, "cluster", "register", "--from", bad); code == 0 || !strings.Contains(errOut, "listed twice") {
+		t.Fatalf("a list naming a cluster twice: %d %q", code, errOut)
+	}
+	if code, _, errOut := run(t, "cluster", "register", "--from", bad, "--cluster", "x"); code == 0 || !strings.Contains(errOut, "leave out") {
+		t.Fatalf("--from with --cluster: %d %q", code, errOut)
+	}
+
+	code, out, errOut := run(t, "cluster", "register", "--from", file)
+	if code != 0 || !strings.Contains(errOut, fmt.Sprintf("Registered %d clusters", n)) {
+		t.Fatalf("register --from: %d %q", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != n {
+		t.Fatalf("%d output lines, want %d", len(lines), n)
+	}
+	if got := countTokens(); got != n+1 {
+		t.Fatalf("%d tokens, want %d", got, n+1)
+	}
+	// Each line is the cluster and its token, in the file's order; the
+	// tokens work (sample a few against a real server).
+	env := ctrltest.Start(t, ctrltest.Options{DSN: dsn})
+	for _, i := range []int{0, 1, n / 2, n - 1} {
+		f := strings.Fields(lines[i])
+		if len(f) != 2 || f[0] != fmt.Sprintf("eu-%d", i) {
+			t.Fatalf("line %d = %q, want `eu-%d TOKEN`", i, lines[i], i)
+		}
+		cli := env.Cluster(t, f[1])
+		if _, err := cli.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "test"}); err != nil {
+			t.Fatalf("heartbeat of eu-%d with its new token: %v", i, err)
+		}
 	}
 }

@@ -12,6 +12,8 @@ type metrics struct {
 	headPollErrors  prometheus.Counter
 	bootstrapStream *prometheus.HistogramVec
 	decrypts        *prometheus.CounterVec
+	delivered       *prometheus.CounterVec
+	headPolls       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -35,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"region", "kind"}),
 		watchQuery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "watch_query_seconds",
-			Help:    "Latency of one page query of a desired-state stream, by kind and phase (bootstrap or stream).",
+			Help:    "Latency of one page query of desired-state streams, by kind and phase (bootstrap; stream: one stream's own read; feed: one read shared by the streams of a (region, kind)).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"kind", "phase"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -55,10 +57,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: ns, Subsystem: sub, Name: "vault_decrypts_total",
 			Help: "DecryptEnv requests by outcome (allowed, denied, failed); each one is in the vault_audit table.",
 		}, []string{"outcome"}),
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_changes_read_total",
+			Help: "Changes streams took after their bootstrap, by source: feed (read once per (region, kind) and shared by its streams) or database (a stream behind the shared window reading for itself).",
+		}, []string{"source"}),
+		headPolls: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "head_polls_total",
+			Help: "Reads of change_heads by the head poller.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.activeStreams, m.rowsStreamed, m.skippedRows, m.headVersion, m.watchQuery, m.reports,
-			m.headPollErrors, m.bootstrapStream, m.decrypts)
+			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls)
 	}
 	return m
 }

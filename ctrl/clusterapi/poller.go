@@ -56,6 +56,14 @@ func (p *headPoller) head(k store.HeadKey) uint64 {
 	return p.heads[k]
 }
 
+// isFailing reports whether the last read of the heads failed (streams
+// then re-read the database instead of trusting them).
+func (p *headPoller) isFailing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failing
+}
+
 func (p *headPoller) run(ctx context.Context) {
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
@@ -71,6 +79,7 @@ func (p *headPoller) run(ctx context.Context) {
 
 func (p *headPoller) poll(ctx context.Context) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	p.m.headPolls.Inc()
 	heads, err := p.store.ChangeHeads(qctx)
 	cancel()
 	if err != nil {

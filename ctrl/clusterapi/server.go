@@ -5,8 +5,14 @@
 // Streams read the store page by page, ordered by version, and never hold a
 // whole region in memory. Idle streams wait on the process's single head
 // poller (poller.go), which reads the tiny change_heads table every
-// PollInterval and wakes only the streams whose (region, kind) advanced; they
-// also re-check the database and send a KeepAlive every KeepAlive interval.
+// PollInterval and wakes only the streams whose (region, kind) advanced. The
+// streams of one (region, kind) share its feed (feed.go): one read of the
+// new rows per wake, kept in a bounded window that every stream at the head
+// sends from; a stream behind the window reads the database itself. Idle
+// streams send a KeepAlive every KeepAlive interval, and the feed re-reads
+// the database at most once per interval in case a head was missed. A
+// stream resumed from a cursor also sends a KeepAlive as soon as it has
+// caught up.
 //
 // A row that cannot be converted to its payload (corrupt JSON in a column)
 // is skipped: the stream and its cursor move on, the row is logged at error
@@ -62,6 +68,12 @@ type Options struct {
 	// PollInterval is how often the head poller reads change_heads. Default
 	// 50ms.
 	PollInterval time.Duration
+	// FeedWindow is how many of the latest changes of each (region, kind)
+	// are kept for its streams to share (feed.go). Default 1024.
+	FeedWindow int
+	// UnsharedReads turns the feeds off: every stream reads the database
+	// itself on every wake (the design before feeds, kept to compare with).
+	UnsharedReads bool
 	// Listener, when set, is told about accepted reports.
 	Listener StatusListener
 	// Vault opens sealed environments for DecryptEnv; nil when ctrl has no
@@ -81,6 +93,7 @@ type Server struct {
 	listener  StatusListener
 	vault     *vault.Source
 	poller    *headPoller
+	feeds     feeds
 	stopping  chan struct{}
 
 	labelsMu sync.Mutex
@@ -105,11 +118,15 @@ func New(o Options) (*Server, error) {
 	if o.PollInterval <= 0 {
 		o.PollInterval = 50 * time.Millisecond
 	}
+	if o.FeedWindow <= 0 {
+		o.FeedWindow = 1024
+	}
 	log := o.Logger.Named("clusterapi")
 	m := newMetrics(o.Registerer)
 	return &Server{
 		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
 		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
+		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
 		stopping: make(chan struct{}),
 		labels:   map[string]bool{},
 	}, nil

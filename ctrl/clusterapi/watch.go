@@ -18,6 +18,9 @@ import (
 // sink is how one RPC puts events on its wire.
 type sink struct {
 	change func(store.Change) error
+	// wire, when set, sends a change in the generic wire form (built once
+	// per change for every stream of a feed).
+	wire func(*clusterv1.ResourceChange) error
 	// bootstrapComplete and keepAlive are nil for RPCs without such
 	// messages (the typed watches).
 	bootstrapComplete func(head uint64) error
@@ -59,7 +62,7 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, f
 		}
 		cursor = head
 	}
-	return s.stream(ctx, kind, region, cursor, out)
+	return s.stream(ctx, kind, region, cursor, after > 0, out)
 }
 
 // snapshot sends every live row of kind in region from one consistent
@@ -100,39 +103,29 @@ func (s *Server) snapshot(ctx context.Context, kind, region string, out sink) (u
 }
 
 // stream sends every change with version > cursor as it commits, until the
-// client goes away, the server stops, or the database fails.
-func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64, out sink) error {
+// client goes away, the server stops, or the database fails. With
+// announce, it sends a KeepAlive as soon as it has caught up, so a client
+// resuming from a cursor knows it has everything up to the head.
+func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64, announce bool, out sink) error {
 	key := store.HeadKey{Region: region, Kind: kind}
-	label := s.kindLabel(kind)
-	rows := s.m.rowsStreamed.WithLabelValues(region, label, "stream")
-	queries := s.m.watchQuery.WithLabelValues(label, "stream")
+	f := s.feeds.acquire(key)
+	defer s.feeds.release(f)
 	ticker := time.NewTicker(s.keepAlive)
 	defer ticker.Stop()
-	keepAliveDue := false
+	keepAliveDue := announce
+	var recheck time.Time
 	for {
-		// Take the wake-up channel before querying, so a commit that lands
-		// after the query still wakes us.
+		// Take the wake-up channel before reading, so a commit that lands
+		// after the read still wakes us.
 		wake := s.poller.wait(key)
-		for {
-			qStart := time.Now()
-			page, err := s.store.ChangesAfter(ctx, kind, region, cursor, s.pageSize)
-			queries.Observe(time.Since(qStart).Seconds())
-			if err != nil {
-				return storeError(ctx, err, "reading changes failed; reconnect with after_version="+strconv.FormatUint(cursor, 10))
-			}
-			for _, c := range page {
-				if s.convertible(c, region) {
-					if err := out.change(c); err != nil {
-						return err
-					}
-					rows.Inc()
-				}
-				cursor = c.Version // also past a skipped row: it must not block the stream
-			}
-			if len(page) < s.pageSize {
-				break
-			}
+		if s.poller.isFailing() {
+			recheck = time.Now() // the heads say nothing: ask the database
 		}
+		var err error
+		if cursor, err = s.catchUp(ctx, f, key, cursor, recheck, out); err != nil {
+			return err
+		}
+		recheck = time.Time{}
 		if keepAliveDue && out.keepAlive != nil {
 			if err := out.keepAlive(max(cursor, s.poller.head(key))); err != nil {
 				return err
@@ -146,9 +139,96 @@ func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64,
 			return status.Errorf(codes.Unavailable, "ctrl is shutting down; reconnect with after_version=%d", cursor)
 		case <-wake:
 		case <-ticker.C:
-			keepAliveDue = true
+			// A safety net behind the head poller: the feed re-reads the
+			// database if no read of it started within the interval (one
+			// query per feed, whatever its streams).
+			keepAliveDue, recheck = true, time.Now().Add(-s.keepAlive)
 		}
 	}
+}
+
+// catchUp sends the changes after cursor up to the head the poller has
+// seen (with recheck set, also everything a read started after recheck
+// finds), from the feed where the cursor is inside its window and from the
+// database where it is behind. It returns the new cursor.
+func (s *Server) catchUp(ctx context.Context, f *feed, key store.HeadKey, cursor uint64, recheck time.Time, out sink) (uint64, error) {
+	kind, region := key.Kind, key.Region
+	label := s.kindLabel(kind)
+	rows := s.m.rowsStreamed.WithLabelValues(region, label, "stream")
+	send := func(c store.Change, fe *feedEntry) error {
+		if !s.convertible(c, region) {
+			return nil // skipped, and the cursor moves past it: it must not block the stream
+		}
+		var err error
+		if fe != nil {
+			err = out.feedChange(fe)
+		} else {
+			err = out.change(c)
+		}
+		if err == nil {
+			rows.Inc()
+		}
+		return err
+	}
+	resume := func(err error) error {
+		return storeError(ctx, err, "reading changes failed; reconnect with after_version="+strconv.FormatUint(cursor, 10))
+	}
+	// The target is read before asOf: every version up to it committed
+	// before asOf.
+	goal := fetchGoal{target: s.poller.head(key), asOf: time.Now(), recheck: recheck}
+	for {
+		if entries, ok := f.after(cursor); ok {
+			for _, e := range entries {
+				if err := send(e.c, e); err != nil {
+					return cursor, err
+				}
+				cursor = e.c.Version
+			}
+			s.m.delivered.WithLabelValues("feed").Add(float64(len(entries)))
+			if f.done(cursor, goal) {
+				return cursor, nil
+			}
+			if err := f.fetch(ctx, s, kind, region, goal); err != nil {
+				return cursor, resume(err)
+			}
+			continue
+		}
+		// Behind the window (or no window yet): read the database.
+		qStart := time.Now()
+		page, err := s.store.ChangesAfter(ctx, kind, region, cursor, s.pageSize)
+		s.m.watchQuery.WithLabelValues(label, "stream").Observe(time.Since(qStart).Seconds())
+		if err != nil {
+			return cursor, resume(err)
+		}
+		for _, c := range page {
+			if err := send(c, nil); err != nil {
+				return cursor, err
+			}
+			cursor = c.Version
+		}
+		s.m.delivered.WithLabelValues("database").Add(float64(len(page)))
+		if len(page) == s.pageSize {
+			continue
+		}
+		// Caught up with everything committed before the read: this
+		// stream's cursor is a sound start for the pair's window.
+		f.anchor(cursor)
+		if entries, ok := f.after(cursor); !ok || len(entries) == 0 {
+			return cursor, nil
+		}
+	}
+}
+
+// feedChange sends a change taken from a feed.
+func (out sink) feedChange(e *feedEntry) error {
+	if out.wire == nil {
+		return out.change(e.c)
+	}
+	rc, err := e.resourceChange()
+	if err != nil {
+		return err
+	}
+	return out.wire(rc)
 }
 
 // convertible logs and counts a row that cannot be converted; such a row is
@@ -177,14 +257,18 @@ func resourceChange(c store.Change) (*clusterv1.ResourceChange, error) {
 }
 
 func genericSink(send func(*clusterv1.WatchEvent) error) sink {
+	wire := func(rc *clusterv1.ResourceChange) error {
+		return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: rc}})
+	}
 	return sink{
 		change: func(c store.Change) error {
 			rc, err := resourceChange(c)
 			if err != nil {
 				return err
 			}
-			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: rc}})
+			return wire(rc)
 		},
+		wire: wire,
 		bootstrapComplete: func(head uint64) error {
 			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head}}})
 		},

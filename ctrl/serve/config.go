@@ -94,6 +94,8 @@ type DBConfig struct {
 	MaxOpenConns    int           `koanf:"max_open_conns"`
 	MaxIdleConns    int           `koanf:"max_idle_conns"`
 	ConnMaxLifetime time.Duration `koanf:"conn_max_lifetime"`
+	MaxWriteBatch   int           `koanf:"max_write_batch"`
+	WriteCommitters int           `koanf:"write_committers"`
 }
 
 type MigrateConfig struct {
@@ -117,6 +119,8 @@ type WatchConfig struct {
 	PageSize     int           `koanf:"page_size"`
 	KeepAlive    time.Duration `koanf:"keepalive"`
 	PollInterval time.Duration `koanf:"poll_interval"`
+	FeedWindow   int           `koanf:"feed_window"`
+	SharedReads  bool          `koanf:"shared_reads"`
 }
 
 type AuthConfig struct {
@@ -140,8 +144,10 @@ type setting struct {
 var settings = []setting{
 	{"db.dsn", "", "MySQL/MariaDB DSN, e.g. ctrl:secret@tcp(db:3306)/ctrl (required)"},
 	{"db.max_open_conns", 50, "maximum open database connections (each bootstrapping stream holds one)"},
-	{"db.max_idle_conns", 10, "maximum idle database connections"},
+	{"db.max_idle_conns", 0, "idle database connections kept open; 0 keeps as many as db.max_open_conns (a commit waking many streams then reuses connections instead of reopening them)"},
 	{"db.conn_max_lifetime", 5 * time.Minute, "recycle database connections after this long"},
+	{"db.max_write_batch", 64, "most concurrent desired-state writes committed in one transaction (group commit); 1 turns group commit off"},
+	{"db.write_committers", 2, "group-commit transactions in flight at once (one runs its writes while the other commits)"},
 	{"migrate.on_start", true, "apply pending schema migrations when ctrl serve starts"},
 	{"grpc.addr", ":7443", "gRPC listen address (ClusterService and operator APIs)"},
 	{"grpc.tls_cert", "", "TLS certificate file (PEM); without it gRPC is plaintext h2c"},
@@ -153,6 +159,8 @@ var settings = []setting{
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
+	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
+	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s; a revocation this ctrl sees drops it at once)"},
 	{"auth.revocation_poll_interval", 250 * time.Millisecond, "how often ctrl reads newly revoked tokens from the database and closes their open streams (10ms..1m)"},
 	{"auth.recheck_interval", time.Minute, "how often the tokens of all open streams are read again in one query, a safety net behind the revocation poll (1s..24h)"},
@@ -299,6 +307,15 @@ func (c Config) Validate() error {
 	}
 	if c.GRPC.ClientCA != "" && c.GRPC.TLSCert == "" {
 		errs = append(errs, errors.New("grpc.client_ca (mTLS) needs grpc.tls_cert and grpc.tls_key"))
+	}
+	if c.DB.MaxWriteBatch < 1 || c.DB.MaxWriteBatch > 1000 {
+		errs = append(errs, fmt.Errorf("db.max_write_batch %d is out of range 1..1000 (1 turns group commit off)", c.DB.MaxWriteBatch))
+	}
+	if c.DB.WriteCommitters < 1 || c.DB.WriteCommitters > 64 {
+		errs = append(errs, fmt.Errorf("db.write_committers %d is out of range 1..64", c.DB.WriteCommitters))
+	}
+	if c.Watch.FeedWindow < 1 || c.Watch.FeedWindow > 1000000 {
+		errs = append(errs, fmt.Errorf("watch.feed_window %d is out of range 1..1000000", c.Watch.FeedWindow))
 	}
 	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
 		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))

@@ -117,6 +117,7 @@ func Start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps) (*Serve
 	_ = mysql.SetLogger(mysqlLogger{log.Named("mysql")})
 	st, err := store.Open(ctx, cfg.DB.DSN, store.PoolOptions{
 		MaxOpenConns: cfg.DB.MaxOpenConns, MaxIdleConns: cfg.DB.MaxIdleConns, ConnMaxLifetime: cfg.DB.ConnMaxLifetime,
+		MaxWriteBatch: cfg.DB.MaxWriteBatch, WriteCommitters: cfg.DB.WriteCommitters,
 	})
 	if err != nil {
 		return nil, err
@@ -140,7 +141,9 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		}
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewDBStatsCollector(st.DB(), "ctrl"))
+	registerWriteMetrics(reg, st)
 	authn := auth.New(st, auth.Options{
 		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,
 		Logger: log, Registerer: reg,
@@ -187,7 +190,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	}
 	api, err := clusterapi.New(clusterapi.Options{
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
-		PollInterval: cfg.Watch.PollInterval, Listener: listeners, Vault: keys,
+		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
 	})
 	if err != nil {
 		return fail(err)
@@ -456,4 +459,24 @@ func (s *Server) httpHandler() http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
 	return mux
+}
+
+// registerWriteMetrics exports the store's group-commit counters.
+func registerWriteMetrics(reg prometheus.Registerer, st *store.Store) {
+	counter := func(name, help string, v func(store.WriteStats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "krane", Subsystem: "ctrl", Name: name, Help: help},
+			func() float64 { return float64(v(st.WriteStats())) })
+	}
+	reg.MustRegister(
+		counter("write_batches_total", "Transactions that group-committed two or more desired-state writes.",
+			func(w store.WriteStats) int64 { return w.Batches }),
+		counter("write_batched_total", "Writes committed in group-commit transactions (divide by write_batches_total for the mean batch).",
+			func(w store.WriteStats) int64 { return w.Batched }),
+		counter("write_solo_total", "Writes committed in a transaction of their own.",
+			func(w store.WriteStats) int64 { return w.Solo }),
+		counter("write_batch_retries_total", "Group-commit transactions run again after a deadlock.",
+			func(w store.WriteStats) int64 { return w.Retries }),
+		counter("write_batch_fallbacks_total", "Group-commit transactions that failed as a whole, whose writes then ran one by one.",
+			func(w store.WriteStats) int64 { return w.Fallbacks }),
+	)
 }

@@ -56,7 +56,7 @@ func TestConfigPrecedenceFileEnvFlags(t *testing.T) {
 	if cfg.DB.DSN != "from-file" || cfg.DB.MaxOpenConns != 7 || cfg.Watch.KeepAlive != 3*time.Second || // file over defaults
 		cfg.Watch.PageSize != 200 || // env over file
 		cfg.GRPC.Addr != ":3333" || cfg.Watch.PollInterval != 20*time.Millisecond || // flags over env
-		cfg.HTTP.Addr != ":9090" || !cfg.Migrate.OnStart || cfg.DB.MaxIdleConns != 10 { // defaults
+		cfg.HTTP.Addr != ":9090" || !cfg.Migrate.OnStart || cfg.DB.MaxIdleConns != 0 || cfg.DB.MaxWriteBatch != 64 { // defaults
 		t.Fatalf("merged config %+v", cfg)
 	}
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -62,7 +63,7 @@ var ErrClusterRegionConflict = errors.New("the cluster is registered in another 
 // again in the same region adds a token (for rotation); in another region it
 // fails with ErrClusterRegionConflict.
 func (s *Store) RegisterCluster(ctx context.Context, clusterID, region string, tok Token) error {
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		var existing string
 		err := tx.QueryRow(ctx, "SELECT region FROM clusters WHERE id = ? FOR UPDATE", clusterID).Scan(&existing)
 		switch {
@@ -81,14 +82,116 @@ func (s *Store) RegisterCluster(ctx context.Context, clusterID, region string, t
 	return err
 }
 
-// CreateOperatorToken stores an operator token.
-func (s *Store) CreateOperatorToken(ctx context.Context, tok Token) error {
-	tok.Kind = OperatorToken
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error { return insertToken(ctx, tx, tok) })
+// ClusterRegistration is one cluster of a bulk registration and the token
+// it gets.
+type ClusterRegistration struct {
+	ClusterID, Region string
+	Token             Token
+}
+
+// RegisterClusters is RegisterCluster for many clusters at once: one
+// transaction, a few statements per 500 clusters. It registers all of them
+// or none: a cluster registered in another region fails the whole call
+// with ErrClusterRegionConflict (naming every such cluster), and so does a
+// cluster listed twice.
+func (s *Store) RegisterClusters(ctx context.Context, regs []ClusterRegistration) error {
+	seen := make(map[string]bool, len(regs))
+	for _, r := range regs {
+		if seen[r.ClusterID] {
+			return fmt.Errorf("store: cluster %s is listed twice; register each cluster once (registering it again later adds a token)", r.ClusterID)
+		}
+		seen[r.ClusterID] = true
+	}
+	const chunk = 500
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		var conflicts []string
+		now := nowMillis()
+		for start := 0; start < len(regs); start += chunk {
+			part := regs[start:min(start+chunk, len(regs))]
+			args := make([]any, len(part))
+			for i, r := range part {
+				args[i] = r.ClusterID
+			}
+			rows, err := tx.Query(ctx, "SELECT id, region FROM clusters WHERE id IN ("+placeholders(len(part))+") FOR UPDATE", args...)
+			if err != nil {
+				return fmt.Errorf("store: read %d clusters (first %s): %w", len(part), part[0].ClusterID, err)
+			}
+			existing := map[string]string{}
+			for rows.Next() {
+				var id, region string
+				if err := rows.Scan(&id, &region); err != nil {
+					rows.Close()
+					return err
+				}
+				existing[id] = region
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			var clusterArgs, tokenArgs []any
+			nTokens := 0
+			for _, r := range part {
+				region, ok := existing[r.ClusterID]
+				switch {
+				case !ok:
+					clusterArgs = append(clusterArgs, r.ClusterID, r.Region, now)
+				case region != r.Region:
+					conflicts = append(conflicts, fmt.Sprintf("%s (in %s, not %s)", r.ClusterID, region, r.Region))
+					continue
+				}
+				t := r.Token
+				t.Kind, t.ClusterID, t.Region = ClusterToken, r.ClusterID, r.Region
+				tokenArgs = append(tokenArgs, tokenRow(t)...)
+				nTokens++
+			}
+			if len(conflicts) > 0 {
+				continue // fail below, naming them all
+			}
+			if n := len(clusterArgs) / 3; n > 0 {
+				if _, err := tx.Exec(ctx, "INSERT INTO clusters (id, region, created_at) VALUES "+rowGroups(n, 3), clusterArgs...); err != nil {
+					return fmt.Errorf("store: register %d clusters (first %s): %w", n, part[0].ClusterID, err)
+				}
+			}
+			if nTokens > 0 {
+				if _, err := tx.Exec(ctx, "INSERT INTO api_tokens ("+tokenInsertColumns+") VALUES "+rowGroups(nTokens, tokenInsertArity), tokenArgs...); err != nil {
+					return fmt.Errorf("store: store %d cluster tokens (first cluster %s): %w", nTokens, part[0].ClusterID, err)
+				}
+			}
+		}
+		if n := len(conflicts); n > 0 {
+			if n > 20 {
+				conflicts = append(conflicts[:20], fmt.Sprintf("and %d more", n-20))
+			}
+			return fmt.Errorf("store: %d clusters are registered in another region, nothing was registered: %s: %w",
+				n, strings.Join(conflicts, ", "), ErrClusterRegionConflict)
+		}
+		return nil
+	})
 	return err
 }
 
-func insertToken(ctx context.Context, tx *Tx, t Token) error {
+// rowGroups is "(?, ?), (?, ?)" for n rows of arity columns.
+func rowGroups(n, arity int) string {
+	group := "(" + placeholders(arity) + ")"
+	return group + strings.Repeat(", "+group, n-1)
+}
+
+// CreateOperatorToken stores an operator token.
+func (s *Store) CreateOperatorToken(ctx context.Context, tok Token) error {
+	tok.Kind = OperatorToken
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error { return insertToken(ctx, tx, tok) })
+	return err
+}
+
+// tokenInsertColumns are the columns tokenRow gives values for.
+const (
+	tokenInsertColumns = "id, kind, cluster_id, region, name, secret_hash, created_at, expires_at"
+	tokenInsertArity   = 8
+)
+
+// tokenRow is a token's values for tokenInsertColumns.
+func tokenRow(t Token) []any {
 	created := t.CreatedAt
 	if created.IsZero() {
 		created = time.Now()
@@ -97,8 +200,11 @@ func insertToken(ctx context.Context, tx *Tx, t Token) error {
 	if !t.ExpiresAt.IsZero() {
 		expires = sql.NullInt64{Int64: t.ExpiresAt.UnixMilli(), Valid: true}
 	}
-	_, err := tx.Exec(ctx, "INSERT INTO api_tokens (id, kind, cluster_id, region, name, secret_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-		t.ID, string(t.Kind), nullString(t.ClusterID), nullString(t.Region), t.Name, t.SecretHash[:], created.UnixMilli(), expires)
+	return []any{t.ID, string(t.Kind), nullString(t.ClusterID), nullString(t.Region), t.Name, t.SecretHash[:], created.UnixMilli(), expires}
+}
+
+func insertToken(ctx context.Context, tx *Tx, t Token) error {
+	_, err := tx.Exec(ctx, "INSERT INTO api_tokens ("+tokenInsertColumns+") VALUES ("+placeholders(tokenInsertArity)+")", tokenRow(t)...)
 	if err != nil {
 		return fmt.Errorf("store: store token %s: %w", t.ID, err)
 	}
@@ -220,7 +326,7 @@ func (s *Store) queryTokens(ctx context.Context, withHash bool, query string, ar
 // RevokedAt is then the first revocation's). ErrNotFound if there is no
 // such token.
 func (s *Store) RevokeToken(ctx context.Context, id string) (tok Token, revokedNow bool, err error) {
-	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err = s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		t, err := scanToken(tx.QueryRow(ctx, "SELECT "+tokenColumns+" FROM api_tokens WHERE id = ? FOR UPDATE", id), false)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
@@ -250,7 +356,7 @@ func (s *Store) RevokeToken(ctx context.Context, id string) (tok Token, revokedN
 // many it revoked; ErrNotFound if the cluster is not registered.
 func (s *Store) RevokeClusterTokens(ctx context.Context, clusterID string) (int, error) {
 	var n int64
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		var one int
 		if err := tx.QueryRow(ctx, "SELECT 1 FROM clusters WHERE id = ?", clusterID).Scan(&one); errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound

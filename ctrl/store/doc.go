@@ -15,22 +15,37 @@
 //
 // # Design: lock-ordered commit
 //
-// The only code that assigns versions is stamp, run as the LAST step of a
-// write transaction ([Store.WriteTx], [Store.StampCommitted]):
+// The only code that assigns versions is stamping, run as the LAST step of
+// a write transaction ([Store.WriteTx], [Store.StampCommitted]):
 //
-//  0. lock every touched row (SELECT ... FOR UPDATE, in key order), so a
-//     missing row fails early and row locks are always taken before the
+//  0. lock every touched row (SELECT ... FOR UPDATE on the primary key), so
+//     a missing row fails early and row locks are always taken before the
 //     version_seq lock (one global lock order, no lock cycles through it);
 //  1. SELECT head FROM version_seq WHERE id = 1 FOR UPDATE
 //     (an exclusive row lock, held until COMMIT or ROLLBACK);
 //  2. give the touched rows head+1 .. head+n, in the order they were
-//     touched, with a monotonic guard:
-//     UPDATE <table> SET version = v WHERE <key> AND version < v
-//     (a row that does not match is an error and aborts the transaction);
+//     touched, with a monotonic guard: every locked row's version is below
+//     the one it gets (checked on the versions step 0 read, and again in
+//     the UPDATE's WHERE; a row that does not match is an error and aborts
+//     the transaction);
 //  3. raise change_heads(region, kind) to the highest version given to that
 //     pair (the head poller's cheap "did anything change" check);
 //  4. UPDATE version_seq SET head = head + n;
 //  5. COMMIT.
+//
+// # Group commit
+//
+// Concurrent WriteTx calls share transactions (groupcommit.go): one
+// transaction runs the callers' functions one after another, each inside
+// its own SAVEPOINT (a caller whose function fails is rolled back to it and
+// answered with its own error), then runs steps 0 to 5 once for the rows
+// of every caller kept, in caller order, and answers each caller with the
+// versions of its own rows. A row touched by two callers of one batch gets
+// two versions and keeps the later; the earlier is superseded inside the
+// transaction that gave it, so no reader ever sees it. When the
+// transaction fails as a whole before COMMIT (a deadlock, a missing row,
+// a lost connection) it rolls back entirely, head update included, and
+// its callers run again (as a batch after a deadlock, else each alone).
 //
 // Rows are never hard-deleted on this path: a delete is a new version whose
 // row says deleted (a stopped topology, a stopped sentinel, deleted = TRUE).
@@ -41,15 +56,20 @@
 // every row that is or ever will be stamped with a version v < M (or the row
 // it has become since, stamped with a higher version).
 //
-// Proof. Let T(v) be the transaction that stamped v. T(v) read head = h < v
-// under the exclusive lock on version_seq and held that lock until it
-// committed. T(M) read head >= M-1 >= v, so T(M) took the lock after T(v)
-// released it, and T(v) released it only by committing (a rollback also
-// rolls back its head update, so v would be handed out again and never seen
-// as a gap). Hence T(v) committed before T(M) took the lock, before T(M)
-// committed. A consistent read (InnoDB read view, REPEATABLE READ or READ
-// COMMITTED) that includes T(M)'s commit includes every transaction committed
-// before it, so it includes T(v). The guard in step 2 makes a row's version
+// Proof. Let T(v) be the transaction that stamped v (with group commit, the
+// batch transaction that stamped v among the versions of all its callers;
+// nothing below depends on how many callers or versions one transaction
+// carries). T(v) read head = h < v under the exclusive lock on version_seq
+// and held that lock until it committed. If T(M) = T(v), the two versions
+// commit atomically and every read view sees both or neither. Otherwise the
+// two held the lock one after the other. Had T(M) held it first, it would
+// have committed head >= M before T(v) read head, and T(v) would have given
+// versions above M, not v < M. So T(v) held it first and released it only
+// by committing (a rollback also rolls back its head update, so v would be
+// handed out again and never seen as a gap). Hence T(v) committed before
+// T(M) took the lock, before T(M) committed. A consistent read (InnoDB read
+// view, REPEATABLE READ or READ COMMITTED) that includes T(M)'s commit
+// includes every transaction committed before it, so it includes T(v). The guard in step 2 makes a row's version
 // only ever grow, so "the row stamped v" is visible either with version v or
 // with a later version of the same object.
 //
@@ -65,9 +85,18 @@
 // read-only snapshot transaction; by the same argument the snapshot holds
 // every version <= H, so continuing the stream from H is gap-free too.
 //
+// A caller rolled back to its savepoint touched nothing that is stamped:
+// its rows are not in steps 0 to 4, and its writes are undone before COMMIT.
+// A caller kept in the batch is answered only after COMMIT, with exactly the
+// versions step 2 gave its rows. So each caller's versions are as visible,
+// and as ordered, as if its call had been a transaction of its own that
+// committed at the batch's commit.
+//
 // Cost: stamping serialises writers for the few statements between step 1
 // and COMMIT. Writers do their content work first, unserialised, and stamp
-// last, so the lock is held for a handful of point updates.
+// last; a batch pays steps 1 to 5 once for all its callers (one statement
+// per table for steps 0 and 2, one for step 3), so under load the lock is
+// held, and the log flushed, once per batch instead of once per write.
 //
 // [Store.StampCommitted] stamps rows whose content another transaction has
 // already committed (for example a Restate step): content becomes visible

@@ -51,11 +51,11 @@ func ValidKind(name string) bool { return kindPattern.MatchString(name) }
 // kindDef is how one kind maps onto SQL. The built-in kinds have their own
 // tables; every other kind lives in the generic resources table.
 type kindDef struct {
-	// lockSQL locks the row (SELECT ... FOR UPDATE), stampSQL gives it a
-	// version with the monotonic guard; both take keyArgs.
-	lockSQL  string
-	stampSQL string
-	keyArgs  func(Ref) []any
+	// table holds the kind's rows, keyCols name a row in it (keyArgs gives
+	// their values for a ref), and its version column is "version".
+	table   string
+	keyCols []string
+	keyArgs func(Ref) []any
 
 	// selectFrom is "SELECT <columns> FROM <tables>"; the conditions below
 	// are ANDed onto it.
@@ -76,9 +76,9 @@ type scanner interface{ Scan(dest ...any) error }
 
 var builtinKinds = map[string]*kindDef{
 	kinds.Deployment: {
-		lockSQL:  "SELECT version FROM deployment_topology WHERE deployment_id = ? AND region = ? FOR UPDATE",
-		stampSQL: "UPDATE deployment_topology SET version = ? WHERE deployment_id = ? AND region = ? AND version < ?",
-		keyArgs:  func(r Ref) []any { return []any{r.ID, r.Region} },
+		table:   "deployment_topology",
+		keyCols: []string{"deployment_id", "region"},
+		keyArgs: func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT dt.deployment_id, dt.region, dt.version, dt.desired_replicas, dt.desired_status,
   d.workspace_id, d.project_id, d.environment_id, d.app_id, d.k8s_namespace, d.k8s_name, d.image,
   d.cpu_millicores, d.memory_mib, d.env_vars, d.encrypted_env, d.healthcheck, d.port, d.command, d.shutdown_signal
@@ -91,9 +91,9 @@ FROM deployment_topology dt JOIN deployments d ON d.id = dt.deployment_id`,
 		scan:       scanDeployment,
 	},
 	kinds.Sentinel: {
-		lockSQL:  "SELECT version FROM sentinels WHERE id = ? AND region = ? FOR UPDATE",
-		stampSQL: "UPDATE sentinels SET version = ? WHERE id = ? AND region = ? AND version < ?",
-		keyArgs:  func(r Ref) []any { return []any{r.ID, r.Region} },
+		table:   "sentinels",
+		keyCols: []string{"id", "region"},
+		keyArgs: func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT id, region, version, workspace_id, project_id, app_id, environment_id, k8s_name,
   image, replicas, cpu_millicores, memory_mib, desired_state
 FROM sentinels`,
@@ -105,8 +105,8 @@ FROM sentinels`,
 		scan:       scanSentinel,
 	},
 	kinds.CiliumNetworkPolicy: {
-		lockSQL:    "SELECT version FROM cilium_network_policies WHERE id = ? AND region = ? FOR UPDATE",
-		stampSQL:   "UPDATE cilium_network_policies SET version = ? WHERE id = ? AND region = ? AND version < ?",
+		table:      "cilium_network_policies",
+		keyCols:    []string{"id", "region"},
 		keyArgs:    func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT id, region, version, k8s_namespace, k8s_name, policy, deleted FROM cilium_network_policies`,
 		regionCond: "region = ?",
@@ -119,8 +119,8 @@ FROM sentinels`,
 }
 
 var genericKind = &kindDef{
-	lockSQL:    "SELECT version FROM resources WHERE kind = ? AND region = ? AND id = ? FOR UPDATE",
-	stampSQL:   "UPDATE resources SET version = ? WHERE kind = ? AND region = ? AND id = ? AND version < ?",
+	table:      "resources",
+	keyCols:    []string{"kind", "region", "id"},
 	keyArgs:    func(r Ref) []any { return []any{r.Kind, r.Region, r.ID} },
 	selectFrom: `SELECT kind, region, id, version, spec, deleted FROM resources`,
 	regionCond: "region = ? AND kind = ?",

@@ -79,7 +79,7 @@ func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string,
 			end++
 		}
 		group := reps[start:end]
-		_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
 			return reportDeploymentGroup(ctx, tx, region, clusterID, group, results[start:end])
 		})
 		if err != nil {

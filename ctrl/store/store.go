@@ -21,16 +21,27 @@ type PoolOptions struct {
 	// MaxOpenConns caps connections; every open bootstrap stream holds one
 	// for its duration. Default 50.
 	MaxOpenConns int
-	// MaxIdleConns default 10.
+	// MaxIdleConns is how many unused connections stay open. Default (0):
+	// MaxOpenConns, so a burst (a commit waking many streams, a reconnect
+	// storm) finds its connections again next time instead of closing and
+	// reopening them; connections unused for a minute are closed anyway.
 	MaxIdleConns int
 	// ConnMaxLifetime default 5 minutes (behind proxies and failovers a
 	// connection should not live forever).
 	ConnMaxLifetime time.Duration
+	// MaxWriteBatch bounds the WriteTx calls one group-commit transaction
+	// carries. Default 64; 1 turns group commit off (every call its own
+	// transaction).
+	MaxWriteBatch int
+	// WriteCommitters bounds the group-commit transactions in flight at
+	// once. Default 2.
+	WriteCommitters int
 }
 
 // Store is ctrl's database.
 type Store struct {
-	db *sql.DB
+	db     *sql.DB
+	writes *groupCommitter // nil: group commit off
 
 	hooksMu sync.RWMutex
 	hooks   TestHooks
@@ -69,8 +80,8 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 	if pool.MaxOpenConns <= 0 {
 		pool.MaxOpenConns = 50
 	}
-	if pool.MaxIdleConns <= 0 {
-		pool.MaxIdleConns = 10
+	if pool.MaxIdleConns <= 0 || pool.MaxIdleConns > pool.MaxOpenConns {
+		pool.MaxIdleConns = pool.MaxOpenConns
 	}
 	if pool.ConnMaxLifetime <= 0 {
 		pool.ConnMaxLifetime = 5 * time.Minute
@@ -83,7 +94,17 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: cannot reach the database at %s: %w (check the DSN and that the server is up)", cfg.Addr, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db}
+	if pool.MaxWriteBatch <= 0 {
+		pool.MaxWriteBatch = 64
+	}
+	if pool.WriteCommitters <= 0 {
+		pool.WriteCommitters = 2
+	}
+	if pool.MaxWriteBatch > 1 {
+		s.writes = &groupCommitter{s: s, maxBatch: pool.MaxWriteBatch, maxRunning: pool.WriteCommitters}
+	}
+	return s, nil
 }
 
 // Close closes the connection pool.

@@ -19,11 +19,16 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func openStore(t *testing.T) *store.Store {
+func openStore(t testing.TB) *store.Store {
 	t.Helper()
-	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
+	return openDSN(t, testenv.SharedMySQL(t).Database(t, t.Name()), store.PoolOptions{})
+}
+
+// openDSN opens (and migrates) the database at dsn with pool options.
+func openDSN(t testing.TB, dsn string, pool store.PoolOptions) *store.Store {
+	t.Helper()
 	ctx := context.Background()
-	s, err := store.Open(ctx, dsn, store.PoolOptions{})
+	s, err := store.Open(ctx, dsn, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,5 +326,36 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	}
 	if _, err := s.ReportSentinel(ctx, "us", store.Observation{Version: 9, At: t0}, &clusterv1.SentinelStatus{SentinelId: "s1"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("report from another region: %v, want ErrNotFound", err)
+	}
+}
+
+// A wake of many streams queries at once; the pool must keep what it
+// opened for them instead of closing all but a few and reopening them on
+// the next wake.
+func TestPoolKeepsConnectionsAfterABurst(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	const burst = 40
+	var ready, wg sync.WaitGroup
+	release := make(chan struct{})
+	ready.Add(burst)
+	for range burst {
+		wg.Go(func() {
+			conn, err := s.DB().Conn(ctx)
+			ready.Done()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			<-release
+			conn.Close()
+		})
+	}
+	ready.Wait()
+	close(release)
+	wg.Wait()
+	st := s.DB().Stats()
+	if st.MaxIdleClosed != 0 || st.Idle < burst {
+		t.Fatalf("after a burst of %d connections: %d idle, %d closed for the idle limit; want all kept", burst, st.Idle, st.MaxIdleClosed)
 	}
 }

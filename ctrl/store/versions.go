@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -65,6 +66,12 @@ type TestHooks struct {
 	// platform's bug, under which a lower version can commit after a higher
 	// one has been streamed. Exists only to prove the tests catch that.
 	UnsafeAllocator bool
+	// BatchFault, when it returns an error, injects a failure into a group
+	// commit of size callers at a point: "member" after caller i's fn
+	// succeeded (i is its position in the batch), "stamp" before the batch
+	// is stamped and "commit" before COMMIT (i is the number of callers
+	// kept).
+	BatchFault func(point string, i, size int) error
 }
 
 // SetTestHooks installs test hooks (see TestHooks).
@@ -88,7 +95,31 @@ const maxTxAttempts = 5
 // new version and commits. fn may run more than once (the transaction is
 // retried after a deadlock), so it must only write through tx. It returns
 // the versions given, in the order the rows were first touched.
+//
+// Concurrent calls are group-committed (groupcommit.go): one transaction
+// runs several callers' fn, each inside its own savepoint, stamps them all
+// and commits once. Each caller still gets only its own versions, and its
+// own error: a failing fn is rolled back to its savepoint and leaves the
+// others alone. fn sees the writes of the callers batched before it, as if
+// the calls had run one after another.
 func (s *Store) WriteTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) ([]Stamped, error) {
+	if s.writes != nil {
+		return s.writes.do(ctx, fn)
+	}
+	return s.writeTxSolo(ctx, fn)
+}
+
+// WriteTxAlone is WriteTx in a transaction of its own, never
+// group-committed: for writes that give no versions (status reports,
+// tokens, registrations). They gain nothing from group commit, which
+// serialises the writes it batches, and in its queue they would wait
+// behind desired-state writes, and make those wait.
+func (s *Store) WriteTxAlone(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) ([]Stamped, error) {
+	return s.writeTxSolo(ctx, fn)
+}
+
+// writeTxSolo runs fn in a transaction of its own, retried after deadlocks.
+func (s *Store) writeTxSolo(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) ([]Stamped, error) {
 	var lastErr error
 	for attempt := 1; attempt <= maxTxAttempts; attempt++ {
 		stamped, err := s.writeTxOnce(ctx, fn)
@@ -130,37 +161,165 @@ func (s *Store) writeTxOnce(ctx context.Context, fn func(ctx context.Context, tx
 	return stamped, nil
 }
 
+// execer is what stamping needs of a transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // stamp gives refs new versions; see the package documentation for the
-// protocol and why it keeps commit order equal to version order. It is the
-// only code that assigns versions.
-func (s *Store) stamp(ctx context.Context, tx *sql.Tx, refs []Ref) ([]Stamped, error) {
+// protocol and why it keeps commit order equal to version order. With
+// lockRows and assign it is the only code that assigns versions.
+func (s *Store) stamp(ctx context.Context, tx execer, refs []Ref) ([]Stamped, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
-	// 0. Lock the rows first, in key order (fewer deadlocks between writers
-	// touching overlapping sets), so version_seq is always the last lock.
-	sorted := append([]Ref(nil), refs...)
-	sort.Slice(sorted, func(i, j int) bool {
-		a, b := sorted[i], sorted[j]
-		if a.Kind != b.Kind {
-			return a.Kind < b.Kind
-		}
-		if a.Region != b.Region {
-			return a.Region < b.Region
-		}
-		return a.ID < b.ID
-	})
-	for _, r := range sorted {
-		var v uint64
-		err := tx.QueryRowContext(ctx, lookupKind(r.Kind).lockSQL, lookupKind(r.Kind).keyArgs(r)...).Scan(&v)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("store: cannot version %s: no such row (write its content before stamping it): %w", r, ErrNotFound)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("store: lock %s for versioning: %w", r, err)
+	current, err := lockRows(ctx, tx, refs)
+	if err != nil {
+		return nil, err
+	}
+	return s.assign(ctx, tx, refs, current)
+}
+
+// rowsPerStatement bounds the rows one locking or stamping statement names.
+const rowsPerStatement = 500
+
+// tableRefs groups refs by the table that holds them, each group in key
+// order, tables in a fixed order.
+func tableRefs(refs []Ref) [][]Ref {
+	byTable := map[string][]Ref{}
+	seen := map[Ref]bool{}
+	for _, r := range refs {
+		if !seen[r] {
+			seen[r] = true
+			t := lookupKind(r.Kind).table
+			byTable[t] = append(byTable[t], r)
 		}
 	}
+	tables := make([]string, 0, len(byTable))
+	for t := range byTable {
+		tables = append(tables, t)
+	}
+	sort.Strings(tables)
+	out := make([][]Ref, 0, len(tables))
+	for _, t := range tables {
+		rs := byTable[t]
+		sort.Slice(rs, func(i, j int) bool {
+			a, b := rs[i], rs[j]
+			if a.Kind != b.Kind {
+				return a.Kind < b.Kind
+			}
+			if a.Region != b.Region {
+				return a.Region < b.Region
+			}
+			return a.ID < b.ID
+		})
+		for len(rs) > 0 {
+			n := min(len(rs), rowsPerStatement)
+			out = append(out, rs[:n])
+			rs = rs[n:]
+		}
+	}
+	return out
+}
 
+// rowsCond is "(k1 = ? AND k2 = ?) OR (...)" for refs of one table, and its
+// args. Statements using it name FORCE INDEX (PRIMARY): without it, an
+// optimizer that finds most of a small table asked for scans the table,
+// and a locking scan locks every row it passes, not just these.
+func rowsCond(def *kindDef, refs []Ref) (string, []any) {
+	match := keyMatch(def)
+	var sb strings.Builder
+	args := make([]any, 0, len(refs)*len(def.keyCols))
+	for i, r := range refs {
+		if i > 0 {
+			sb.WriteString(" OR ")
+		}
+		sb.WriteString("(" + match + ")")
+		args = append(args, def.keyArgs(r)...)
+	}
+	return sb.String(), args
+}
+
+// keyMatch is "k1 = ? AND k2 = ?" for the table's key columns.
+func keyMatch(def *kindDef) string {
+	return strings.Join(def.keyCols, " = ? AND ") + " = ?"
+}
+
+// versionCase is "CASE WHEN <key> THEN ? ... ELSE <otherwise> END": each
+// row's new version, for refs of one table.
+func versionCase(def *kindDef, refs []Ref, versions map[Ref]uint64, otherwise string) (string, []any) {
+	match := keyMatch(def)
+	var sb strings.Builder
+	args := make([]any, 0, len(refs)*(len(def.keyCols)+1))
+	sb.WriteString("CASE")
+	for _, r := range refs {
+		sb.WriteString(" WHEN " + match + " THEN ?")
+		args = append(append(args, def.keyArgs(r)...), versions[r])
+	}
+	sb.WriteString(" ELSE " + otherwise + " END")
+	return sb.String(), args
+}
+
+// lockRows is step 0: lock the rows first (one statement per table, key
+// order), so version_seq is always the last lock taken. It returns each
+// row's current version; a missing row fails with ErrNotFound.
+func lockRows(ctx context.Context, tx execer, refs []Ref) (map[Ref]uint64, error) {
+	current := make(map[Ref]uint64, len(refs))
+	for _, group := range tableRefs(refs) {
+		def := lookupKind(group[0].Kind)
+		cond, args := rowsCond(def, group)
+		cols := strings.Join(def.keyCols, ", ")
+		rows, err := tx.QueryContext(ctx, "SELECT "+cols+", version FROM "+def.table+" WHERE "+cond+" ORDER BY "+cols+" FOR UPDATE", args...)
+		if err != nil {
+			return nil, fmt.Errorf("store: lock %d %s rows for versioning (first %s): %w", len(group), def.table, group[0], err)
+		}
+		found := map[string]uint64{}
+		for rows.Next() {
+			keys := make([]string, len(def.keyCols))
+			dest := make([]any, 0, len(keys)+1)
+			for i := range keys {
+				dest = append(dest, &keys[i])
+			}
+			var v uint64
+			if err := rows.Scan(append(dest, &v)...); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("store: lock %s rows for versioning: %w", def.table, err)
+			}
+			found[strings.Join(keys, "\x00")] = v
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("store: lock %s rows for versioning: %w", def.table, err)
+		}
+		for _, r := range group {
+			v, ok := found[rowKey(def, r)]
+			if !ok {
+				return nil, fmt.Errorf("store: cannot version %s: no such row (write its content before stamping it): %w", r, ErrNotFound)
+			}
+			current[r] = v
+		}
+	}
+	return current, nil
+}
+
+// rowKey is a row's key columns joined, as lockRows reads them back.
+func rowKey(def *kindDef, r Ref) string {
+	args := def.keyArgs(r)
+	keys := make([]string, len(args))
+	for i, a := range args {
+		keys[i] = a.(string)
+	}
+	return strings.Join(keys, "\x00")
+}
+
+// assign is steps 1 to 4 for rows lockRows has locked (current holds their
+// versions): take the sequence, give refs head+1 .. head+n in order, raise
+// the change heads and advance the sequence. A ref listed twice gets two
+// versions; the row keeps the later one (no reader can see the earlier: it
+// is superseded inside the transaction that gave it).
+func (s *Store) assign(ctx context.Context, tx execer, refs []Ref, current map[Ref]uint64) ([]Stamped, error) {
 	// 1. Take the sequence (held until COMMIT).
 	n := uint64(len(refs))
 	unsafe := s.testHooks().UnsafeAllocator
@@ -174,26 +333,28 @@ func (s *Store) stamp(ctx context.Context, tx *sql.Tx, refs []Ref) ([]Stamped, e
 		return nil, fmt.Errorf("store: read version sequence: %w (was `ctrl migrate` run?)", err)
 	}
 
-	// 2. Versions in touch order, with the monotonic guard.
+	// 2. Versions in touch order, with the monotonic guard: every locked
+	// row's version must be below the one it gets. Versions come only
+	// from the sequence, so a row at or above head+1 is a writer's bug.
 	type pair struct{ region, kind string }
 	heads := map[pair]uint64{}
 	out := make([]Stamped, len(refs))
+	last := make(map[Ref]uint64, len(refs))
 	for i, r := range refs {
 		v := head + uint64(i) + 1
-		def := lookupKind(r.Kind)
-		args := append([]any{v}, def.keyArgs(r)...)
-		args = append(args, v)
-		res, err := tx.ExecContext(ctx, def.stampSQL, args...)
-		if err != nil {
-			return nil, fmt.Errorf("store: stamp %s with version %d: %w", r, v, err)
-		}
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
-			return nil, fmt.Errorf("store: stamp %s with version %d: the row already has a version >= %d (versions must only grow; this is a bug in the writer)", r, v, v)
+		if cur := current[r]; cur >= v {
+			return nil, fmt.Errorf("store: stamp %s with version %d: the row already has version %d (versions must only grow; this is a bug in the writer)", r, v, cur)
 		}
 		out[i] = Stamped{Ref: r, Version: v}
+		last[r] = v
 		p := pair{r.Region, r.Kind}
 		if v > heads[p] {
 			heads[p] = v
+		}
+	}
+	for _, group := range tableRefs(refs) {
+		if err := stampRows(ctx, tx, group, last); err != nil {
+			return nil, err
 		}
 	}
 
@@ -208,21 +369,26 @@ func (s *Store) stamp(ctx context.Context, tx *sql.Tx, refs []Ref) ([]Stamped, e
 		}
 		return pairs[i].kind < pairs[j].kind
 	})
-	var execer interface {
-		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	} = tx
+	headExec := tx
 	if unsafe {
 		// The broken allocator publishes its heads at once too (as an
 		// outbox would): a lock held to commit on change_heads would
 		// serialise the writers of a (region, kind) and hide the bug.
-		execer = s.db
+		headExec = s.db
 	}
-	for _, p := range pairs {
-		if _, err := execer.ExecContext(ctx,
-			"INSERT INTO change_heads (region, kind, head) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE head = GREATEST(head, VALUES(head))",
-			p.region, p.kind, heads[p]); err != nil {
-			return nil, fmt.Errorf("store: raise change head of %s/%s: %w", p.region, p.kind, err)
+	var sb strings.Builder
+	args := make([]any, 0, 3*len(pairs))
+	sb.WriteString("INSERT INTO change_heads (region, kind, head) VALUES ")
+	for i, p := range pairs {
+		if i > 0 {
+			sb.WriteString(", ")
 		}
+		sb.WriteString("(?, ?, ?)")
+		args = append(args, p.region, p.kind, heads[p])
+	}
+	sb.WriteString(" ON DUPLICATE KEY UPDATE head = GREATEST(head, VALUES(head))")
+	if _, err := headExec.ExecContext(ctx, sb.String(), args...); err != nil {
+		return nil, fmt.Errorf("store: raise the change heads of %d (region, kind) pairs (first %s/%s): %w", len(pairs), pairs[0].region, pairs[0].kind, err)
 	}
 
 	// 4. Advance the sequence (already done by the unsafe allocator).
@@ -232,6 +398,28 @@ func (s *Store) stamp(ctx context.Context, tx *sql.Tx, refs []Ref) ([]Stamped, e
 		}
 	}
 	return out, nil
+}
+
+// stampRows writes the versions of rows of one table in one statement,
+// with the monotonic guard in SQL too, and checks every row matched.
+func stampRows(ctx context.Context, tx execer, group []Ref, versions map[Ref]uint64) error {
+	def := lookupKind(group[0].Kind)
+	set, setArgs := versionCase(def, group, versions, "version")
+	cond, condArgs := rowsCond(def, group)
+	// The guard: a row only ever moves up (a row that already has the
+	// version it would get, or a higher one, does not match, and the count
+	// below fails).
+	guard, guardArgs := versionCase(def, group, versions, "0")
+	query := "UPDATE " + def.table + " FORCE INDEX (PRIMARY) SET version = " + set + " WHERE (" + cond + ") AND version < " + guard
+	args := append(append(setArgs, condArgs...), guardArgs...)
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("store: stamp %d %s rows (first %s): %w", len(group), def.table, group[0], err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != int64(len(group)) {
+		return fmt.Errorf("store: stamp %d %s rows (first %s): %d matched; a row already had a version at least as high (versions must only grow; this is a bug in the writer)", len(group), def.table, group[0], n)
+	}
+	return nil
 }
 
 // allocateUnsafe is the broken allocator kept for the loss test: the
@@ -266,7 +454,9 @@ type Grant struct {
 // time.
 func (s *Store) StampCommitted(ctx context.Context, refs []Ref, grantKey string) (Grant, error) {
 	var grant Grant
-	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+	// Solo: it stamps inside fn, and in a group commit the writes batched
+	// after it would then lock rows while holding version_seq.
+	_, err := s.writeTxSolo(ctx, func(ctx context.Context, tx *Tx) error {
 		grant = Grant{}
 		if len(refs) == 0 {
 			return nil

@@ -72,17 +72,42 @@ func format(v float64) string {
 	}
 }
 
-// WriteJSON writes the figures to path.
-func WriteJSON(path string, figs []Figure, started time.Time) error {
+// WriteJSON writes the figures to path. Figures of sections this run did
+// not measure are kept from the file's previous contents (so `make
+// bench-fleet` and `make bench` fill one file), and so are extra keys this
+// run does not set (extra: "fleet" rows, say).
+func WriteJSON(path string, figs []Figure, started time.Time, extra map[string]any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	host, _ := os.Hostname()
-	_ = host
-	b, err := json.MarshalIndent(map[string]any{
-		"started": started.UTC().Format(time.RFC3339), "took_seconds": time.Since(started).Seconds(),
-		"cpus": cpus(), "figures": figs,
-	}, "", "  ")
+	out := map[string]any{}
+	measured := map[string]bool{}
+	for _, f := range figs {
+		measured[f.Section] = true
+	}
+	var kept []Figure
+	if b, err := os.ReadFile(path); err == nil {
+		var old struct {
+			Figures []Figure `json:"figures"`
+		}
+		if json.Unmarshal(b, &old) == nil {
+			for _, f := range old.Figures {
+				if !measured[f.Section] {
+					kept = append(kept, f)
+				}
+			}
+		}
+		_ = json.Unmarshal(b, &out)
+	}
+	all := append(kept, figs...)
+	for k, v := range extra {
+		out[k] = v
+	}
+	out["started"] = started.UTC().Format(time.RFC3339)
+	out["took_seconds"] = time.Since(started).Seconds()
+	out["cpus"] = cpus()
+	out["figures"] = all
+	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -48,6 +48,10 @@ type Options struct {
 	// ProxyCtrl routes each krane's connection to ctrl through a loopback
 	// proxy that tests can cut or stall (Proxy(region)).
 	ProxyCtrl bool
+	// CtrlOnly starts MySQL, Restate and ctrl, and no cluster or krane
+	// (Regions are then ignored): for clients that play the clusters, like
+	// the fleet benchmark.
+	CtrlOnly bool
 }
 
 // Stack is a running system.
@@ -94,7 +98,9 @@ func ClusterID(region string) string { return region + "-1" }
 // Start brings the whole system up. Stop it with Stop (or let the process
 // exit: every child dies with it).
 func Start(ctx context.Context, o Options) (*Stack, error) {
-	if len(o.Regions) == 0 {
+	if o.CtrlOnly {
+		o.Regions = nil
+	} else if len(o.Regions) == 0 {
 		o.Regions = []string{"local-a", "local-b"}
 	}
 	if o.Progress == nil {
@@ -266,6 +272,8 @@ func (s *Stack) ctrlEnv() []string {
 			"CTRL_SENTINEL_DEFAULT_REPLICAS=2",
 		)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return append(env, s.opts.CtrlEnv...)
 }
 
@@ -297,6 +305,21 @@ func (s *Stack) startCtrl() error {
 	s.ctrl = p
 	s.mu.Unlock()
 	return p.WaitReady(60*time.Second, func(ctx context.Context) error { return httpOK(ctx, s.CtrlHTTP+"/readyz") })
+}
+
+// SetCtrlEnv replaces the CTRL_* settings added to ctrl serve, from its
+// next (re)start on.
+func (s *Stack) SetCtrlEnv(env []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opts.CtrlEnv = env
+}
+
+// CtrlPid is the process id of the stack's ctrl.
+func (s *Stack) CtrlPid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ctrl.Pid()
 }
 
 // RestartCtrl stops ctrl (SIGTERM, or SIGKILL with kill) and starts it again

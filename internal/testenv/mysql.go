@@ -147,6 +147,16 @@ func (m *MySQL) Kill() {
 	}
 }
 
+// Pid is the private server's process id (0 for an external server).
+func (m *MySQL) Pid() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc == nil {
+		return 0
+	}
+	return m.proc.Pid()
+}
+
 // Private reports whether testenv runs this server (and can restart it).
 func (m *MySQL) Private() bool { return m.bin != "" }
 

@@ -103,6 +103,16 @@ func (r *Restate) Kill() {
 	}
 }
 
+// Pid is the server's process id.
+func (r *Restate) Pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.proc == nil {
+		return 0
+	}
+	return r.proc.Pid()
+}
+
 // AdminURL is the admin API's base URL.
 func (r *Restate) AdminURL() string { return fmt.Sprintf("http://127.0.0.1:%d", r.adminPort) }
 

@@ -56,6 +56,8 @@ type ClusterServiceClient interface {
 	// live object, ordered by version, then BootstrapComplete{max_version}. Then,
 	// as for after_version > 0, the stream stays open and delivers each change
 	// with version > the cursor as it commits, with KeepAlive messages when idle.
+	// A stream from after_version > 0 sends a KeepAlive as soon as it has caught
+	// up, so a client knows it has every change up to head_version.
 	// Versions are global and commit in version order, so a cursor never skips a
 	// change.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
@@ -302,6 +304,8 @@ type ClusterServiceServer interface {
 	// live object, ordered by version, then BootstrapComplete{max_version}. Then,
 	// as for after_version > 0, the stream stays open and delivers each change
 	// with version > the cursor as it commits, with KeepAlive messages when idle.
+	// A stream from after_version > 0 sends a KeepAlive as soon as it has caught
+	// up, so a client knows it has every change up to head_version.
 	// Versions are global and commit in version order, so a cursor never skips a
 	// change.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error

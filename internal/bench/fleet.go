@@ -1,0 +1,623 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"krane.dev/ctrl/auth"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+)
+
+// FleetOptions shape the fleet benchmark: N simulated clusters (each its
+// own token, a Watch per kind, heartbeats, status reports) spread over
+// regions, against one real ctrl, MariaDB and Restate, while operators
+// write at Rate through the deploy API; once per design and fleet size.
+type FleetOptions struct {
+	// Clusters are the fleet sizes, measured in order.
+	Clusters []int
+	// Regions the clusters are spread over (cluster i is in region i mod
+	// Regions); every cluster of a region follows all of its changes.
+	Regions int
+	// Rate is operator writes per second (ScaleDeployment), round robin
+	// over the regions.
+	Rate float64
+	// Window is how long each arm is measured, after a warm-up of a tenth
+	// of it (at least 5 s) with the same load.
+	Window time.Duration
+	// DeploymentsPerRegion are scaled round robin; enough that a
+	// deployment is written again only long after the last write of it
+	// reached every cluster, so every write is delivered as itself.
+	DeploymentsPerRegion int
+	// Arms are the designs measured for each size: streaming, polling,
+	// and streaming-unshared (streams reading for themselves, as before
+	// the shared feeds).
+	Arms []string
+	// Seed makes the jitter of a run repeatable.
+	Seed uint64
+}
+
+// DefaultFleetOptions are what `make bench-fleet` measures.
+func DefaultFleetOptions() FleetOptions {
+	return FleetOptions{Clusters: []int{100, 300, 1000, 3000}, Regions: 20, Rate: 20, Window: 30 * time.Second,
+		DeploymentsPerRegion: 20, Arms: []string{"streaming", "polling"}, Seed: 1}
+}
+
+// FleetRow is one measured arm.
+type FleetRow struct {
+	Arm      string `json:"arm"`
+	Clusters int    `json:"clusters"`
+	// Writes in the window, deliveries expected (each write times the
+	// clusters of its region) and missing after the drain.
+	Writes     int `json:"writes"`
+	Deliveries int `json:"deliveries"`
+	Missing    int `json:"missing"`
+	// FailedWrites timed out (30 s) or failed in the deploy API.
+	FailedWrites int `json:"failed_writes"`
+	// Commit -> delivery at each cluster, ms (from the operator's call,
+	// which commits before it returns: an upper bound).
+	P50 float64 `json:"p50_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+	// P99Acked is from the call's answer instead (a lower bound).
+	P99Acked float64 `json:"p99_from_answer_ms"`
+	// API is the ScaleDeployment call itself.
+	API    float64 `json:"api_p50_ms"`
+	APIp99 float64 `json:"api_p99_ms"`
+	CPU    float64 `json:"ctrl_cpu_cores"`
+	RSS    float64 `json:"ctrl_rss_mib"` // the most sampled in the window
+	DBQ    float64 `json:"db_statements_per_s"`
+	Read   float64 `json:"ctrl_reads_per_s"` // change queries and head polls
+	// Streams is the mean number of open desired-state streams.
+	Streams      float64 `json:"open_streams"`
+	Polls        int64   `json:"polls,omitempty"`
+	Reports      int64   `json:"reports"`
+	StreamErrors int64   `json:"stream_errors"`
+	ReportErrors int64   `json:"report_errors"`
+	Load         Load    `json:"load"`
+}
+
+// Load is what else used the machine while an arm was measured: the
+// figures of a loaded machine are not comparable with a quiet one's.
+type Load struct {
+	LoadAvg1 float64 `json:"loadavg_1m"`
+	// Busy is the whole machine's CPU in use (/proc/stat, every process
+	// in every container), OtherCores what of it is not ctrl, MariaDB,
+	// Restate or the benchmark.
+	Busy       float64 `json:"machine_busy_cores"`
+	MariaDB    float64 `json:"mariadb_cores"`
+	Restate    float64 `json:"restate_cores"`
+	Bench      float64 `json:"bench_cores"`
+	OtherCores float64 `json:"other_processes_cores"`
+}
+
+// fleetArm is how each arm runs ctrl and its clusters.
+var fleetArms = map[string]struct {
+	design  design
+	ctrlEnv []string
+}{
+	"streaming": {streaming, nil},
+	// The reference platform's server: a query per poll, pages of 100.
+	"polling":            {polling, []string{"CTRL_WATCH_SHARED_READS=false", "CTRL_WATCH_PAGE_SIZE=100"}},
+	"streaming-unshared": {streaming, []string{"CTRL_WATCH_SHARED_READS=false"}},
+}
+
+// Fleet runs the fleet benchmark. It restarts ctrl for every arm (so each
+// starts with a fresh process and its memory), and returns the figures
+// and the table's rows.
+func Fleet(ctx context.Context, e *Env, o FleetOptions) ([]Figure, []FleetRow, error) {
+	for _, a := range o.Arms {
+		if _, ok := fleetArms[a]; !ok {
+			return nil, nil, fmt.Errorf("fleet: unknown arm %q (streaming, polling, streaming-unshared)", a)
+		}
+	}
+	maxN := slices.Max(o.Clusters)
+	f, err := prepareFleet(ctx, e, o, maxN)
+	if err != nil {
+		return nil, nil, err
+	}
+	var rows []FleetRow
+	for _, n := range o.Clusters {
+		if need := memoryForClusters(n); need > availableMiB() {
+			e.logf("fleet: skipping %d clusters: about %.0f MiB needed, %.0f MiB available", n, need, availableMiB())
+			continue
+		}
+		for _, arm := range o.Arms {
+			row, err := f.runArm(ctx, n, arm)
+			if err != nil {
+				return nil, rows, fmt.Errorf("fleet: %d clusters, %s: %w", n, arm, err)
+			}
+			e.logf("fleet: %s", row.line())
+			rows = append(rows, row)
+		}
+	}
+	// Back to the stack's own ctrl settings for whatever runs next.
+	e.St.SetCtrlEnv(nil)
+	if err := e.St.RestartCtrl(false); err != nil {
+		return nil, rows, err
+	}
+	return fleetFigures(rows), rows, nil
+}
+
+// fleet is the prepared fleet: registered clusters and desired state.
+type fleet struct {
+	e       *Env
+	o       FleetOptions
+	tokens  []string
+	regions []string
+	deps    [][]string // per region
+	next    map[string]int32
+	seq     uint64
+}
+
+func prepareFleet(ctx context.Context, e *Env, o FleetOptions, n int) (*fleet, error) {
+	f := &fleet{e: e, o: o, next: map[string]int32{}}
+	for r := range o.Regions {
+		region := fmt.Sprintf("fleet-r%02d", r)
+		f.regions = append(f.regions, region)
+		prefix := fmt.Sprintf("fl-r%02d", r)
+		if err := (bulk{e.Store.DB()}).deployments(ctx, region, "ws-fleet", prefix, o.DeploymentsPerRegion, 1); err != nil {
+			return nil, err
+		}
+		if err := (bulk{e.Store.DB()}).sentinels(ctx, region, "fs-r"+strconv.Itoa(r), 5); err != nil {
+			return nil, err
+		}
+		var ids []string
+		for i := range o.DeploymentsPerRegion {
+			id := fmt.Sprintf("%s-%05d", prefix, i)
+			ids = append(ids, id)
+			f.next[id] = 1 // as created: the first write scales to 2
+		}
+		f.deps = append(f.deps, ids)
+	}
+	refs := make([]auth.ClusterRef, n)
+	for i := range refs {
+		refs[i] = auth.ClusterRef{Region: f.regions[i%o.Regions], ClusterID: fmt.Sprintf("fleet-c%05d", i)}
+	}
+	begin := time.Now()
+	tokens, err := auth.RegisterClusters(ctx, e.Store, refs)
+	if err != nil {
+		return nil, err
+	}
+	e.logf("fleet: registered %d clusters in %d regions in %s (one transaction)", n, o.Regions, time.Since(begin).Round(time.Millisecond))
+	f.tokens = tokens
+	return f, nil
+}
+
+// runArm measures one design at one fleet size.
+func (f *fleet) runArm(ctx context.Context, n int, arm string) (FleetRow, error) {
+	e, o := f.e, f.o
+	spec := fleetArms[arm]
+	e.St.SetCtrlEnv(spec.ctrlEnv)
+	if err := e.St.RestartCtrl(false); err != nil {
+		return FleetRow{}, err
+	}
+	f.seq++
+	run := &fleetRun{design: spec.design, rng: rand.New(rand.NewPCG(o.Seed, f.seq)), writes: map[writeKey]*writeRec{}}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+
+	// The clusters connect and bootstrap.
+	begin := time.Now()
+	var wg sync.WaitGroup
+	bootstrapped := make(chan struct{}, n*len(fleetKinds))
+	clusters := make([]*simCluster, n)
+	perRegion := make([]int, o.Regions)
+	for i := range n {
+		region := f.regions[i%o.Regions]
+		perRegion[i%o.Regions]++
+		c, err := dialCluster(e.St.CtrlAddr, clusterCreds{token: f.tokens[i], region: region, cluster: fmt.Sprintf("fleet-c%05d", i)}, run)
+		if err != nil {
+			return FleetRow{}, err
+		}
+		clusters[i] = c
+		c.start(runCtx, &wg, bootstrapped)
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+		for _, c := range clusters {
+			c.conn.Close()
+		}
+	}()
+	want := n * len(fleetKinds)
+	for got, last := 0, time.Now(); got < want; {
+		select {
+		case <-bootstrapped:
+			got++
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return FleetRow{}, ctx.Err()
+		}
+		if time.Since(last) > 10*time.Second {
+			e.logf("fleet: %s, %d clusters: %d of %d streams bootstrapped", arm, n, got, want)
+			last = time.Now()
+		}
+		if time.Since(begin) > 15*time.Minute {
+			return FleetRow{}, fmt.Errorf("only %d of %d streams bootstrapped within 15 minutes", got, want)
+		}
+	}
+	e.logf("fleet: %s, %d clusters: %d streams bootstrapped in %s", arm, n, want, time.Since(begin).Round(100*time.Millisecond))
+
+	// Operators write at Rate: warm-up, then the measured window.
+	conn, err := grpc.NewClient(e.St.CtrlAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(e.St.OperatorToken)))
+	if err != nil {
+		return FleetRow{}, err
+	}
+	defer conn.Close()
+	api := ctrlv1.NewDeploymentServiceClient(conn)
+	warmup := max(5*time.Second, o.Window/10)
+	var windowOn atomic.Bool
+	var apiLat []time.Duration
+	var apiMu sync.Mutex
+	var writeErrs []error
+	var wwg sync.WaitGroup
+	writerDone := make(chan struct{})
+	writeCtx, stopWrites := context.WithCancel(runCtx)
+	defer stopWrites()
+	go func() {
+		defer close(writerDone)
+		tick := time.NewTicker(time.Duration(float64(time.Second) / o.Rate))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-writeCtx.Done():
+				return
+			case <-tick.C:
+			}
+			r := i % o.Regions
+			dep := f.deps[r][(i/o.Regions)%len(f.deps[r])]
+			replicas := f.next[dep]%3 + 1 // 1, 2, 3, 1, ...
+			f.next[dep] = replicas
+			rec := &writeRec{sent: time.Now(), region: f.regions[r], inWindow: windowOn.Load()}
+			run.writesMu.Lock()
+			run.writes[writeKey{dep, replicas}] = rec
+			run.writesMu.Unlock()
+			wwg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				_, err := api.ScaleDeployment(cctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: dep, Replicas: replicas})
+				apiMu.Lock()
+				defer apiMu.Unlock()
+				if err != nil {
+					writeErrs = append(writeErrs, fmt.Errorf("scale %s to %d: %w", dep, replicas, err))
+					return
+				}
+				rec.acked.Store(time.Now().UnixNano())
+				if rec.inWindow {
+					apiLat = append(apiLat, time.Since(rec.sent))
+				}
+			})
+		}
+	}()
+	sleepCtxBench(ctx, warmup)
+	windowOn.Store(true)
+	s0, err := f.sample(ctx)
+	if err != nil {
+		return FleetRow{}, err
+	}
+	var rss, streams []float64
+	ctrlPid := e.St.CtrlPid()
+	sampleEnd := time.Now().Add(o.Window)
+	for time.Now().Before(sampleEnd) && ctx.Err() == nil {
+		rss = append(rss, procRSS(ctrlPid))
+		if m, err := scrape(ctx, e.St.CtrlHTTP+"/metrics"); err == nil {
+			streams = append(streams, sum(m, "krane_ctrl_watch_streams_active"))
+		}
+		sleepCtxBench(ctx, min(2*time.Second, time.Until(sampleEnd)))
+	}
+	s1, err := f.sample(ctx)
+	if err != nil {
+		return FleetRow{}, err
+	}
+	windowOn.Store(false)
+	stopWrites()
+	<-writerDone
+	wwg.Wait()
+	// A write that fails (ctrl overloaded: it timed out) is a result, not
+	// the end of the run: it is counted, and it is never delivered.
+	apiMu.Lock()
+	failedWrites := len(writeErrs)
+	if failedWrites > 0 {
+		e.logf("fleet: %s, %d clusters: %d operator writes failed, first: %v", arm, n, failedWrites, writeErrs[0])
+	}
+	apiMu.Unlock()
+
+	// Drain: every write of the window reaches every cluster of its region
+	// (polling clusters need up to their 5 s interval).
+	var recs []*writeRec
+	run.writesMu.Lock()
+	for _, w := range run.writes {
+		if w.inWindow && w.acked.Load() != 0 {
+			recs = append(recs, w)
+		}
+	}
+	run.writesMu.Unlock()
+	regionN := map[string]int{}
+	for r, name := range f.regions {
+		regionN[name] = perRegion[r]
+	}
+	missing := func() (int, int) {
+		exp, miss := 0, 0
+		for _, w := range recs {
+			exp += regionN[w.region]
+			miss += regionN[w.region] - int(w.delivered.Load())
+		}
+		return exp, miss
+	}
+	drainEnd := time.Now().Add(20 * time.Second)
+	for {
+		if _, m := missing(); m == 0 || time.Now().After(drainEnd) {
+			break
+		}
+		sleepCtxBench(ctx, 100*time.Millisecond)
+	}
+	expected, miss := missing()
+
+	row := FleetRow{Arm: arm, Clusters: n, Writes: len(recs), FailedWrites: failedWrites, Deliveries: expected, Missing: miss,
+		Polls: run.polls.Load(), Reports: run.reports.Load(), StreamErrors: run.streamErrors.Load(), ReportErrors: run.reportErrors.Load()}
+	var lat, fromAck []time.Duration
+	for _, w := range recs {
+		acked := time.Unix(0, w.acked.Load())
+		w.mu.Lock()
+		for _, at := range w.deliveredAt {
+			lat = append(lat, at.Sub(w.sent))
+			fromAck = append(fromAck, max(0, at.Sub(acked)))
+		}
+		w.mu.Unlock()
+	}
+	slices.Sort(lat)
+	slices.Sort(fromAck)
+	row.P50, row.P99, row.Max = percentile(lat, .5), percentile(lat, .99), percentile(lat, 1)
+	row.P99Acked = percentile(fromAck, .99)
+	apiMu.Lock()
+	slices.Sort(apiLat)
+	row.API, row.APIp99 = percentile(apiLat, .5), percentile(apiLat, .99)
+	apiMu.Unlock()
+	secs := s1.at.Sub(s0.at).Seconds()
+	row.CPU = (s1.ctrlCPU - s0.ctrlCPU) / secs
+	row.RSS = slices.Max(append(rss, 0))
+	row.DBQ = (s1.db["Questions"] - s0.db["Questions"]) / secs
+	row.Read = (s1.reads - s0.reads) / secs
+	if len(streams) > 0 {
+		var t float64
+		for _, v := range streams {
+			t += v
+		}
+		row.Streams = t / float64(len(streams))
+	}
+	row.Load = loadBetween(s0, s1)
+	return row, nil
+}
+
+// fleetSample is what is read at each end of a window.
+type fleetSample struct {
+	at       time.Time
+	ctrlCPU  float64
+	mariaCPU float64
+	restCPU  float64
+	selfCPU  float64
+	busy     float64 // CPU s the whole machine was busy
+	loadavg  float64
+	db       map[string]float64
+	reads    float64
+}
+
+func (f *fleet) sample(ctx context.Context) (fleetSample, error) {
+	e := f.e
+	s := fleetSample{at: time.Now(), ctrlCPU: procCPU(e.St.CtrlPid()), mariaCPU: procCPU(e.St.MySQL.Pid()),
+		restCPU: procCPU(e.St.Restate.Pid()), selfCPU: procCPU(os.Getpid()), busy: machineBusy(), db: map[string]float64{}}
+	s.loadavg = loadavg1()
+	rows, err := e.Store.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select', 'Com_insert', 'Com_update', 'Com_commit')")
+	if err != nil {
+		return s, fmt.Errorf("read MariaDB's counters: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name, v string
+		if err := rows.Scan(&name, &v); err != nil {
+			return s, err
+		}
+		s.db[name], _ = strconv.ParseFloat(v, 64)
+	}
+	m, err := scrape(ctx, e.St.CtrlHTTP+"/metrics")
+	if err != nil {
+		return s, err
+	}
+	s.reads = sum(m, "krane_ctrl_watch_query_seconds_count") + sum(m, "krane_ctrl_head_polls_total")
+	return s, rows.Err()
+}
+
+func loadBetween(a, b fleetSample) Load {
+	secs := b.at.Sub(a.at).Seconds()
+	l := Load{LoadAvg1: (a.loadavg + b.loadavg) / 2, Busy: (b.busy - a.busy) / secs, MariaDB: (b.mariaCPU - a.mariaCPU) / secs,
+		Restate: (b.restCPU - a.restCPU) / secs, Bench: (b.selfCPU - a.selfCPU) / secs}
+	ours := (b.ctrlCPU - a.ctrlCPU) + (b.mariaCPU - a.mariaCPU) + (b.restCPU - a.restCPU) + (b.selfCPU - a.selfCPU)
+	l.OtherCores = max(0, (b.busy-a.busy-ours)/secs)
+	return l
+}
+
+// Machine is a sample of the whole machine's use, to put next to figures
+// measured between two samples.
+type Machine struct {
+	at      time.Time
+	busy    float64
+	loadavg float64
+}
+
+// SampleMachine reads the machine's CPU use and load average.
+func SampleMachine() Machine {
+	return Machine{at: time.Now(), busy: machineBusy(), loadavg: loadavg1()}
+}
+
+// LoadNote says how loaded the machine was between a and b.
+func LoadNote(a, b Machine) string {
+	return fmt.Sprintf("machine: load %.1f, %.2f of %d cores busy", (a.loadavg+b.loadavg)/2, (b.busy-a.busy)/b.at.Sub(a.at).Seconds(), cpus())
+}
+
+func loadavg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	return v
+}
+
+// machineBusy is the CPU seconds the machine has been busy (the first line
+// of /proc/stat: user, nice, system, irq, softirq and steal time).
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var t float64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		if i < len(f) {
+			v, _ := strconv.ParseFloat(f[i], 64)
+			t += v
+		}
+	}
+	return t / 100 // USER_HZ
+}
+
+// memoryForClusters is a rough need of one arm: the simulated clusters
+// (about 0.4 MiB each with their connection) and ctrl.
+func memoryForClusters(n int) float64 { return float64(n)*0.4 + 1024 }
+
+// availableMiB is MemAvailable.
+func availableMiB() float64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, _ := strconv.ParseFloat(strings.Fields(v)[0], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func (r FleetRow) line() string {
+	return fmt.Sprintf("%s, %d clusters: delivery p50 %.1f p99 %.1f max %.1f ms, p99 from the answer %.1f ms, API call p50 %.1f p99 %.1f ms (%d of %d missing); ctrl %.2f cores, %.0f MiB; MariaDB %.0f statements/s; ctrl reads %.1f/s; %.0f streams open; load %.1f, machine busy %.2f cores, others %.2f",
+		r.Arm, r.Clusters, r.P50, r.P99, r.Max, r.P99Acked, r.API, r.APIp99, r.Missing, r.Deliveries, r.CPU, r.RSS, r.DBQ, r.Read, r.Streams, r.Load.LoadAvg1, r.Load.Busy, r.Load.OtherCores)
+}
+
+// PrintFleet prints the side-by-side table, the ratios of each size
+// against streaming, how each cost grows with the fleet, and the targets.
+func PrintFleet(w io.Writer, rows []FleetRow) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nFleet: simulated clusters against one ctrl")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "design\tclusters\tdelivery p50 / p99 / max ms\tmissing\tAPI p50 / p99 ms\tfailed writes\tctrl CPU cores\tctrl RSS MiB\tMariaDB stmts/s\tctrl reads/s\topen streams\tload 1m\tother procs cores\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.0f / %.0f / %.0f\t%d/%d\t%.0f / %.0f\t%d\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%.1f\t%.2f\t\n", r.Arm, r.Clusters, r.P50, r.P99, r.Max,
+			r.Missing, r.Deliveries, r.API, r.APIp99, r.FailedWrites, r.CPU, r.RSS, r.DBQ, r.Read, r.Streams, r.Load.LoadAvg1, r.Load.OtherCores)
+	}
+	tw.Flush()
+
+	byKey := map[string]FleetRow{}
+	var sizes []int
+	for _, r := range rows {
+		byKey[fmt.Sprintf("%s/%d", r.Arm, r.Clusters)] = r
+		if !slices.Contains(sizes, r.Clusters) {
+			sizes = append(sizes, r.Clusters)
+		}
+	}
+	fmt.Fprintln(w, "\nRatios, other design / streaming (same size, same run):")
+	for _, n := range sizes {
+		s, ok := byKey[fmt.Sprintf("streaming/%d", n)]
+		if !ok {
+			continue
+		}
+		for _, arm := range []string{"polling", "streaming-unshared"} {
+			o, ok := byKey[fmt.Sprintf("%s/%d", arm, n)]
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(w, "  %5d clusters, %s: delivery p99 x%s, ctrl CPU x%s, ctrl RSS x%s, MariaDB statements x%s, ctrl reads x%s\n", n, arm,
+				ratio(o.P99, s.P99), ratio(o.CPU, s.CPU), ratio(o.RSS, s.RSS), ratio(o.DBQ, s.DBQ), ratio(o.Read, s.Read))
+		}
+	}
+	fmt.Fprintln(w, "\nGrowth with the fleet (each size against the previous; clusters grow by the first factor):")
+	for _, arm := range []string{"streaming", "polling", "streaming-unshared"} {
+		prev, ok := FleetRow{}, false
+		for _, n := range sizes {
+			r, have := byKey[fmt.Sprintf("%s/%d", arm, n)]
+			if !have {
+				continue
+			}
+			if ok {
+				fmt.Fprintf(w, "  %-18s %5d -> %5d clusters (x%s): p99 x%s, CPU x%s, RSS x%s, MariaDB statements x%s, ctrl reads x%s\n", arm, prev.Clusters, n,
+					ratio(float64(n), float64(prev.Clusters)), ratio(r.P99, prev.P99), ratio(r.CPU, prev.CPU), ratio(r.RSS, prev.RSS), ratio(r.DBQ, prev.DBQ), ratio(r.Read, prev.Read))
+			}
+			prev, ok = r, true
+		}
+	}
+	if s, ok := byKey["streaming/1000"]; ok {
+		fmt.Fprintln(w, "\nTargets at 1,000 clusters and 20 changes/s (streaming):")
+		fmt.Fprintf(w, "  delivery p99 %.0f ms < 100 ms: %s\n", s.P99, holds(s.P99 < 100))
+		fmt.Fprintf(w, "  ctrl CPU %.2f cores < 0.5: %s\n", s.CPU, holds(s.CPU < 0.5))
+		fmt.Fprintf(w, "  ctrl RSS %.0f MiB < 600 MiB: %s\n", s.RSS, holds(s.RSS < 600))
+		if p, ok := byKey["polling/1000"]; ok {
+			fmt.Fprintf(w, "  ctrl's delivery reads %.1f/s <= 1/10 of polling's %.1f/s: %s\n", s.Read, p.Read, holds(s.Read <= p.Read/10))
+			fmt.Fprintf(w, "  all MariaDB statements %.0f/s <= 1/10 of polling's %.0f/s: %s (writes, reports and heartbeats are the same in both)\n",
+				s.DBQ, p.DBQ, holds(s.DBQ <= p.DBQ/10))
+		}
+	}
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(a/b, 'f', 2, 64)
+}
+
+func holds(ok bool) string {
+	if ok {
+		return "holds"
+	}
+	return "MISSED"
+}
+
+// fleetFigures are the rows as figures for results.json and the table.
+func fleetFigures(rows []FleetRow) []Figure {
+	var out []Figure
+	for _, r := range rows {
+		name := fmt.Sprintf("%s, %d clusters", r.Arm, r.Clusters)
+		note := fmt.Sprintf("load %.1f, other processes %.2f cores", r.Load.LoadAvg1, r.Load.OtherCores)
+		var p99Target, cpuTarget, rssTarget string
+		if r.Arm == "streaming" && r.Clusters == 1000 {
+			p99Target, cpuTarget, rssTarget = "< 100 ms", "< 0.5", "< 600 MiB"
+		}
+		out = append(out,
+			Figure{Section: "8 fleet", Name: name + ": delivery p50", Value: r.P50, Unit: "ms"},
+			Figure{Section: "8 fleet", Name: name + ": delivery p99", Value: r.P99, Unit: "ms", Target: p99Target, Note: fmt.Sprintf("%d of %d deliveries missing", r.Missing, r.Deliveries)},
+			Figure{Section: "8 fleet", Name: name + ": ctrl CPU", Value: r.CPU, Unit: "cores", Target: cpuTarget, Note: note},
+			Figure{Section: "8 fleet", Name: name + ": ctrl RSS", Value: r.RSS, Unit: "MiB", Target: rssTarget},
+			Figure{Section: "8 fleet", Name: name + ": MariaDB statements", Value: r.DBQ, Unit: "/s"},
+			Figure{Section: "8 fleet", Name: name + ": ctrl delivery reads", Value: r.Read, Unit: "/s"},
+			Figure{Section: "8 fleet", Name: name + ": open streams", Value: r.Streams, Unit: ""},
+		)
+	}
+	return out
+}
