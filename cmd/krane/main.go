@@ -46,7 +46,9 @@ func main() {
 		Short: "Check krane.hcl, including each enabled plugin's config block against the plugin's schema",
 		Long: "Check krane.hcl, including each enabled plugin's config block against the plugin's schema. With --cluster, also ask " +
 			"the API server whether each plugin's identity has every RBAC permission the plugin declares, and name the missing ones.",
-		RunE: func(cmd *cobra.Command, _ []string) error { return validateConfig(cmd.Context(), cfgPath, checkCluster) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return validateConfig(cmd.Context(), cfgPath, checkCluster)
+		},
 	}
 	validate.Flags().BoolVar(&checkCluster, "cluster", false, "also check each plugin's RBAC permissions against the cluster of krane.hcl's kubernetes block")
 	root.RunE = run.RunE
