@@ -50,7 +50,7 @@ func (s *server) Configure(ctx context.Context, req *pluginv1.ConfigureRequest) 
 		if errors.As(err, &cfgErr) {
 			return nil, status.Error(codes.InvalidArgument, cfgErr.Error())
 		}
-		return nil, status.Errorf(codes.FailedPrecondition, "configure: %v", err)
+		return nil, status.Error(codes.FailedPrecondition, err.Error()) // the host names the call
 	}
 	return &pluginv1.ConfigureResponse{}, nil
 }
