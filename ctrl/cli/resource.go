@@ -715,7 +715,7 @@ func printAs(out io.Writer, format string, m proto.Message) error {
 	if format == "json" {
 		return printJSON(out, m)
 	}
-	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	b, err := protojson.Marshal(m)
 	if err != nil {
 		return err
 	}
