@@ -116,6 +116,13 @@ deps: tools ## Go modules, Go tools, and a MariaDB server for private test datab
 	  else echo "cannot install mariadb-server (not root, no sudo): install it, or set KRANE_TEST_MYSQL_DSN to a MySQL server" >&2; exit 1; fi; \
 	fi
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js and npm (Debian: apt-get install nodejs npm); the Restate server comes from the npm registry" >&2; exit 1; }
+	@# The plugin authoring guide's walkthrough (run by e2e) uses kubectl.
+	@if ! command -v kubectl >/dev/null; then \
+	  echo "==> kubectl not found: installing kubernetes-client from Debian packages"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  else echo "cannot install kubectl (not root, no sudo): install it, or put it in PATH" >&2; exit 1; fi; \
+	fi
 
 # Each tool is installed at its pinned version; a stamp per version makes a
 # version bump reinstall it.
