@@ -148,25 +148,8 @@ func pluginPID(t *testing.T, st *stack.Stack, region string) int {
 	parent := st.Krane(region).Pid()
 	var found int
 	waitFor(t, time.Minute, "the quota plugin process of "+region, func() error {
-		entries, err := os.ReadDir("/proc")
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-			if err != nil {
-				continue
-			}
-			// pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
-			fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-			if len(fields) < 2 || fields[1] != strconv.Itoa(parent) {
-				continue
-			}
-			cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		for _, pid := range childProcesses(t, parent) {
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 			if strings.Contains(string(cmdline), "krane-plugin-quota") {
 				found = pid
 				return nil

@@ -39,6 +39,33 @@ func (r *resourceCmd) client() (ctrlv1.ResourceServiceClient, func(), error) {
 	return ctrlv1.NewResourceServiceClient(conn), func() { conn.Close() }, nil
 }
 
+// run is the RunE of a subcommand: the -o format checked, a client
+// connected (and closed afterwards), then body.
+func (r *resourceCmd) run(body func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		format, err := r.format()
+		if err != nil {
+			return err
+		}
+		api, closeConn, err := r.client()
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		return body(cmd, args, format, api)
+	}
+}
+
+// call makes one API call, retried while ctrl is unavailable, and words
+// its error for the terminal.
+func call[T any](ctx context.Context, what string, fn func(context.Context) (T, error)) (T, error) {
+	v, err := withRetry(ctx, fn)
+	if err != nil {
+		return v, resourceAPIError(what, err)
+	}
+	return v, nil
+}
+
 // format is the -o of these commands: table (also "text"), json or yaml.
 func (r *resourceCmd) format() (string, error) {
 	switch r.api.output {
@@ -85,12 +112,9 @@ func (r *resourceCmd) kindRegister() *cobra.Command {
 			"`--describe` output that publishes a spec schema (`krane-plugin-NAME --describe > plugin.json`). " +
 			"Registering a kind again replaces its schema; objects already stored are not checked again.",
 		Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
+		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
 			var reqs []*ctrlv1.RegisterKindRequest
+			var err error
 			switch {
 			case describeFile != "" && (schemaFile != "" || len(args) > 0):
 				return errors.New("give either KIND --schema FILE or --describe FILE")
@@ -107,15 +131,10 @@ func (r *resourceCmd) kindRegister() *cobra.Command {
 			default:
 				return errors.New("name the kind and its schema: `ctrl kind register KIND --schema FILE`, or `ctrl kind register --describe FILE` with a plugin's --describe output")
 			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
 			for _, req := range reqs {
-				k, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.KindInfo, error) { return api.RegisterKind(ctx, req) })
+				k, err := call(cmd.Context(), "register kind "+req.GetKind(), func(ctx context.Context) (*ctrlv1.KindInfo, error) { return api.RegisterKind(ctx, req) })
 				if err != nil {
-					return resourceAPIError("register kind "+req.GetKind(), err)
+					return err
 				}
 				if format != "table" {
 					if err := printAs(cmd.OutOrStdout(), format, k); err != nil {
@@ -126,7 +145,7 @@ func (r *resourceCmd) kindRegister() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "kind %s registered\n", k.GetKind())
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&schemaFile, "schema", "", "file holding the JSON Schema of the kind's spec")
 	cmd.Flags().StringVar(&describeFile, "describe", "", "a plugin's --describe output: register each kind it publishes a spec schema for")
@@ -169,21 +188,12 @@ func (r *resourceCmd) kindGet() *cobra.Command {
 		Use:   "get KIND",
 		Short: "Show a kind and its spec schema",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			k, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.KindInfo, error) {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+			k, err := call(cmd.Context(), "get kind "+args[0], func(ctx context.Context) (*ctrlv1.KindInfo, error) {
 				return api.GetKind(ctx, &ctrlv1.GetKindRequest{Kind: args[0]})
 			})
 			if err != nil {
-				return resourceAPIError("get kind "+args[0], err)
+				return err
 			}
 			if format != "table" {
 				return printAs(cmd.OutOrStdout(), format, k)
@@ -197,7 +207,7 @@ func (r *resourceCmd) kindGet() *cobra.Command {
 				fmt.Fprintf(out, "  %s\n", k.GetSpecSchema())
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -213,21 +223,12 @@ func (r *resourceCmd) kindList() *cobra.Command {
 		Use:   "list",
 		Short: "List the kinds the resource API serves",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.ListKindsResponse, error) {
+		RunE: r.run(func(cmd *cobra.Command, _ []string, format string, api ctrlv1.ResourceServiceClient) error {
+			resp, err := call(cmd.Context(), "list kinds", func(ctx context.Context) (*ctrlv1.ListKindsResponse, error) {
 				return api.ListKinds(ctx, &ctrlv1.ListKindsRequest{})
 			})
 			if err != nil {
-				return resourceAPIError("list kinds", err)
+				return err
 			}
 			if format != "table" {
 				return printAs(cmd.OutOrStdout(), format, resp)
@@ -242,7 +243,7 @@ func (r *resourceCmd) kindList() *cobra.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\n", k.GetKind(), when, or(k.GetDescription(), "-"))
 			}
 			return w.Flush()
-		},
+		}),
 	}
 }
 
@@ -338,11 +339,7 @@ func (r *resourceCmd) apply() *cobra.Command {
 			"the field, when one fails. An object applied again unchanged gets no new version, so applying a file twice is harmless. " +
 			"A region an object no longer lists is deleted there. --dry-run validates and shows what would change.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
+		RunE: r.run(func(cmd *cobra.Command, _ []string, format string, api ctrlv1.ResourceServiceClient) error {
 			if file == "" {
 				return errors.New("name the file to apply: -f FILE (or -f - for stdin)")
 			}
@@ -350,25 +347,19 @@ func (r *resourceCmd) apply() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.PutResourcesResponse, error) {
+			resp, err := call(cmd.Context(), "apply "+file, func(ctx context.Context) (*ctrlv1.PutResourcesResponse, error) {
 				return api.PutResources(ctx, &ctrlv1.PutResourcesRequest{Resources: objs, DryRun: dryRun})
 			})
 			if err != nil {
-				return resourceAPIError("apply "+file, err)
+				return err
 			}
-			if format != "table" {
-				if err := printAs(cmd.OutOrStdout(), format, resp); err != nil {
-					return err
-				}
-			} else {
+			err = show(cmd.OutOrStdout(), format, resp, func(out io.Writer) {
 				for _, res := range resp.GetResults() {
-					fmt.Fprintln(cmd.OutOrStdout(), putLine(res, dryRun))
+					fmt.Fprintln(out, putLine(res, dryRun))
 				}
+			})
+			if err != nil {
+				return err
 			}
 			if !wait || dryRun {
 				return nil
@@ -378,7 +369,7 @@ func (r *resourceCmd) apply() *cobra.Command {
 				targets = append(targets, target{kind: res.GetKind(), id: res.GetId()})
 			}
 			return r.follow(cmd, api, targets, waitTimeout)
-		},
+		}),
 	}
 	cmd.Flags().StringVarP(&file, "filename", "f", "", "JSON or YAML file of objects (- for stdin)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate and show what would change, without writing")
@@ -415,16 +406,7 @@ func (r *resourceCmd) get() *cobra.Command {
 		Use:   "get KIND ID",
 		Short: "Show an object: its spec and, per region, the version desired and applied, the latest status and apply errors",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
 			if wait {
 				if err := r.follow(cmd, api, []target{{kind: args[0], id: args[1]}}, waitTimeout); err != nil {
 					return err
@@ -439,7 +421,7 @@ func (r *resourceCmd) get() *cobra.Command {
 			}
 			printObject(cmd.OutOrStdout(), info)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "first wait until every region's clusters report the object's version applied")
 	cmd.Flags().DurationVar(&waitTimeout, "timeout", 5*time.Minute, "how long --wait waits")
@@ -447,13 +429,9 @@ func (r *resourceCmd) get() *cobra.Command {
 }
 
 func (r *resourceCmd) getObject(ctx context.Context, api ctrlv1.ResourceServiceClient, kind, id string) (*ctrlv1.ResourceInfo, error) {
-	info, err := withRetry(ctx, func(ctx context.Context) (*ctrlv1.ResourceInfo, error) {
+	return call(ctx, fmt.Sprintf("get %s %s", kind, id), func(ctx context.Context) (*ctrlv1.ResourceInfo, error) {
 		return api.GetResource(ctx, &ctrlv1.GetResourceRequest{Kind: kind, Id: id})
 	})
-	if err != nil {
-		return nil, resourceAPIError(fmt.Sprintf("get %s %s", kind, id), err)
-	}
-	return info, nil
 }
 
 func printObject(out io.Writer, info *ctrlv1.ResourceInfo) {
@@ -526,24 +504,15 @@ func (r *resourceCmd) list() *cobra.Command {
 		Use:   "list KIND",
 		Short: "List the objects of a kind, with how many regions applied their version",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
 			var items []*ctrlv1.ResourceInfo
 			token := ""
 			for {
-				resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.ListResourcesResponse, error) {
+				resp, err := call(cmd.Context(), "list "+args[0], func(ctx context.Context) (*ctrlv1.ListResourcesResponse, error) {
 					return api.ListResources(ctx, &ctrlv1.ListResourcesRequest{Kind: args[0], Region: region, IncludeDeleted: all, PageSize: 500, PageToken: token})
 				})
 				if err != nil {
-					return resourceAPIError("list "+args[0], err)
+					return err
 				}
 				items = append(items, resp.GetResources()...)
 				if token = resp.GetNextPageToken(); token == "" {
@@ -570,7 +539,7 @@ func (r *resourceCmd) list() *cobra.Command {
 				fmt.Fprintf(w, "%s\t%s\t%d/%d\t%d\n", info.GetResource().GetId(), regions, applied, len(info.GetRegions()), errs)
 			}
 			return w.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&region, "region", "", "only objects desired (or deleted) in this region")
 	cmd.Flags().BoolVar(&all, "all", false, "also objects deleted in every region")
@@ -585,34 +554,24 @@ func (r *resourceCmd) delete() *cobra.Command {
 		Use:   "delete KIND ID",
 		Short: "Delete an object (in every region, or in the --region ones): its clusters remove it",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := r.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := r.client()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.DeleteResourceResponse, error) {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+			resp, err := call(cmd.Context(), fmt.Sprintf("delete %s %s", args[0], args[1]), func(ctx context.Context) (*ctrlv1.DeleteResourceResponse, error) {
 				return api.DeleteResource(ctx, &ctrlv1.DeleteResourceRequest{Kind: args[0], Id: args[1], Regions: regions})
 			})
 			if err != nil {
-				return resourceAPIError(fmt.Sprintf("delete %s %s", args[0], args[1]), err)
+				return err
 			}
-			if format != "table" {
-				if err := printAs(cmd.OutOrStdout(), format, resp); err != nil {
-					return err
-				}
-			} else {
-				fmt.Fprintln(cmd.OutOrStdout(), putLine(&ctrlv1.PutResult{Kind: args[0], Id: args[1], Outcome: "deleted", Regions: resp.GetRegions()}, false))
+			err = show(cmd.OutOrStdout(), format, resp, func(out io.Writer) {
+				fmt.Fprintln(out, putLine(&ctrlv1.PutResult{Kind: args[0], Id: args[1], Outcome: "deleted", Regions: resp.GetRegions()}, false))
+			})
+			if err != nil {
+				return err
 			}
 			if !wait {
 				return nil
 			}
 			return r.follow(cmd, api, []target{{kind: args[0], id: args[1]}}, waitTimeout)
-		},
+		}),
 	}
 	cmd.Flags().StringSliceVar(&regions, "region", nil, "delete only in this region (repeatable; default every region)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every region's clusters report the delete applied")
@@ -708,6 +667,15 @@ func regionProgress(rr *ctrlv1.ResourceRegion) (line, parked string) {
 		return "waiting for " + what + " (no cluster has reported yet)", ""
 	}
 	return fmt.Sprintf("waiting for %s (clusters report v%d)", what, rr.GetObservedVersion()), ""
+}
+
+// show prints m as JSON or YAML, or calls table for the table format.
+func show(out io.Writer, format string, m proto.Message, table func(io.Writer)) error {
+	if format != "table" {
+		return printAs(out, format, m)
+	}
+	table(out)
+	return nil
 }
 
 // printAs prints m as protobuf JSON or as YAML.

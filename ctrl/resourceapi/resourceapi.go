@@ -11,7 +11,6 @@ package resourceapi
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"regexp"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/kinds"
@@ -344,30 +344,17 @@ func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesReq
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 	}
-	size := int(req.GetPageSize())
-	switch {
-	case size < 0 || size > 500:
-		return nil, fieldError("page_size", fmt.Sprintf("%d is out of range 0..500 (0: 100)", size))
-	case size == 0:
-		size = 100
-	}
-	after := ""
-	if t := req.GetPageToken(); t != "" {
-		b, err := base64.RawURLEncoding.DecodeString(t)
-		if err != nil || len(b) == 0 {
-			return nil, fieldError("page_token", "not a token from a previous ListResources answer")
-		}
-		after = string(b)
+	size, after, err := paging.Parse(req.GetPageSize(), req.GetPageToken(), "ListResources", 100, 500)
+	var pe *paging.Error
+	if errors.As(err, &pe) {
+		return nil, fieldError(pe.Field, pe.Reason)
 	}
 	objs, err := s.store.ListObjects(ctx, store.ObjectFilter{Kind: req.GetKind(), Region: req.GetRegion(), IncludeDeleted: req.GetIncludeDeleted()}, after, size+1)
 	if err != nil {
 		return nil, s.storeError(ctx, err, "listing resources failed")
 	}
 	resp := &ctrlv1.ListResourcesResponse{}
-	if len(objs) > size {
-		objs = objs[:size]
-		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(objs[size-1].ID))
-	}
+	objs, resp.NextPageToken = paging.Next(objs, size, func(o store.Object) string { return o.ID })
 	for _, o := range objs {
 		resp.Resources = append(resp.Resources, resourceInfo(o))
 	}

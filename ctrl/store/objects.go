@@ -325,15 +325,8 @@ func planDelete(rows []ObjectRegion, regions []string) []RegionChange {
 
 // PlanPut says, without writing, what PutObject would do.
 func (s *Store) PlanPut(ctx context.Context, kind, id string, spec []byte, regions []string) ([]RegionChange, error) {
-	tab, spec, err := checkPut(kind, id, spec, regions)
+	_, spec, rows, err := preparePut(ctx, s.db, kind, id, spec, regions, false)
 	if err != nil {
-		return nil, err
-	}
-	rows, err := tab.rows(ctx, s.db, kind, id, false)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkRegions(tab, kind, id, rows, regions); err != nil {
 		return nil, err
 	}
 	return planPut(rows, spec, regions), nil
@@ -346,15 +339,8 @@ func (s *Store) PlanPut(ctx context.Context, kind, id string, spec []byte, regio
 // transaction commits; an unchanged row keeps its version, so putting the
 // same object again changes nothing.
 func (t *Tx) PutObject(ctx context.Context, kind, id string, spec []byte, regions []string) ([]RegionChange, error) {
-	tab, spec, err := checkPut(kind, id, spec, regions)
+	tab, spec, rows, err := preparePut(ctx, t.tx, kind, id, spec, regions, true)
 	if err != nil {
-		return nil, err
-	}
-	rows, err := tab.rows(ctx, t.tx, kind, id, true)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkRegions(tab, kind, id, rows, regions); err != nil {
 		return nil, err
 	}
 	plan := planPut(rows, spec, regions)
@@ -375,6 +361,23 @@ func (t *Tx) PutObject(ctx context.Context, kind, id string, spec []byte, region
 		}
 	}
 	return plan, nil
+}
+
+// preparePut checks a put, canonicalises its spec and reads the object's
+// rows (locked, inside a write).
+func preparePut(ctx context.Context, q querier, kind, id string, spec []byte, regions []string, lock bool) (*objectTable, []byte, []ObjectRegion, error) {
+	tab, spec, err := checkPut(kind, id, spec, regions)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rows, err := tab.rows(ctx, q, kind, id, lock)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := checkRegions(tab, kind, id, rows, regions); err != nil {
+		return nil, nil, nil, err
+	}
+	return tab, spec, rows, nil
 }
 
 // DeleteObject soft-deletes object (kind, id) in regions (every region
@@ -563,16 +566,5 @@ FROM apply_errors WHERE kind = ? AND id IN (`+strings.TrimSuffix(strings.Repeat(
 	if err != nil {
 		return nil, fmt.Errorf("store: read apply errors of %d %s objects: %w", len(ids), kind, err)
 	}
-	defer rows.Close()
-	var out []ApplyError
-	for rows.Next() {
-		var e ApplyError
-		var ms int64
-		if err := rows.Scan(&e.Kind, &e.Region, &e.ID, &e.ClusterID, &e.Version, &e.Message, &e.Field, &e.Permanent, &ms); err != nil {
-			return nil, err
-		}
-		e.UpdatedAt = time.UnixMilli(ms)
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return scanApplyErrors(rows)
 }

@@ -304,7 +304,7 @@ func (c *Cluster) startEtcd(bin string) error {
 		return err
 	}
 	return c.proc("etcd").WaitReady(30*time.Second, func(ctx context.Context) error {
-		return get(ctx, http.DefaultClient, c.etcdURL+"/health", "")
+		return Probe(ctx, http.DefaultClient, c.etcdURL+"/health", "")
 	})
 }
 
@@ -346,7 +346,7 @@ func (c *Cluster) runAPIServer(bin string) error {
 	}
 	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: insecureTLS()}}
 	return c.proc("kube-apiserver").WaitReady(90*time.Second, func(ctx context.Context) error {
-		return get(ctx, insecure, c.url+"/readyz", adminToken)
+		return Probe(ctx, insecure, c.url+"/readyz", adminToken)
 	})
 }
 
@@ -512,7 +512,9 @@ func writeKubeconfigFile(path, server string, ca []byte, user, token string) err
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-func get(ctx context.Context, client *http.Client, url, token string) error {
+// Probe is a readiness check: GET url (with a bearer token when given)
+// must answer 200.
+func Probe(ctx context.Context, client *http.Client, url, token string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
