@@ -205,3 +205,18 @@ func TestBuiltInKindsAreRefusedOrServed(t *testing.T) {
 		t.Errorf("policy in two regions: %d %q", code, errOut)
 	}
 }
+
+func TestKindRegisterRefusesABadSchema(t *testing.T) {
+	_, file := resourceEnv(t)
+	bad := file("bad.json", `{"type": "object", "properties": {"x": {"type": "no-such-type"}}}`)
+	if code, _, errOut := run(t, "kind", "register", "bad.acme.example", "--schema", bad); code == 0 || !strings.Contains(errOut, "spec_schema: not a usable JSON Schema") {
+		t.Errorf("bad schema: %d %q", code, errOut)
+	}
+	if code, _, errOut := run(t, "kind", "register", "deployment", "--schema", file("s.json", `{}`)); code == 0 || !strings.Contains(errOut, "built in") {
+		t.Errorf("built-in kind: %d %q", code, errOut)
+	}
+	desc := file("describe.json", `{"name":"noschema","kinds":[{"kind":"x.acme.example","spec_type":"google.protobuf.Struct"}]}`)
+	if code, _, errOut := run(t, "kind", "register", "--describe", desc); code == 0 || !strings.Contains(errOut, "publishes no spec schema") {
+		t.Errorf("describe without schemas: %d %q", code, errOut)
+	}
+}
