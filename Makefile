@@ -79,8 +79,11 @@ chaos: deps testenv build ## faults while desired state churns, then check nothi
 test: deps testenv proto-check lint build test-go ## everything CI checks: generated code, lint, unit + integration tests
 
 test-go: ## go test of both modules (real apiserver, MySQL and Restate; set PKGS, SDK_PKGS or TEST_FLAGS to narrow)
-	@if [ -n "$(strip $(PKGS))" ]; then echo "==> go test $(PKGS)"; KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) $(PKGS); fi
-	@if [ -n "$(strip $(SDK_PKGS))" ]; then echo "==> go test (sdk) $(SDK_PKGS)"; KRANE_BIN_DIR=$(CURDIR)/bin $(GO) -C sdk test $(TEST_FLAGS) $(SDK_PKGS); fi
+	@# Both modules run even when the first fails, so one report shows all.
+	@rc=0; \
+	if [ -n "$(strip $(PKGS))" ]; then echo "==> go test $(PKGS)"; KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) $(PKGS) || rc=1; fi; \
+	if [ -n "$(strip $(SDK_PKGS))" ]; then echo "==> go test (sdk) $(SDK_PKGS)"; KRANE_BIN_DIR=$(CURDIR)/bin $(GO) -C sdk test $(TEST_FLAGS) $(SDK_PKGS) || rc=1; fi; \
+	exit $$rc
 
 proto: tools ## regenerate Go code from proto/
 	buf generate
