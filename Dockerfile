@@ -3,8 +3,11 @@
 #   docker build --target ctrl -t krane-ctrl:latest .  ctrl, the control plane
 FROM golang:1.26 AS build
 WORKDIR /src
+# The repository builds against the sdk module in ./sdk (a replace): its
+# go.mod is needed to download the repository's requirements.
 COPY go.mod go.sum ./
-RUN go mod download
+COPY sdk/go.mod sdk/go.sum ./sdk/
+RUN go mod download && go -C sdk mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 make build VERSION=${VERSION}

@@ -26,7 +26,13 @@ export RESTATE_VERSION := 1.7.12
 
 BINARIES := krane ctrl krane-plugin-deployment krane-plugin-sentinel krane-plugin-cilium krane-plugin-configmap
 TEST_FLAGS ?= -race -timeout 45m
+# Two Go modules: the repository (.) and the sdk plugin authors require
+# (sdk/, its own go.mod; the repository builds against it with a replace).
+# PKGS are packages of the repository's module, SDK_PKGS of the sdk's; a
+# narrowed PKGS runs no sdk tests unless SDK_PKGS names some.
 PKGS ?= ./...
+SDK_PKGS ?= $(if $(filter ./...,$(PKGS)),./...,)
+MODULES := . sdk
 
 .PHONY: build test test-go deploy-check demo chaos fuzz bench bench-fleet proto proto-check lint deps tools testenv clean help screenshots
 .PHONY: $(addprefix bin/,$(BINARIES))
@@ -47,7 +53,7 @@ bin/krane-plugin-sentinel:
 bin/krane-plugin-cilium:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./plugins/cilium
 bin/krane-plugin-configmap:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./sdk/examples/configmap
+	$(GO) -C sdk build -trimpath -o $(CURDIR)/$@ ./examples/configmap
 
 demo: deps testenv build ## bring up the whole system locally and show a deploy working (DEMO_EXIT=1: exit after the scenario)
 	$(GO) run ./cmd/demo -bin bin $(if $(filter 1,$(DEMO_EXIT)),-exit,)
@@ -78,8 +84,12 @@ chaos: deps testenv build ## faults while desired state churns, then check nothi
 
 test: deps testenv proto-check lint build test-go ## everything CI checks: generated code, lint, unit + integration tests
 
-test-go: ## go test (real apiserver, MySQL and Restate; set PKGS or TEST_FLAGS to narrow)
-	KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) $(PKGS)
+test-go: ## go test of both modules (real apiserver, MySQL and Restate; set PKGS, SDK_PKGS or TEST_FLAGS to narrow)
+	@# Both modules run even when the first fails, so one report shows all.
+	@rc=0; \
+	if [ -n "$(strip $(PKGS))" ]; then echo "==> go test $(PKGS)"; KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) $(PKGS) || rc=1; fi; \
+	if [ -n "$(strip $(SDK_PKGS))" ]; then echo "==> go test (sdk) $(SDK_PKGS)"; KRANE_BIN_DIR=$(CURDIR)/bin $(GO) -C sdk test $(TEST_FLAGS) $(SDK_PKGS) || rc=1; fi; \
+	exit $$rc
 
 # Part of test-go too (./deploy/check is one of its packages).
 deploy-check: deps testenv build ## render every deploy/ overlay, install it into a real API server, prove its RBAC and NetworkPolicies
@@ -94,22 +104,30 @@ screenshots: deps testenv build ## run the console's browser test on the whole s
 proto: tools ## regenerate Go code from proto/
 	buf generate
 
+# Generated Go lives next to the .proto files (proto/) and, for the plugin
+# protocol, inside the sdk module (sdk/internal/pluginv1): every *.pb.go
+# under proto/ and sdk/ must be exactly what buf generates.
 proto-check: tools ## fail when the committed generated code is stale
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	buf generate -o "$$tmp"; \
-	if ! diff -r -q "$$tmp/proto" proto -x '*.proto' >/dev/null; then \
-	  diff -r "$$tmp/proto" proto -x '*.proto' || true; \
-	  echo "generated code in proto/ is stale: run 'make proto' and commit the result" >&2; exit 1; \
-	fi; echo "proto: generated code is current"
+	gen=$$(cd "$$tmp" && find . -name '*.pb.go' | sort); have=$$(find ./proto ./sdk -name '*.pb.go' | sort); \
+	if [ "$$gen" != "$$have" ]; then \
+	  diff <(echo "$$gen") <(echo "$$have") || true; \
+	  echo "generated files differ from what buf generates: run 'make proto' and commit the result" >&2; exit 1; \
+	fi; \
+	for f in $$gen; do if ! cmp -s "$$tmp/$$f" "$$f"; then diff -u "$$f" "$$tmp/$$f" | head -40; \
+	  echo "generated code in $$f is stale: run 'make proto' and commit the result" >&2; exit 1; fi; done; \
+	echo "proto: generated code is current"
 
 lint: tools ## gofmt, go vet, staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.tools/*')); \
 	if [ -n "$$out" ]; then echo "not gofmt-clean:" $$out >&2; exit 1; fi
-	$(GO) vet ./...
-	staticcheck ./...
+	@for m in $(MODULES); do echo "==> vet and staticcheck: module $$m"; \
+	  (cd $$m && $(GO) vet ./... && staticcheck ./...) || exit 1; done
 
 deps: tools ## Go modules, Go tools, a MariaDB server for private test databases, Chromium for the console's browser test
 	$(GO) mod download
+	$(GO) -C sdk mod download
 	@if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then \
 	  echo "==> mariadbd not found: installing mariadb-server from Debian packages"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null; \
@@ -122,6 +140,13 @@ deps: tools ## Go modules, Go tools, a MariaDB server for private test databases
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "cannot install chromium (not root, no sudo): install the Debian packages chromium and chromium-driver, or set KRANE_CHROMIUM to a Chromium or Chrome binary" >&2; exit 1; fi; \
+	fi
+	@# The plugin authoring guide's walkthrough (run by e2e) uses kubectl.
+	@if ! command -v kubectl >/dev/null; then \
+	  echo "==> kubectl not found: installing kubernetes-client from Debian packages"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  else echo "cannot install kubectl (not root, no sudo): install it, or put it in PATH" >&2; exit 1; fi; \
 	fi
 
 # Each tool is installed at its pinned version; a stamp per version makes a
@@ -144,7 +169,7 @@ $(STAMPS)/staticcheck@%:
 	@mkdir -p $(STAMPS) && touch $@
 
 testenv: ## build/install the test binaries (kube control plane, kwok, restate-server) into the cache
-	./scripts/testenv-kube.sh
+	$(GO) -C sdk run ./envtest/setup
 	./scripts/testenv-restate.sh
 
 clean: ## remove build outputs (the testenv cache stays)

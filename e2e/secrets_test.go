@@ -324,12 +324,9 @@ func (p *hostProbe) Configure(_ context.Context, req sdk.ConfigureRequest) error
 	p.host = req.Host
 	return nil
 }
-func (p *hostProbe) Apply(context.Context, sdk.Change) (sdk.Result, error) { return sdk.Unchanged, nil }
-func (p *hostProbe) Inventory(context.Context, string) ([]sdk.InventoryItem, error) {
-	return nil, nil
+func (p *hostProbe) Apply(context.Context, *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+	return sdk.Done(sdk.Unchanged, nil)
 }
-func (p *hostProbe) WatchStatus(ctx context.Context, _ func(sdk.StatusReport) error) error {
-	<-ctx.Done()
-	return nil
+func (p *hostProbe) Inventory(context.Context, *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
+	return &sdk.InventoryResponse{}, nil
 }
-func (p *hostProbe) Shutdown(context.Context) error { return nil }

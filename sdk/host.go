@@ -76,8 +76,8 @@ func NewClientConfig(o ClientOptions) (*plugin.ClientConfig, error) {
 	return cfg, nil
 }
 
-// Dispense connects a started go-plugin client and returns its Controller.
-func Dispense(c *plugin.Client) (Controller, error) {
+// Dispense connects a started go-plugin client and returns the plugin.
+func Dispense(c *plugin.Client) (Plugin, error) {
 	proto, err := c.Client()
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func Dispense(c *plugin.Client) (Controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctl, ok := raw.(Controller)
+	ctl, ok := raw.(Plugin)
 	if !ok {
 		return nil, fmt.Errorf("plugin served %T, not a krane controller", raw)
 	}

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pluginv1 "krane.dev/proto/krane/plugin/v1"
+	pluginv1 "krane.dev/sdk/internal/pluginv1"
 )
 
 // Host is what the krane host does for a plugin that only the host may do,

@@ -42,15 +42,12 @@ func (p *hostUser) Host() sdk.Host {
 	return p.host
 }
 
-func (p *hostUser) Apply(context.Context, sdk.Change) (sdk.Result, error) { return sdk.Unchanged, nil }
-func (p *hostUser) Inventory(context.Context, string) ([]sdk.InventoryItem, error) {
-	return nil, nil
+func (p *hostUser) Apply(context.Context, *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+	return sdk.Done(sdk.Unchanged, nil)
 }
-func (p *hostUser) WatchStatus(ctx context.Context, _ func(sdk.StatusReport) error) error {
-	<-ctx.Done()
-	return nil
+func (p *hostUser) Inventory(context.Context, *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
+	return &sdk.InventoryResponse{}, nil
 }
-func (p *hostUser) Shutdown(context.Context) error { return nil }
 
 // testHost answers DecryptEnv like ctrl would.
 type testHost struct {

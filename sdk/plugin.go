@@ -6,7 +6,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
-	pluginv1 "krane.dev/proto/krane/plugin/v1"
+	pluginv1 "krane.dev/sdk/internal/pluginv1"
 )
 
 // ProtocolVersion is the go-plugin protocol version of krane.plugin.v1. It

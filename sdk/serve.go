@@ -115,9 +115,13 @@ func shutdownOnSIGTERM(log hclog.Logger, impl Controller) {
 }
 
 func shutdown(impl Controller, timeout time.Duration) {
+	sd, ok := impl.(Shutdowner)
+	if !ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_ = impl.Shutdown(ctx)
+	_ = sd.Shutdown(ctx)
 }
 
 func envOr(key, def string) string {

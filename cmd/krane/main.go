@@ -3,7 +3,7 @@
 // desired state ctrl streams.
 //
 //	krane run -config krane.hcl        (default command)
-//	krane validate -c krane.hcl   (check a file without running)
+//	krane validate -c krane.hcl   (check a file without running; --cluster: and the plugins' RBAC)
 //	krane --version
 package main
 
@@ -40,11 +40,17 @@ func main() {
 		Short: "Run the agent (the default)",
 		RunE:  func(*cobra.Command, []string) error { return runAgent(cfgPath) },
 	}
+	var checkCluster bool
 	validate := &cobra.Command{
 		Use:   "validate",
 		Short: "Check krane.hcl, including each enabled plugin's config block against the plugin's schema",
-		RunE:  func(cmd *cobra.Command, _ []string) error { return validateConfig(cmd.Context(), cfgPath) },
+		Long: "Check krane.hcl, including each enabled plugin's config block against the plugin's schema. With --cluster, also ask " +
+			"the API server whether each plugin's identity has every RBAC permission the plugin declares, and name the missing ones.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return validateConfig(cmd.Context(), cfgPath, checkCluster)
+		},
 	}
+	validate.Flags().BoolVar(&checkCluster, "cluster", false, "also check each plugin's RBAC permissions against the cluster of krane.hcl's kubernetes block")
 	root.RunE = run.RunE
 	root.AddCommand(run, validate)
 	if err := root.ExecuteContext(context.Background()); err != nil {

@@ -14,12 +14,16 @@ import (
 
 	"krane.dev/host/config"
 	"krane.dev/sdk"
+	"krane.dev/sdk/kube"
 )
 
 // validateConfig checks krane.hcl and, for each enabled controller, starts
 // its plugin only to ask for its schema (sha256 pin included), then checks
-// the config block against it. Nothing connects to ctrl or Kubernetes.
-func validateConfig(ctx context.Context, path string) error {
+// the config block against it. Nothing connects to ctrl. With cluster set,
+// it also asks the API server (SelfSubjectAccessReview, as the identity of
+// krane.hcl's kubernetes block) whether each plugin may do what it
+// declares it needs, naming every missing permission.
+func validateConfig(ctx context.Context, path string, cluster bool) error {
 	cfg, err := config.Load(path, nil)
 	if err != nil {
 		return err
@@ -43,12 +47,19 @@ func validateConfig(ctx context.Context, path string) error {
 				err = sdk.ValidateConfig(info.ConfigSchema, js)
 			}
 		}
+		if err == nil && cluster {
+			err = checkRBAC(ctx, cfg, info)
+		}
 		if err != nil {
 			fmt.Printf("controller %-12s INVALID: %v\n", n, err)
 			errs = append(errs, fmt.Errorf("controller %q: %w", n, err))
 			continue
 		}
-		fmt.Printf("controller %-12s ok (%s %s, kinds %v)\n", n, info.Name, info.Version, kinds(info))
+		rbac := ""
+		if cluster {
+			rbac = fmt.Sprintf(", RBAC ok: %d permissions", len(info.Permissions))
+		}
+		fmt.Printf("controller %-12s ok (%s %s, kinds %v%s)\n", n, info.Name, info.Version, kinds(info), rbac)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s: %w", path, errors.Join(errs...))
@@ -84,6 +95,18 @@ func describe(ctx context.Context, ctl config.Controller, level string) (sdk.Inf
 	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	return c.Describe(dctx)
+}
+
+// checkRBAC runs the check a plugin's Configure runs (kube.Connect), as
+// the identity krane.hcl gives plugins.
+func checkRBAC(ctx context.Context, cfg *config.Config, info sdk.Info) error {
+	src := sdk.KubeSource{InCluster: cfg.Kubernetes.Kubeconfig == "", Path: cfg.Kubernetes.Kubeconfig, Context: cfg.Kubernetes.Context}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := kube.Connect(cctx, src, info.Permissions); err != nil {
+		return fmt.Errorf("RBAC: %w", err)
+	}
+	return nil
 }
 
 func kinds(info sdk.Info) []string {

@@ -44,6 +44,15 @@ func FromContext(ctx context.Context) (Identity, bool) {
 	return id, ok
 }
 
+// CallerName names an operator call's caller for logs: the operator
+// token's name, or "an operator".
+func CallerName(ctx context.Context) string {
+	if id, ok := FromContext(ctx); ok && id.Name != "" {
+		return id.Name
+	}
+	return "an operator"
+}
+
 // WithIdentity returns ctx carrying id (for tests of handlers).
 func WithIdentity(ctx context.Context, id Identity) context.Context {
 	return context.WithValue(ctx, identityKey{}, id)

@@ -38,7 +38,7 @@ import (
 // proto package fails TestAuthMatrix until it is listed here.
 var (
 	clusterServices  = []grpc.ServiceDesc{clusterv1.ClusterService_ServiceDesc}
-	operatorServices = []grpc.ServiceDesc{ctrlv1.DeploymentService_ServiceDesc, ctrlv1.SentinelService_ServiceDesc, ctrlv1.RolloutService_ServiceDesc, ctrlv1.FleetService_ServiceDesc}
+	operatorServices = []grpc.ServiceDesc{ctrlv1.DeploymentService_ServiceDesc, ctrlv1.SentinelService_ServiceDesc, ctrlv1.RolloutService_ServiceDesc, ctrlv1.FleetService_ServiceDesc, ctrlv1.ResourceService_ServiceDesc}
 )
 
 // rpc is one method of a service, with its message types from the proto

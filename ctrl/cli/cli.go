@@ -1,8 +1,9 @@
 // Package cli is the `ctrl` command line: serve, migrate, the
 // administration of clusters, operator tokens and the Restate registration
 // (these read the same configuration as `ctrl serve`: flags, CTRL_*
-// variables, --config), and `ctrl deploy`, `ctrl sentinel` and `ctrl
-// rollout`, clients of the operators' APIs (CTRL_ADDR, CTRL_TOKEN).
+// variables, --config), and `ctrl deploy`, `ctrl sentinel`, `ctrl
+// rollout`, `ctrl kind` and `ctrl resource`, clients of the operators' APIs
+// (CTRL_ADDR, CTRL_TOKEN).
 package cli
 
 import (
@@ -39,7 +40,7 @@ func NewRoot() *cobra.Command {
 	serve.AddConfigFlag(root.PersistentFlags())
 	serve.AddFlags(root.PersistentFlags(), func(key string) bool { return key == "db.dsn" })
 	root.AddCommand(newServe(), newMigrate(), newCluster(), newToken(), newDeploy(), newRestate(), newVault())
-	root.AddCommand(newSentinel(), newRollout(), newFleet())
+	root.AddCommand(newSentinel(), newRollout(), newFleet(), newKind(), newResource())
 	return root
 }
 

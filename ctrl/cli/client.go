@@ -33,7 +33,7 @@ func (f *apiFlags) add(cmd *cobra.Command) {
 	fs.StringVar(&f.tlsCert, "tls-cert", os.Getenv("CTRL_TLS_CERT"), "client certificate (PEM) when ctrl requires mTLS (env CTRL_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "tls-key", os.Getenv("CTRL_TLS_KEY"), "client key (PEM) for --tls-cert (env CTRL_TLS_KEY)")
 	fs.StringVar(&f.name, "tls-server-name", os.Getenv("CTRL_TLS_SERVER_NAME"), "name to verify ctrl's certificate against; default the host of --addr (env CTRL_TLS_SERVER_NAME)")
-	fs.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
+	fs.StringVarP(&f.output, "output", "o", "text", "output format: text (a table) or json; the resource and kind commands also take yaml")
 }
 
 func envOr(key, def string) string {

@@ -606,9 +606,4 @@ func (s *Server) storeError(ctx context.Context, err error, what string) error {
 }
 
 // caller names the operator token's owner, for history and logs.
-func caller(ctx context.Context) string {
-	if id, ok := auth.FromContext(ctx); ok && id.Name != "" {
-		return id.Name
-	}
-	return "an operator"
-}
+func caller(ctx context.Context) string { return auth.CallerName(ctx) }

@@ -2,9 +2,7 @@ package deployapi
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -132,30 +131,16 @@ func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinels
 			return nil, invalid(err)
 		}
 	}
-	size := int(req.GetPageSize())
-	switch {
-	case size < 0 || size > 500:
-		return nil, invalid(&workflows.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..500 (0: 100)", size)})
-	case size == 0:
-		size = 100
-	}
-	after := ""
-	if t := req.GetPageToken(); t != "" {
-		b, err := base64.RawURLEncoding.DecodeString(t)
-		if err != nil || len(b) == 0 {
-			return nil, invalid(&workflows.FieldError{Field: "page_token", Reason: "not a token from a previous ListSentinels answer"})
-		}
-		after = string(b)
+	size, after, err := paging.Parse(req.GetPageSize(), req.GetPageToken(), "ListSentinels", 100, 500)
+	if err != nil {
+		return nil, invalid(err)
 	}
 	rows, err := s.store.ListSentinels(ctx, store.SentinelFilter{Region: req.GetRegion(), EnvironmentID: req.GetEnvironmentId()}, after, size+1)
 	if err != nil {
 		return nil, s.storeError(ctx, err, "listing sentinels failed")
 	}
 	resp := &ctrlv1.ListSentinelsResponse{}
-	if len(rows) > size {
-		rows = rows[:size]
-		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(rows[size-1].ID))
-	}
+	rows, resp.NextPageToken = paging.Next(rows, size, func(r store.SentinelRow) string { return r.ID })
 	for _, r := range rows {
 		resp.Sentinels = append(resp.Sentinels, sentinelInfo(r))
 	}

@@ -41,6 +41,7 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/clusterapi"
 	"krane.dev/ctrl/fleetapi"
+	"krane.dev/ctrl/resourceapi"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -197,6 +198,9 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	}
 	clusterv1.RegisterClusterServiceServer(gs, api)
 	fleetapi.New(st, log).Register(gs)
+	// The operators' resource API needs only the database (ctrl/auth
+	// requires an operator token for it, as for every operator service).
+	resourceapi.New(st, log).Register(gs)
 	if deps.RegisterServices != nil {
 		if err := deps.RegisterServices(gs, st); err != nil {
 			return fail(fmt.Errorf("register services: %w", err))

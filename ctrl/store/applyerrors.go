@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -53,6 +54,12 @@ FROM apply_errors WHERE kind = ? AND id = ? ORDER BY region, cluster_id`, kind, 
 	if err != nil {
 		return nil, fmt.Errorf("store: read apply errors of %s %s: %w", kind, id, err)
 	}
+	return scanApplyErrors(rows)
+}
+
+// scanApplyErrors reads the rows of a query of apply_errors' columns, in
+// table order, and closes them.
+func scanApplyErrors(rows *sql.Rows) ([]ApplyError, error) {
 	defer rows.Close()
 	var out []ApplyError
 	for rows.Next() {

@@ -124,4 +124,10 @@
 // reads sentinels, "ciliumnetworkpolicy" reads cilium_network_policies, and
 // every other kind reads the generic resources table, whose spec is JSON sent
 // as a google.protobuf.Struct. A new kind needs no change here.
+//
+// objects.go is the resource API's side (ctrl/resourceapi): kinds
+// registered with the JSON Schema of their spec (resource_kinds), and
+// objects, each a spec desired in a set of regions, put and deleted inside
+// WriteTx like every other desired-state write, so an operator never
+// writes a row (or a version) by hand.
 package store

@@ -91,7 +91,7 @@ type Plugin struct {
 
 type instance struct {
 	client  *plugin.Client
-	ctl     sdk.Controller
+	ctl     sdk.Plugin
 	stopped chan struct{}
 }
 
@@ -247,7 +247,7 @@ func (p *Plugin) runOnce(ctx context.Context) error {
 	return result
 }
 
-func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Controller, sdk.Info, error) {
+func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Info, error) {
 	var sum []byte
 	if p.ctl.SHA256 != "" {
 		sum = mustHex(p.ctl.SHA256)
@@ -262,7 +262,7 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Controller, sdk
 		return nil, nil, sdk.Info{}, fmt.Errorf("controller %q: %w", p.ctl.Name, err)
 	}
 	client := plugin.NewClient(cfg)
-	fail := func(err error) (*plugin.Client, sdk.Controller, sdk.Info, error) {
+	fail := func(err error) (*plugin.Client, sdk.Plugin, sdk.Info, error) {
 		client.Kill()
 		return nil, nil, sdk.Info{}, err
 	}
@@ -303,7 +303,7 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Controller, sdk
 
 // forwardStatus relays the plugin's status stream, reopening it if it ends
 // while the plugin lives.
-func (p *Plugin) forwardStatus(ctx context.Context, ctl sdk.Controller) {
+func (p *Plugin) forwardStatus(ctx context.Context, ctl sdk.Plugin) {
 	for ctx.Err() == nil {
 		err := ctl.WatchStatus(ctx, func(r sdk.StatusReport) error {
 			p.hooks.Status(r)
@@ -320,7 +320,7 @@ func (p *Plugin) forwardStatus(ctx context.Context, ctl sdk.Controller) {
 	}
 }
 
-func (p *Plugin) shutdown(client *plugin.Client, ctl sdk.Controller) {
+func (p *Plugin) shutdown(client *plugin.Client, ctl sdk.Plugin) {
 	ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	if err := ctl.Shutdown(ctx); err != nil {

@@ -283,12 +283,13 @@ func waitCursor(ctx context.Context, q *queue, v uint64) error {
 func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf uint64, desired map[string]struct{}, why string) {
 	o := l.options()
 	ictx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
-	items, err := ctl.Inventory(ictx, l.Kind)
+	inv, err := ctl.Inventory(ictx, &sdk.InventoryRequest{Kind: l.Kind})
 	cancel()
 	if err != nil {
 		l.Log.Error("inventory failed; skipping garbage collection this time", "error", err, "pass", why)
 		return
 	}
+	items := inv.Items
 	var doomed []sdk.InventoryItem
 	for _, it := range items {
 		if _, ok := desired[it.ID]; ok || it.ID == "" {
@@ -381,7 +382,7 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 		o := l.options()
 		actx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
 		start := time.Now()
-		res, err := ctl.Apply(actx, t.change)
+		resp, err := ctl.Apply(actx, &sdk.ApplyRequest{Change: t.change})
 		cancel()
 		if ctx.Err() != nil {
 			// The session is ending (plugin restart, shutdown): the next
@@ -398,7 +399,7 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 			out = retryable
 		}
 		parked := q.Done(t, out)
-		l.observe(t, res, err, parked, time.Since(start))
+		l.observe(t, resp.GetResult(), err, parked, time.Since(start))
 	}
 }
 

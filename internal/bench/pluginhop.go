@@ -51,7 +51,7 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 			wg.Go(func() {
 				for i := w; i < total; i += workers {
 					ch := sdk.Change{Kind: kind, ID: fmt.Sprintf("o%d", i%500), Version: uint64(i + 1), Spec: spec}
-					if _, err := c.Apply(ctx, ch); err != nil {
+					if _, err := c.Apply(ctx, &sdk.ApplyRequest{Change: ch}); err != nil {
 						errs <- err
 						return
 					}
@@ -70,7 +70,7 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 		lat := make([]time.Duration, 0, 2000)
 		for i := range 2000 {
 			begin := time.Now()
-			if _, err := c.Apply(ctx, sdk.Change{Kind: kind, ID: "lat", Version: uint64(100000 + i), Spec: spec}); err != nil {
+			if _, err := c.Apply(ctx, &sdk.ApplyRequest{Change: sdk.Change{Kind: kind, ID: "lat", Version: uint64(100000 + i), Spec: spec}}); err != nil {
 				return 0, err
 			}
 			lat = append(lat, time.Since(begin))

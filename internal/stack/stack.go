@@ -76,6 +76,7 @@ type Stack struct {
 	ctrl      *testenv.Process
 	replicas  []*CtrlReplica
 	kranes    map[string]*testenv.Process
+	kraneEnvs map[string][]string
 	proxies   map[string]*testenv.Proxy
 	ctrlPorts [4]int
 }
@@ -109,7 +110,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	// Steps run concurrently; the caller's writer need not be safe for that.
 	o.Progress = &lockedWriter{w: o.Progress}
 	s := &Stack{opts: o, bin: map[string]string{}, Clusters: map[string]*kubeenv.Cluster{}, ClusterTokens: map[string]string{},
-		KraneHTTP: map[string]string{}, kranes: map[string]*testenv.Process{}, proxies: map[string]*testenv.Proxy{}}
+		KraneHTTP: map[string]string{}, kranes: map[string]*testenv.Process{}, kraneEnvs: map[string][]string{}, proxies: map[string]*testenv.Proxy{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -225,7 +226,7 @@ func (s *Stack) findBinaries() error {
 		s.bin[name] = p
 	}
 	// Plugins are found next to each other: link them into one directory.
-	pluginDir := filepath.Join(s.dir, "plugins")
+	pluginDir := s.PluginDir()
 	if err := os.MkdirAll(pluginDir, 0o755); err != nil {
 		return err
 	}
@@ -241,6 +242,9 @@ func (s *Stack) findBinaries() error {
 
 // Bin is the path of one of the stack's binaries.
 func (s *Stack) Bin(name string) string { return s.bin[name] }
+
+// PluginDir is the plugin_dir every krane of the stack runs with.
+func (s *Stack) PluginDir() string { return filepath.Join(s.dir, "plugins") }
 
 // Dir is the stack's work directory (configs, logs).
 func (s *Stack) Dir() string { return s.dir }
@@ -472,10 +476,11 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 		"KRANE_TOKEN=" + s.ClusterTokens[region],
 		"KRANE_KUBERNETES__KUBECONFIG=" + kubeconfig,
 		fmt.Sprintf("KRANE_SERVER__LISTEN=127.0.0.1:%d", port),
-		"KRANE_PLUGIN_DIR=" + filepath.Join(s.dir, "plugins"),
+		"KRANE_PLUGIN_DIR=" + s.PluginDir(),
 	}
 	s.mu.Lock()
 	env = append(env, s.opts.KraneEnv[region]...)
+	s.kraneEnvs[region] = env
 	s.mu.Unlock()
 	cfg, err := s.kraneConfig(region)
 	if err != nil {
@@ -490,6 +495,17 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 	s.mu.Unlock()
 	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, s.KraneHTTP[region]+"/readyz") })
 }
+
+// KraneProcessEnv is every KRANE_* setting a region's krane runs with, so
+// a test runs a krane command (krane validate) as that krane would.
+func (s *Stack) KraneProcessEnv(region string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.kraneEnvs[region])
+}
+
+// KraneConfigPath is a region's own krane.hcl.
+func (s *Stack) KraneConfigPath(region string) (string, error) { return s.kraneConfig(region) }
 
 // kraneConfig is the region's own copy of krane.hcl (made on first use), so
 // a test can edit one region's configuration and reload it.

@@ -7,38 +7,22 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"krane.dev/sdk/envtest"
 )
 
 // Versions of the external parts; keep in step with the Makefile.
 const (
-	KubeVersion    = "1.36.3"
+	KubeVersion    = envtest.KubeVersion
 	RestateVersion = "1.7.12"
 )
 
-// CacheDir is where `make testenv` puts binaries:
-// $KRANE_CACHE_DIR, else $XDG_CACHE_HOME/krane, else ~/.cache/krane.
-func CacheDir() string {
-	if d := os.Getenv("KRANE_CACHE_DIR"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "krane")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "krane-cache")
-	}
-	return filepath.Join(home, ".cache", "krane")
-}
+// CacheDir is where `make testenv` puts binaries (see envtest.CacheDir).
+func CacheDir() string { return envtest.CacheDir() }
 
 // KubeBinDir holds etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler and kwok.
-func KubeBinDir() string {
-	if d := os.Getenv("KRANE_KUBE_BIN_DIR"); d != "" {
-		return d
-	}
-	return filepath.Join(CacheDir(), "testenv", "k8s-v"+KubeVersion, "bin")
-}
+func KubeBinDir() string { return envtest.KubeBinDir() }
 
 // RestateServerBin is the restate-server binary installed from npm.
 func RestateServerBin() string {
@@ -50,24 +34,10 @@ func RestateServerBin() string {
 }
 
 // MissingBinaryError says which binary is missing and how to get it.
-type MissingBinaryError struct {
-	Binary string
-	Looked string
-	Fix    string
-}
-
-func (e *MissingBinaryError) Error() string {
-	return fmt.Sprintf("testenv: %s not found (looked in %s): %s", e.Binary, e.Looked, e.Fix)
-}
+type MissingBinaryError = envtest.MissingBinaryError
 
 // KubeBinary returns the path of one Kubernetes test binary.
-func KubeBinary(name string) (string, error) {
-	p := filepath.Join(KubeBinDir(), name)
-	if isExecutable(p) {
-		return p, nil
-	}
-	return "", &MissingBinaryError{Binary: name, Looked: KubeBinDir(), Fix: "run `make testenv` to build the Kubernetes test binaries through the Go module proxy"}
-}
+func KubeBinary(name string) (string, error) { return envtest.KubeBinary(name) }
 
 // lookPath finds the first of names in PATH or in the sbin directories that
 // Debian's server packages use.
@@ -85,10 +55,7 @@ func lookPath(names ...string) (string, error) {
 	return "", exec.ErrNotFound
 }
 
-func isExecutable(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
-}
+func isExecutable(p string) bool { return envtest.IsExecutable(p) }
 
 var builds sync.Map // package path + name -> *buildResult
 

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"krane.dev/sdk/envtest"
 )
 
 // Restate is a restate-server with its own base dir and ports.
@@ -187,17 +189,5 @@ func ServeH2C(tb testing.TB, handler http.Handler) string {
 }
 
 func httpOK(ctx context.Context, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return nil
+	return envtest.Probe(ctx, http.DefaultClient, url, "")
 }

@@ -48,7 +48,7 @@ var (
 
 // Conformance runs the suite every Krane plugin must pass. ctl should come
 // from New, so the calls cross the real gRPC boundary. Shutdown runs last.
-func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
+func Conformance(t *testing.T, ctl sdk.Plugin, s Suite) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var info sdk.Info
@@ -80,6 +80,30 @@ func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
 		}
 		if _, err := sdk.CompileConfigSchema(info.ConfigSchema); err != nil {
 			t.Errorf("config schema: %v", err)
+		}
+		if len(info.Permissions) == 0 {
+			t.Error("no permissions: declare what the plugin's identity must be allowed to do (Info.Permissions)")
+		}
+		for _, p := range info.Permissions {
+			if p.Resource == "" || len(p.Verbs) == 0 {
+				t.Errorf("permission %+v: a resource and at least one verb are required", p)
+			}
+		}
+	})
+
+	t.Run("SpecSchemaAcceptsObjects", func(t *testing.T) {
+		for _, k := range info.Kinds {
+			if k.SpecSchema == "" {
+				continue
+			}
+			for _, ch := range s.Objects {
+				if ch.Kind != k.Kind {
+					continue
+				}
+				if err := sdk.ValidateSpec(k.SpecSchema, ch.Spec); err != nil {
+					t.Errorf("%s %s: a valid object fails the kind's published spec schema: %v", ch.Kind, ch.ID, err)
+				}
+			}
 		}
 	})
 
@@ -114,7 +138,7 @@ func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
 
 	t.Run("InvalidIsPermanent", func(t *testing.T) {
 		for _, inv := range s.Invalid {
-			_, err := ctl.Apply(ctx, inv.Change)
+			_, err := ctl.Apply(ctx, &sdk.ApplyRequest{Change: inv.Change})
 			var pe *sdk.PermanentError
 			if !errors.As(err, &pe) {
 				t.Errorf("Apply(%s %s) = %v, want a permanent error", inv.Change.Kind, inv.Change.ID, err)
@@ -128,19 +152,19 @@ func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
 
 	t.Run("ApplyIsIdempotent", func(t *testing.T) {
 		for _, ch := range s.Objects {
-			first, err := ctl.Apply(ctx, ch)
+			resp, err := ctl.Apply(ctx, &sdk.ApplyRequest{Change: ch})
 			if err != nil {
 				t.Fatalf("Apply(%s %s): %v", ch.Kind, ch.ID, err)
 			}
-			if first != sdk.Applied && first != sdk.Unchanged {
+			if first := resp.GetResult(); first != sdk.Applied && first != sdk.Unchanged {
 				t.Errorf("Apply(%s %s) = %s, want applied", ch.Kind, ch.ID, first)
 			}
 			second := eventually(ctx, func() sdk.Result {
-				r, err := ctl.Apply(ctx, ch)
+				r, err := ctl.Apply(ctx, &sdk.ApplyRequest{Change: ch})
 				if err != nil {
 					t.Fatalf("re-Apply(%s %s): %v", ch.Kind, ch.ID, err)
 				}
-				return r
+				return r.GetResult()
 			}, sdk.Unchanged)
 			if second != sdk.Unchanged {
 				t.Errorf("re-Apply(%s %s) = %s, want unchanged", ch.Kind, ch.ID, second)
@@ -151,13 +175,13 @@ func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
 	t.Run("InventoryListsApplied", func(t *testing.T) {
 		for _, ch := range s.Objects {
 			found := false
-			deadline := time.Now().Add(10 * time.Second)
+			deadline := time.Now().Add(waitBound)
 			for !found && time.Now().Before(deadline) {
-				items, err := ctl.Inventory(ctx, ch.Kind)
+				resp, err := ctl.Inventory(ctx, &sdk.InventoryRequest{Kind: ch.Kind})
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, it := range items {
+				for _, it := range resp.Items {
 					if it.ID == ch.ID && it.Version == ch.Version {
 						found = true
 					}
@@ -176,18 +200,18 @@ func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
 		for _, ch := range s.Objects {
 			del := sdk.Change{Kind: ch.Kind, ID: ch.ID, Version: ch.Version + 1, Deleted: true}
 			for i := range 2 {
-				r, err := ctl.Apply(ctx, del)
-				if err != nil || r != sdk.Deleted {
-					t.Errorf("delete #%d of %s %s = %s, %v; want deleted", i+1, ch.Kind, ch.ID, r, err)
+				r, err := ctl.Apply(ctx, &sdk.ApplyRequest{Change: del})
+				if err != nil || r.GetResult() != sdk.Deleted {
+					t.Errorf("delete #%d of %s %s = %s, %v; want deleted", i+1, ch.Kind, ch.ID, r.GetResult(), err)
 				}
 			}
-			deadline := time.Now().Add(10 * time.Second)
+			deadline := time.Now().Add(waitBound)
 			for {
-				items, err := ctl.Inventory(ctx, ch.Kind)
+				resp, err := ctl.Inventory(ctx, &sdk.InventoryRequest{Kind: ch.Kind})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !listed(items, ch.ID) {
+				if !listed(resp.Items, ch.ID) {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -216,10 +240,15 @@ func Conformance(t *testing.T, ctl sdk.Controller, s Suite) {
 	})
 }
 
-// eventually retries f briefly until it returns want: a plugin's informer
-// may need a moment to observe its own write.
+// waitBound bounds how long the suite waits for a plugin's informer to
+// observe its own write: generous, for a loaded machine; a plugin that is
+// quick passes quickly.
+const waitBound = 30 * time.Second
+
+// eventually retries f until it returns want: a plugin's informer may need
+// a moment to observe its own write.
 func eventually(ctx context.Context, f func() sdk.Result, want sdk.Result) sdk.Result {
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	for {
 		r := f()
 		if r == want || time.Now().After(deadline) || ctx.Err() != nil {

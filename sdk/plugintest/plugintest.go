@@ -76,7 +76,7 @@ func Serve(tb testing.TB, impl sdk.Controller, opts ...Option) *plugin.ReattachC
 
 // New serves impl in this process and returns a Controller that reaches it
 // through the host-side client over gRPC.
-func New(tb testing.TB, impl sdk.Controller, opts ...Option) sdk.Controller {
+func New(tb testing.TB, impl sdk.Controller, opts ...Option) sdk.Plugin {
 	tb.Helper()
 	o := collect(opts)
 	rc := Serve(tb, impl)
@@ -91,7 +91,7 @@ func New(tb testing.TB, impl sdk.Controller, opts ...Option) sdk.Controller {
 		tb.Fatalf("plugintest: connect to the plugin: %v", err)
 	}
 	if o.host != nil {
-		return defaultHost{Controller: ctl, host: o.host}
+		return defaultHost{Plugin: ctl, host: o.host}
 	}
 	return ctl
 }
@@ -99,7 +99,7 @@ func New(tb testing.TB, impl sdk.Controller, opts ...Option) sdk.Controller {
 // defaultHost is the host side of WithHost: Configure sends the test Host
 // through the broker unless the caller set one.
 type defaultHost struct {
-	sdk.Controller
+	sdk.Plugin
 	host sdk.Host
 }
 
@@ -107,10 +107,11 @@ func (d defaultHost) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if req.Host == nil {
 		req.Host = d.host
 	}
-	return d.Controller.Configure(ctx, req)
+	return d.Plugin.Configure(ctx, req)
 }
 
-// overrideHost is the plugin side of WithHost for Serve.
+// overrideHost is the plugin side of WithHost for Serve. It forwards the
+// optional capabilities of the controller it wraps.
 type overrideHost struct {
 	sdk.Controller
 	host sdk.Host
@@ -119,4 +120,35 @@ type overrideHost struct {
 func (o overrideHost) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
 	req.Host = o.host
 	return o.Controller.Configure(ctx, req)
+}
+
+func (o overrideHost) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {
+	if w, ok := o.Controller.(sdk.StatusWatcher); ok {
+		return w.WatchStatus(ctx, send)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (o overrideHost) Shutdown(ctx context.Context) error {
+	if sd, ok := o.Controller.(sdk.Shutdowner); ok {
+		return sd.Shutdown(ctx)
+	}
+	return nil
+}
+
+// Apply applies one change through ctl and returns its result, the shape a
+// test compares against.
+func Apply(ctx context.Context, ctl sdk.Controller, ch sdk.Change) (sdk.Result, error) {
+	resp, err := ctl.Apply(ctx, &sdk.ApplyRequest{Change: ch})
+	return resp.GetResult(), err
+}
+
+// Inventory returns ctl's inventory of kind.
+func Inventory(ctx context.Context, ctl sdk.Controller, kind string) ([]sdk.InventoryItem, error) {
+	resp, err := ctl.Inventory(ctx, &sdk.InventoryRequest{Kind: kind})
+	if err != nil || resp == nil {
+		return nil, err
+	}
+	return resp.Items, nil
 }

@@ -44,6 +44,8 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 		Name: c.name, Version: "1.0.0",
 		Kinds:        []sdk.KindInfo{{Kind: c.kind, Description: "applies nothing (tests)", SpecType: "google.protobuf.Struct"}},
 		ConfigSchema: `{"type":"object","additionalProperties":false,"properties":{"label":{"type":"string"}}}`,
+		// It touches no cluster; it declares a read so conformance holds.
+		Permissions: []sdk.Permission{{Resource: "namespaces", Verbs: []string{"get"}}},
 	}, nil
 }
 
@@ -54,21 +56,22 @@ func (c *Controller) Configure(_ context.Context, req sdk.ConfigureRequest) erro
 	return sdk.DecodeConfig(req.Config, &cfg)
 }
 
-func (c *Controller) Apply(_ context.Context, ch sdk.Change) (sdk.Result, error) {
+func (c *Controller) Apply(_ context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	ch := req.Change
 	prev, had := c.objects[ch.ID]
 	if ch.Deleted {
 		delete(c.objects, ch.ID)
 		c.mark(ch.ID)
-		return sdk.Deleted, nil
+		return sdk.Done(sdk.Deleted, nil)
 	}
 	if had && string(prev.Spec.Value) == string(ch.Spec.Value) && prev.Version == ch.Version {
-		return sdk.Unchanged, nil
+		return sdk.Done(sdk.Unchanged, nil)
 	}
 	c.objects[ch.ID] = ch
 	c.mark(ch.ID)
-	return sdk.Applied, nil
+	return sdk.Done(sdk.Applied, nil)
 }
 
 func (c *Controller) mark(id string) {
@@ -78,12 +81,12 @@ func (c *Controller) mark(id string) {
 	}
 }
 
-func (c *Controller) Inventory(_ context.Context, kind string) ([]sdk.InventoryItem, error) {
+func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []sdk.InventoryItem
+	out := &sdk.InventoryResponse{}
 	for id, ch := range c.objects {
-		out = append(out, sdk.InventoryItem{Kind: kind, ID: id, Version: ch.Version})
+		out.Items = append(out.Items, sdk.InventoryItem{Kind: req.Kind, ID: id, Version: ch.Version})
 	}
 	return out, nil
 }

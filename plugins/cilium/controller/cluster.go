@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,10 +23,6 @@ var errCRDMissing = fmt.Errorf("the CiliumNetworkPolicy CRD (%s) is not installe
 
 const byIDIndex = "krane-id"
 
-// informerResync re-delivers every cached policy to the event handlers, so
-// a missed status report is repaired without any API call.
-const informerResync = 10 * time.Minute
-
 // cluster is the plugin's view of one API server: a dynamic client and an
 // informer over the policies Krane manages. The informer starts on first
 // use once the CRD is served, so a cluster without Cilium neither blocks
@@ -35,15 +30,15 @@ const informerResync = 10 * time.Minute
 type cluster struct {
 	dyn     dynamic.Interface
 	disco   discovery.DiscoveryInterface
-	onEvent func(id string)
+	changes kube.Changer
 
 	mu       sync.Mutex
 	informer cache.SharedIndexInformer // nil until the CRD is served
 	stop     chan struct{}
 }
 
-func newCluster(dyn dynamic.Interface, disco discovery.DiscoveryInterface, onEvent func(id string)) *cluster {
-	return &cluster{dyn: dyn, disco: disco, onEvent: onEvent, stop: make(chan struct{})}
+func newCluster(dyn dynamic.Interface, disco discovery.DiscoveryInterface, changes kube.Changer) *cluster {
+	return &cluster{dyn: dyn, disco: disco, changes: changes, stop: make(chan struct{})}
 }
 
 // policies returns the synced informer, starting it when the CRD is served.
@@ -73,10 +68,13 @@ func (c *cluster) start() (cache.SharedIndexInformer, error) {
 	}
 	// Only Krane's own policies of this component: the cache stays small
 	// and other controllers' policies are never seen, let alone touched.
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, informerResync, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, 0, metav1.NamespaceAll, func(o *metav1.ListOptions) {
 		o.LabelSelector = kube.ManagedSelector(Component) + "," + IDLabel
 	})
 	inf := factory.ForResource(GVR).Informer()
+	if err := inf.SetTransform(kube.StripManagedFields); err != nil {
+		return nil, err
+	}
 	if err := inf.AddIndexers(cache.Indexers{byIDIndex: func(obj any) ([]string, error) {
 		if u, ok := obj.(*unstructured.Unstructured); ok {
 			return []string{u.GetLabels()[IDLabel]}, nil
@@ -85,25 +83,12 @@ func (c *cluster) start() (cache.SharedIndexInformer, error) {
 	}}); err != nil {
 		return nil, err
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.event,
-		UpdateFunc: func(_, obj any) { c.event(obj) },
-		DeleteFunc: c.event,
-	}); err != nil {
+	if _, err := inf.AddEventHandler(kube.OnChange(c.changes, IDLabel)); err != nil {
 		return nil, err
 	}
 	factory.Start(c.stop)
 	c.informer = inf
 	return inf, nil
-}
-
-func (c *cluster) event(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	if u, ok := obj.(*unstructured.Unstructured); ok {
-		c.onEvent(u.GetLabels()[IDLabel])
-	}
 }
 
 // crdServed asks discovery whether cilium.io/v2 serves the policies.

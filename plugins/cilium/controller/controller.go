@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
 
 	"krane.dev/internal/kinds"
 	"krane.dev/internal/version"
@@ -25,11 +24,13 @@ import (
 // Name is the controller's name in krane.hcl.
 const Name = "cilium"
 
-// Controller reconciles CiliumNetworkPolicies from ctrl's JSON.
+// Controller reconciles CiliumNetworkPolicies from ctrl's JSON. Its
+// embedded StatusFeed is its WatchStatus.
 type Controller struct {
-	log    hclog.Logger
-	status *statusBook
-	calls  kube.CallCounter
+	*sdk.StatusFeed
+	log      hclog.Logger
+	failures failures
+	calls    kube.CallCounter
 
 	mu   sync.RWMutex
 	cfg  Config
@@ -39,8 +40,14 @@ type Controller struct {
 
 // New returns an unconfigured controller.
 func New(log hclog.Logger) *Controller {
-	return &Controller{log: log, status: newStatusBook()}
+	c := &Controller{log: log}
+	c.StatusFeed = c.newFeed()
+	return c
 }
+
+// Permissions are what the plugin's identity needs (rbac.yaml grants
+// them): its own policies, read through an informer, applied and deleted.
+var Permissions = []sdk.Permission{{Group: GVR.Group, Resource: GVR.Resource, Verbs: []string{"get", "list", "watch", "patch", "delete"}}}
 
 // Calls counts the API calls the controller made (reads and writes).
 func (c *Controller) Calls() *kube.CallCounter { return &c.calls }
@@ -55,33 +62,30 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 			SpecType:    "krane.cluster.v1.CiliumNetworkPolicy",
 		}},
 		ConfigSchema: ConfigSchema,
+		Permissions:  Permissions,
 	}, nil
 }
 
-func (c *Controller) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
 	cfg, err := ParseConfig(req.Config)
 	if err != nil {
 		return err
 	}
-	rc, err := kube.RESTConfig(req.Kube)
+	k, err := kube.Connect(ctx, req.Kube, Permissions, c.calls.Wrap)
 	if err != nil {
 		return err
 	}
-	c.calls.Wrap(rc)
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
-	}
-	disco, err := discovery.NewDiscoveryClientForConfig(rc)
+	disco, err := discovery.NewDiscoveryClientForConfig(k.Config)
 	if err != nil {
 		return fmt.Errorf("discovery client: %w", err)
 	}
-	cl := newCluster(dyn, disco, c.status.touch)
+	cl := newCluster(k.Dynamic, disco, c)
 	c.mu.Lock()
 	old := c.cl
 	c.cfg, c.cl, c.memo = cfg, cl, newMemo()
 	c.mu.Unlock()
 	old.close()
+	c.ChangedAll()
 	if len(cfg.AllowedNamespaces) == 0 && len(cfg.AllowedNamespacePrefixes) == 0 {
 		c.log.Warn("no namespace is allowed for network policies: every policy will be refused until allowed_namespaces or allowed_namespace_prefixes is set")
 	}
@@ -91,34 +95,37 @@ func (c *Controller) Configure(_ context.Context, req sdk.ConfigureRequest) erro
 	return nil
 }
 
-func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
+func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
 	c.mu.RLock()
 	cfg, cl, memo := c.cfg, c.cl, c.memo
 	c.mu.RUnlock()
 	if cl == nil {
-		return 0, errNotConfigured
+		return nil, errNotConfigured
 	}
+	ch := req.Change
 	if ch.Kind != kinds.CiliumNetworkPolicy {
-		return 0, sdk.InvalidField("kind", "%q: this plugin reconciles only %q", ch.Kind, kinds.CiliumNetworkPolicy)
+		return nil, sdk.InvalidField("kind", "%q: this plugin reconciles only %q", ch.Kind, kinds.CiliumNetworkPolicy)
 	}
 	if errs := validation.IsValidLabelValue(ch.ID); ch.ID == "" || len(errs) > 0 {
-		return 0, sdk.InvalidField("id", "%q is not usable as the %s label value: %v", ch.ID, IDLabel, errs)
+		return nil, sdk.InvalidField("id", "%q is not usable as the %s label value: %v", ch.ID, IDLabel, errs)
 	}
 	if ch.Deleted {
+		c.Deleted(ch.ID, ch.Version)
+		c.failures.clear(ch.ID)
 		if err := c.delete(ctx, cl, ch.ID); err != nil {
-			return 0, err
+			return nil, err
 		}
 		memo.forget(ch.ID)
-		c.status.removed(ch.ID, ch.Version)
-		return sdk.Deleted, nil
+		return sdk.Done(sdk.Deleted, nil)
 	}
 	res, err := c.apply(ctx, cfg, cl, memo, ch)
 	if err != nil {
-		c.status.failed(ch.ID, ch.Version, err)
-		return 0, err
+		c.failures.set(ch.ID, ch.Version, err)
+	} else {
+		c.failures.clear(ch.ID)
 	}
-	c.status.applied(ch.ID)
-	return res, nil
+	c.Changed(ch.ID)
+	return sdk.Done(res, err)
 }
 
 func (c *Controller) apply(ctx context.Context, cfg Config, cl *cluster, memo *memo, ch sdk.Change) (sdk.Result, error) {
@@ -206,30 +213,20 @@ func (c *Controller) delete(ctx context.Context, cl *cluster, id string) error {
 	return nil
 }
 
-func (c *Controller) Inventory(ctx context.Context, kind string) ([]sdk.InventoryItem, error) {
-	if kind != kinds.CiliumNetworkPolicy {
-		return nil, nil
+func (c *Controller) Inventory(ctx context.Context, req *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
+	if req.Kind != kinds.CiliumNetworkPolicy {
+		return &sdk.InventoryResponse{}, nil
 	}
 	cl := c.cluster()
 	if cl == nil {
 		return nil, errNotConfigured
 	}
 	if _, err := cl.policies(ctx); errors.Is(err, errCRDMissing) {
-		return nil, nil // no CRD, no policies
+		return &sdk.InventoryResponse{}, nil // no CRD, no policies
 	} else if err != nil {
 		return nil, err
 	}
-	objs := cl.all()
-	items := make([]sdk.InventoryItem, 0, len(objs))
-	for _, u := range objs {
-		items = append(items, sdk.InventoryItem{
-			Kind:     kinds.CiliumNetworkPolicy,
-			ID:       u.GetLabels()[IDLabel],
-			Version:  kube.AppliedVersion(u.GetAnnotations()),
-			SpecHash: u.GetAnnotations()[kube.SpecHashAnnotation],
-		})
-	}
-	return items, nil
+	return kube.Inventory(kinds.CiliumNetworkPolicy, IDLabel, cl.all()), nil
 }
 
 func (c *Controller) Shutdown(context.Context) error {

@@ -17,6 +17,7 @@ import (
 	"krane.dev/plugins/cilium/controller"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
+	"krane.dev/sdk/plugintest"
 )
 
 // rejectMe makes the API server refuse, in namespace team-b, every policy
@@ -77,7 +78,7 @@ type statusStream struct {
 	reports chan sdk.StatusReport
 }
 
-func watchStatus(t *testing.T, ctl sdk.Controller) *statusStream {
+func watchStatus(t *testing.T, ctl sdk.Plugin) *statusStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	s := &statusStream{t: t, reports: make(chan sdk.StatusReport, 1000)}
@@ -143,7 +144,7 @@ func TestStatus(t *testing.T) {
 	rejected := `{"description":"reject-me","endpointSelector":{},"ingress":[{}]}`
 
 	// Applied.
-	if _, err := ctl.Apply(ctx, change(t, id, 1, "team-b", "status", good)); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, change(t, id, 1, "team-b", "status", good)); err != nil {
 		t.Fatal(err)
 	}
 	st, v := status.next(id)
@@ -151,14 +152,14 @@ func TestStatus(t *testing.T) {
 		t.Errorf("after apply: %v at version %d", st, v)
 	}
 	// Re-applying the same thing changes nothing: no report.
-	if _, err := ctl.Apply(ctx, change(t, id, 1, "team-b", "status", good)); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, change(t, id, 1, "team-b", "status", good)); err != nil {
 		t.Fatal(err)
 	}
 	status.quiet(id, time.Second)
 
 	// Rejected by the API server: a permanent error, and its message in
 	// the status.
-	_, err := ctl.Apply(ctx, change(t, id, 2, "team-b", "status", rejected))
+	_, err := plugintest.Apply(ctx, ctl, change(t, id, 2, "team-b", "status", rejected))
 	if !sdk.IsPermanent(err) || !strings.Contains(err.Error(), "refused by this cluster") {
 		t.Fatalf("Apply of a policy the cluster refuses = %v, want a permanent error with the API server's message", err)
 	}
@@ -167,7 +168,7 @@ func TestStatus(t *testing.T) {
 		t.Errorf("after rejection: %v at version %d", st, v)
 	}
 	// Refused by Krane itself: also reported.
-	if _, err := ctl.Apply(ctx, change(t, id, 3, "team-b", "status", `{"endpointSelector":{},"ingress":[{"fromEntities":["all"]}]}`)); !sdk.IsPermanent(err) {
+	if _, err := plugintest.Apply(ctx, ctl, change(t, id, 3, "team-b", "status", `{"endpointSelector":{},"ingress":[{"fromEntities":["all"]}]}`)); !sdk.IsPermanent(err) {
 		t.Fatalf("Apply of an invalid policy = %v", err)
 	}
 	st, v = status.next(id)
@@ -176,7 +177,7 @@ func TestStatus(t *testing.T) {
 	}
 
 	// Fixed.
-	if _, err := ctl.Apply(ctx, change(t, id, 4, "team-b", "status", webPolicy("web", "9090"))); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, change(t, id, 4, "team-b", "status", webPolicy("web", "9090"))); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -200,13 +201,13 @@ func TestStatus(t *testing.T) {
 	status.quiet(id, time.Second)
 
 	// Re-applied, then deleted by ctrl.
-	if _, err := ctl.Apply(ctx, change(t, id, 5, "team-b", "status", good)); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, change(t, id, 5, "team-b", "status", good)); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ = status.next(id); !st.GetApplied() {
 		t.Errorf("after re-apply: %v", st)
 	}
-	if _, err := ctl.Apply(ctx, deletion(id, 6)); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, deletion(id, 6)); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ = status.next(id); !st.GetDeleted() {
@@ -219,14 +220,14 @@ func TestStatusStreamStartsWithTheFullPicture(t *testing.T) {
 	cluster := kubeenv.Shared(t)
 	_, ctl := start(t, pluginKubeconfig(t, cluster), testConfig)
 	ctx := context.Background()
-	if _, err := ctl.Apply(ctx, change(t, "pol-before-stream", 1, "team-a", "before-stream", webPolicy("web", "80"))); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, change(t, "pol-before-stream", 1, "team-a", "before-stream", webPolicy("web", "80"))); err != nil {
 		t.Fatal(err)
 	}
 	status := watchStatus(t, ctl)
 	if st, v := status.next("pol-before-stream"); !st.GetApplied() || v != 1 {
 		t.Errorf("first report: %v at %d", st, v)
 	}
-	if _, err := ctl.Apply(ctx, deletion("pol-before-stream", 2)); err != nil {
+	if _, err := plugintest.Apply(ctx, ctl, deletion("pol-before-stream", 2)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -238,14 +239,14 @@ func TestCRDMissing(t *testing.T) {
 	ctx := context.Background()
 	ch := change(t, "pol-nocrd", 1, "team-a", "web", webPolicy("web", "80"))
 
-	_, err := ctl.Apply(ctx, ch)
+	_, err := plugintest.Apply(ctx, ctl, ch)
 	if err == nil || sdk.IsPermanent(err) || !strings.Contains(err.Error(), "CRD") || !strings.Contains(err.Error(), "not installed") {
 		t.Fatalf("Apply without the CRD = %v, want a retryable error saying the CRD is not installed", err)
 	}
-	if items, err := ctl.Inventory(ctx, kinds.CiliumNetworkPolicy); err != nil || len(items) != 0 {
+	if items, err := plugintest.Inventory(ctx, ctl, kinds.CiliumNetworkPolicy); err != nil || len(items) != 0 {
 		t.Errorf("Inventory without the CRD = %v, %v; want empty", items, err)
 	}
-	if r, err := ctl.Apply(ctx, deletion("pol-other", 1)); err != nil || r != sdk.Deleted {
+	if r, err := plugintest.Apply(ctx, ctl, deletion("pol-other", 1)); err != nil || r != sdk.Deleted {
 		t.Errorf("delete without the CRD = %s, %v", r, err)
 	}
 
@@ -253,14 +254,14 @@ func TestCRDMissing(t *testing.T) {
 	if err := c.InstallCiliumCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := ctl.Apply(ctx, ch); err != nil || r != sdk.Applied {
+	if r, err := plugintest.Apply(ctx, ctl, ch); err != nil || r != sdk.Applied {
 		t.Fatalf("Apply once the CRD is installed = %s, %v", r, err)
 	}
 	if _, err := c.Dynamic.Resource(controller.GVR).Namespace("team-a").Get(ctx, "web", metav1.GetOptions{}); err != nil {
 		t.Errorf("policy not in the cluster: %v", err)
 	}
 	eventually(t, "inventory lists it", func() error {
-		items, err := ctl.Inventory(ctx, kinds.CiliumNetworkPolicy)
+		items, err := plugintest.Inventory(ctx, ctl, kinds.CiliumNetworkPolicy)
 		if err != nil || len(items) != 1 || items[0].ID != "pol-nocrd" {
 			return fmt.Errorf("inventory = %v, %v", items, err)
 		}

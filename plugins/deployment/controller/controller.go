@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,12 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
@@ -43,8 +40,10 @@ const Name = "deployment"
 
 var replicaSetsGVR = appsv1.SchemeGroupVersion.WithResource("replicasets")
 
-// Controller reconciles kind "deployment". Create it with New.
+// Controller reconciles kind "deployment". Create it with New. Its
+// embedded StatusFeed is its WatchStatus.
 type Controller struct {
+	*sdk.StatusFeed
 	log     hclog.Logger
 	counter *kube.CallCounter
 
@@ -59,14 +58,6 @@ type Controller struct {
 	stats    secretCounters
 
 	nsLocks keyedMutex
-
-	subsMu sync.Mutex
-	subs   map[*dirtySet]struct{}
-
-	// deletes remembers the version of recent deletes: a deleted workload
-	// has no annotation left to carry it, and ctrl ignores a status whose
-	// observed version is older than the one it has.
-	deletes recentVersions
 }
 
 // kubeState is what one Configure built: clients and informer caches.
@@ -84,7 +75,7 @@ type kubeState struct {
 	replicaSetIndex cache.Indexer
 	podIndex        cache.Indexer
 	secretIndex     cache.Indexer
-	stop            func()
+	informers       *kube.Informers
 }
 
 // Option configures a Controller.
@@ -96,11 +87,35 @@ func WithCallCounter(c *kube.CallCounter) Option { return func(ctl *Controller) 
 
 // New returns an unconfigured controller.
 func New(log hclog.Logger, opts ...Option) *Controller {
-	c := &Controller{log: log, subs: map[*dirtySet]struct{}{}, cfg: Defaults()}
+	c := &Controller{log: log, cfg: Defaults()}
+	c.StatusFeed = c.newFeed()
 	for _, o := range opts {
 		o(c)
 	}
 	return c
+}
+
+// Permissions are what the plugin's identity needs; rbac.yaml grants them
+// and says why each is needed.
+var Permissions = []sdk.Permission{
+	{Group: "apps", Resource: "replicasets", Verbs: []string{"list", "watch", "create", "patch", "update", "delete"}},
+	{Resource: "namespaces", Verbs: []string{"get", "list", "watch", "create", "delete"}},
+	{Resource: "pods", Verbs: []string{"list", "watch"}},
+	{Resource: "nodes", Verbs: []string{"list", "watch"}},
+	{Group: "node.k8s.io", Resource: "runtimeclasses", Verbs: []string{"get"}},
+	{Resource: "secrets", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
+	{Resource: "services", Verbs: []string{"list"}},
+	{Resource: "configmaps", Verbs: []string{"list"}},
+	{Resource: "serviceaccounts", Verbs: []string{"list"}},
+	{Resource: "persistentvolumeclaims", Verbs: []string{"list"}},
+	{Group: "apps", Resource: "deployments", Verbs: []string{"list"}},
+	{Group: "apps", Resource: "statefulsets", Verbs: []string{"list"}},
+	{Group: "apps", Resource: "daemonsets", Verbs: []string{"list"}},
+	{Group: "batch", Resource: "jobs", Verbs: []string{"list"}},
+	{Group: "batch", Resource: "cronjobs", Verbs: []string{"list"}},
+	{Group: "networking.k8s.io", Resource: "networkpolicies", Verbs: []string{"list"}},
+	{Group: "rbac.authorization.k8s.io", Resource: "rolebindings", Verbs: []string{"list"}},
+	{Group: "cilium.io", Resource: "ciliumnetworkpolicies", Verbs: []string{"list"}},
 }
 
 func (c *Controller) Describe(context.Context) (sdk.Info, error) {
@@ -113,6 +128,7 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 			SpecType:    string((&clusterv1.Deployment{}).ProtoReflect().Descriptor().FullName()),
 		}},
 		ConfigSchema: configSchema,
+		Permissions:  Permissions,
 	}, nil
 }
 
@@ -121,21 +137,16 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return err
 	}
-	rc, err := kube.RESTConfig(req.Kube)
+	var hooks []func(*rest.Config)
+	if c.counter != nil {
+		hooks = append(hooks, c.counter.Wrap)
+	}
+	clients, err := kube.Connect(ctx, req.Kube, Permissions, hooks...)
 	if err != nil {
 		return err
 	}
-	if c.counter != nil {
-		c.counter.Wrap(rc)
-	}
-	k := &kubeState{}
-	if k.client, err = kube.NewClientset(rc); err != nil {
-		return err
-	}
-	if k.dynamic, err = dynamic.NewForConfig(rc); err != nil {
-		return err
-	}
-	if k.metadata, err = metadata.NewForConfig(rc); err != nil {
+	k := &kubeState{client: clients.Client, dynamic: clients.Dynamic}
+	if k.metadata, err = metadata.NewForConfig(clients.Config); err != nil {
 		return err
 	}
 	if cfg.RuntimeClass != "" {
@@ -157,8 +168,10 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	c.cfg, c.kube, c.host = cfg, k, req.Host
 	c.mu.Unlock()
 	c.envCache.setTTL(cfg.cacheTTL)
+	c.SetResend(cfg.resync)
+	c.ChangedAll()
 	if old != nil {
-		old.stop()
+		old.informers.Stop()
 	}
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "runtime_class", cfg.RuntimeClass, "status_resync_interval", cfg.resync)
 	return nil
@@ -169,25 +182,11 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 // small and nothing else is ever touched or read; nodes are watched as
 // metadata only, for their zone.
 func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
-	stripManagedFields := func(obj any) (any, error) {
-		if m, err := meta.Accessor(obj); err == nil {
-			m.SetManagedFields(nil)
-		}
-		return obj, nil
-	}
-	ours := informers.NewSharedInformerFactoryWithOptions(k.client, 0,
-		informers.WithTransform(stripManagedFields),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.ManagedSelector(Component) }))
-	namespaces := informers.NewSharedInformerFactoryWithOptions(k.client, 0,
-		informers.WithTransform(stripManagedFields),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.ManagedByLabel + "=" + kube.ManagedBy }))
-	nodes := metadatainformer.NewSharedInformerFactoryWithOptions(k.metadata, 0, metadatainformer.WithTransform(stripManagedFields))
+	k.informers = kube.NewInformers()
+	ours := k.informers.Typed(k.client, kube.ManagedSelector(Component))
+	namespaces := k.informers.Typed(k.client, kube.ManagedByLabel+"="+kube.ManagedBy)
+	nodes := k.informers.Metadata(k.metadata)
 
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.markDirty,
-		UpdateFunc: func(_, obj any) { c.markDirty(obj) },
-		DeleteFunc: c.markDirty,
-	}
 	rsInf, podInf, secretInf := ours.Apps().V1().ReplicaSets(), ours.Core().V1().Pods(), ours.Core().V1().Secrets()
 	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer(), secretInf.Informer()} {
 		if err := inf.AddIndexers(deploymentIndexers); err != nil {
@@ -195,7 +194,7 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 		}
 	}
 	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer()} {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+		if _, err := inf.AddEventHandler(kube.OnChange(c, LabelDeployment)); err != nil {
 			return err
 		}
 	}
@@ -205,38 +204,7 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 	k.secrets, k.secretIndex = secretInf.Lister(), secretInf.Informer().GetIndexer()
 	k.namespaces = namespaces.Core().V1().Namespaces().Lister()
 	k.nodes = nodes.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Lister()
-
-	stop := make(chan struct{})
-	k.stop = sync.OnceFunc(func() {
-		close(stop)
-		ours.Shutdown()
-		namespaces.Shutdown()
-		nodes.Shutdown()
-	})
-	ours.Start(stop)
-	namespaces.Start(stop)
-	nodes.Start(stop)
-	// A missing permission makes the informers retry forever: bound the
-	// wait even when the host gave no deadline.
-	ctx, cancel := context.WithTimeout(ctx, cacheSyncTimeout)
-	defer cancel()
-	synced := map[string]bool{}
-	for typ, ok := range ours.WaitForCacheSync(ctx.Done()) {
-		synced[typ.String()] = ok
-	}
-	for typ, ok := range namespaces.WaitForCacheSync(ctx.Done()) {
-		synced[typ.String()] = ok
-	}
-	for gvr, ok := range nodes.WaitForCacheSync(ctx.Done()) {
-		synced[gvr.String()] = ok
-	}
-	for typ, ok := range synced {
-		if !ok {
-			k.stop()
-			return fmt.Errorf("informer cache for %s did not sync: is the API server reachable with this kubeconfig, and does the identity have the ClusterRole from rbac.yaml?", typ)
-		}
-	}
-	return nil
+	return k.informers.Start(ctx, cacheSyncTimeout)
 }
 
 func (c *Controller) state() (Config, *kubeState) {
@@ -251,7 +219,11 @@ func (c *Controller) hostServices() sdk.Host {
 	return c.host
 }
 
-func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
+func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+	return sdk.Done(c.apply(ctx, req.Change))
+}
+
+func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
 	cfg, k := c.state()
 	if k == nil {
 		return 0, fmt.Errorf("apply deployment %s: plugin not configured yet", ch.ID)
@@ -400,7 +372,6 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	if err := c.removeNamespacesIfUnused(ctx, k, id, moved); err != nil {
 		return 0, err
 	}
-	c.deletes.forget(id)
 	return sdk.Applied, nil
 }
 
@@ -463,7 +434,7 @@ func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id strin
 func (c *Controller) remove(ctx context.Context, k *kubeState, id string, version uint64, specNamespace string) (sdk.Result, error) {
 	// Recorded first: the status of the vanishing workload may be reported
 	// while the deletes below are still running.
-	c.deletes.put(id, version)
+	c.Deleted(id, version)
 	// A live list, not the cache: a ReplicaSet created a moment ago must
 	// not be missed and left running.
 	all, err := k.client.AppsV1().ReplicaSets("").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
@@ -538,30 +509,15 @@ func classify(err error, id string) error {
 	return fmt.Errorf("deployment %s: %w", id, err)
 }
 
-func (c *Controller) Inventory(_ context.Context, kind string) ([]sdk.InventoryItem, error) {
+func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
 	_, k := c.state()
-	if kind != kinds.Deployment || k == nil {
-		return nil, nil
+	if req.Kind != kinds.Deployment || k == nil {
+		return &sdk.InventoryResponse{}, nil
 	}
+	// While a template is being replaced, two ReplicaSets share an id: the
+	// newer version is the applied one.
 	rss, err := k.replicaSets.List(labels.Everything())
-	if err != nil {
-		return nil, err
-	}
-	byID := map[string]sdk.InventoryItem{}
-	for _, rs := range rss {
-		id := rs.Labels[LabelDeployment]
-		if id == "" || rs.DeletionTimestamp != nil {
-			continue
-		}
-		// While a template is being replaced, two ReplicaSets share an id:
-		// the newer version is the applied one.
-		if v := kube.AppliedVersion(rs.Annotations); v >= byID[id].Version {
-			byID[id] = sdk.InventoryItem{Kind: kinds.Deployment, ID: id, Version: v, SpecHash: rs.Annotations[kube.SpecHashAnnotation]}
-		}
-	}
-	items := slices.Collect(maps.Values(byID))
-	slices.SortFunc(items, func(a, b sdk.InventoryItem) int { return cmp.Compare(a.ID, b.ID) })
-	return items, nil
+	return kube.Inventory(kinds.Deployment, LabelDeployment, rss), err
 }
 
 func (c *Controller) Shutdown(ctx context.Context) error {
@@ -573,7 +529,7 @@ func (c *Controller) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	done := make(chan struct{})
-	go func() { k.stop(); close(done) }()
+	go func() { k.informers.Stop(); close(done) }()
 	select {
 	case <-done:
 		return nil

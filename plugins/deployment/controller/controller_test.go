@@ -207,7 +207,7 @@ func TestLifecycle(t *testing.T) {
 	if rep.version != 5 {
 		t.Errorf("deleted report observed version %d, want the delete's 5 (ctrl ignores older reports)", rep.version)
 	}
-	items, err := p.Inventory(context.Background(), kinds.Deployment)
+	items, err := plugintest.Inventory(context.Background(), p, kinds.Deployment)
 	if err != nil || slices.ContainsFunc(items, func(it sdk.InventoryItem) bool { return it.ID == id }) {
 		t.Errorf("Inventory after delete: %v, %v", items, err)
 	}
@@ -403,7 +403,7 @@ func TestUnchangedAppliesWriteNothing(t *testing.T) {
 	writes, reads := p.counter.Writes(), p.counter.Reads()
 	cpuBefore, wallBefore := cpuTime(t), time.Now()
 	for i := range n {
-		r, err := p.Apply(context.Background(), ch)
+		r, err := plugintest.Apply(context.Background(), p, ch)
 		if err != nil || r != sdk.Unchanged {
 			t.Fatalf("unchanged Apply #%d = %s, %v", i, r, err)
 		}

@@ -92,7 +92,7 @@ func testLogger() hclog.Logger {
 }
 
 type plugin struct {
-	sdk.Controller
+	sdk.Plugin
 	counter *kube.CallCounter
 }
 
@@ -147,7 +147,7 @@ func apply(t *testing.T, p sdk.Controller, ch sdk.Change, want sdk.Result) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	got, err := p.Apply(ctx, ch)
+	got, err := plugintest.Apply(ctx, p, ch)
 	if err != nil {
 		t.Fatalf("Apply(%s v%d): %v", ch.ID, ch.Version, err)
 	}
@@ -163,7 +163,7 @@ func applyUntil(t *testing.T, p sdk.Controller, ch sdk.Change, want sdk.Result) 
 	var got sdk.Result
 	waitUntil(t, 10*time.Second, fmt.Sprintf("Apply(%s v%d) = %s", ch.ID, ch.Version, want), func() bool {
 		var err error
-		got, err = p.Apply(context.Background(), ch)
+		got, err = plugintest.Apply(context.Background(), p, ch)
 		if err != nil {
 			t.Fatalf("Apply(%s v%d): %v", ch.ID, ch.Version, err)
 		}
@@ -195,7 +195,7 @@ type reports struct {
 }
 
 // watchStatus collects the plugin's status reports until the test ends.
-func watchStatus(t *testing.T, p sdk.Controller) *reports {
+func watchStatus(t *testing.T, p sdk.Plugin) *reports {
 	r := &reports{byID: map[string][]report{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -240,7 +240,7 @@ func TestSecretEnvironment(t *testing.T) {
 	time.Sleep(3500 * time.Millisecond)
 	writes, reads, calls := p.counter.Writes(), p.counter.Reads(), v.total()
 	for i := range 500 {
-		if r, err := p.Apply(ctx, ch); err != nil || r != sdk.Unchanged {
+		if r, err := plugintest.Apply(ctx, p, ch); err != nil || r != sdk.Unchanged {
 			t.Fatalf("unchanged Apply #%d = %s, %v", i, r, err)
 		}
 	}
@@ -284,7 +284,7 @@ func TestSecretEnvironment(t *testing.T) {
 
 	// A decrypt failure is retryable, names the reason and blocks only its
 	// deployment: nothing of it reaches the cluster, the other applies.
-	_, err = p.Apply(ctx, change(t, "dep_sec_denied", 1, sealedSpec("sec-other", "denied", 1)))
+	_, err = plugintest.Apply(ctx, p, change(t, "dep_sec_denied", 1, sealedSpec("sec-other", "denied", 1)))
 	if err == nil || sdk.IsPermanent(err) || !strings.Contains(err.Error(), "not scheduled to run in region local") || !strings.Contains(err.Error(), "dep_sec_denied") {
 		t.Fatalf("a refused decryption: %v, want a retryable error with ctrl's reason", err)
 	}
@@ -360,7 +360,7 @@ func TestSecretResync(t *testing.T) {
 		n, calls, before.CacheHits, before.CacheMisses)
 	for range passes {
 		for _, ch := range changes {
-			if r, err := p.Apply(context.Background(), ch); err != nil || r != sdk.Unchanged {
+			if r, err := plugintest.Apply(context.Background(), p, ch); err != nil || r != sdk.Unchanged {
 				t.Fatalf("resync Apply of %s = %s, %v", ch.ID, r, err)
 			}
 		}
@@ -381,7 +381,7 @@ func TestSecretResync(t *testing.T) {
 	}
 	for range passes {
 		for _, ch := range changes {
-			if r, err := p2.Apply(context.Background(), ch); err != nil || r != sdk.Unchanged {
+			if r, err := plugintest.Apply(context.Background(), p2, ch); err != nil || r != sdk.Unchanged {
 				t.Fatalf("resync after restart: %s = %s, %v", ch.ID, r, err)
 			}
 		}

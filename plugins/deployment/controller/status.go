@@ -2,20 +2,14 @@ package controller
 
 import (
 	"cmp"
-	"context"
-	"maps"
 	"net"
 	"slices"
 	"strconv"
-	"sync"
-	"time"
 
-	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -23,68 +17,32 @@ import (
 	"krane.dev/sdk/kube"
 )
 
-// WatchStatus reports one DeploymentStatus per deployment, built from the
-// ReplicaSet and pod caches. Events only mark a deployment dirty; every
-// statusTick the dirty ones are rebuilt and sent if they differ from what
-// this stream sent last, so a burst of pod events is one report. Every
-// status_resync_interval everything is sent again, changed or not, so a
-// report lost upstream heals without anyone asking.
-func (c *Controller) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {
-	dirty := c.subscribe()
-	defer c.unsubscribe(dirty)
-	type sent struct {
-		status  *clusterv1.DeploymentStatus
-		version uint64
-	}
-	last := map[string]sent{}
-	var lastFull time.Time
-	tick := time.NewTicker(statusTick)
-	defer tick.Stop()
-	for {
-		cfg, k := c.state()
-		if k != nil {
-			full := time.Since(lastFull) >= cfg.resync
-			var ids []string
-			if full {
-				lastFull = time.Now()
-				dirty.drain()
-				ids = c.knownIDs(k)
-				for id := range last {
-					ids = append(ids, id)
-				}
-				slices.Sort(ids)
-				ids = slices.Compact(ids)
-			} else {
-				ids = dirty.drain()
+// newFeed is the plugin's WatchStatus: one DeploymentStatus per
+// deployment, built from the ReplicaSet and pod caches. Informer events
+// only say a deployment changed; every statusTick the changed ones are
+// rebuilt and sent when they differ from what the stream sent last, so a
+// burst of pod events is one report, and every status_resync_interval
+// everything is sent again, so a report lost upstream heals.
+func (c *Controller) newFeed() *sdk.StatusFeed {
+	return sdk.NewStatusFeed(sdk.FeedOptions{
+		Kind: kinds.Deployment, Tick: statusTick, Observe: c.observe, Resend: Defaults().resync,
+		IDs: func() []string {
+			if _, k := c.state(); k != nil {
+				return c.knownIDs(k)
 			}
-			for _, id := range ids {
-				st, ver := c.deploymentStatus(k, id)
-				prev, seen := last[id]
-				if st.GetDeleted() {
-					ver = max(ver, prev.version) // never older than what ctrl has
-				}
-				if !full && seen && prev.version == ver && proto.Equal(prev.status, st) {
-					continue
-				}
-				err := send(sdk.StatusReport{Kind: kinds.Deployment, ID: id, ObservedVersion: ver, ObservedAt: time.Now(), Status: st})
-				if err != nil {
-					return err
-				}
-				// A deleted status is sent when it happens and once more with
-				// the next full pass; then the deployment is forgotten.
-				if st.GetDeleted() && full {
-					delete(last, id)
-				} else {
-					last[id] = sent{st, ver}
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
 			return nil
-		case <-tick.C:
-		}
+		},
+	})
+}
+
+// observe is one deployment's status as the caches have it.
+func (c *Controller) observe(id string) sdk.Observation {
+	_, k := c.state()
+	if k == nil {
+		return sdk.Observation{Gone: true, Status: &clusterv1.DeploymentStatus{DeploymentId: id, Deleted: true}}
 	}
+	st, ver := c.deploymentStatus(k, id)
+	return sdk.Observation{Status: st, Version: ver, Gone: st.GetDeleted()}
 }
 
 // knownIDs lists every deployment with a ReplicaSet or a pod in the caches.
@@ -110,7 +68,8 @@ func (c *Controller) deploymentStatus(k *kubeState, id string) (*clusterv1.Deplo
 	var ver uint64
 	cur := currentReplicaSet(rss)
 	if cur == nil || cur.DeletionTimestamp != nil {
-		ver = c.deletes.get(id)
+		// Being deleted: the delete's version, which no annotation carries.
+		ver, _ = c.DeletedVersion(id)
 	}
 	if cur != nil {
 		st.K8SName = k8sNameOf(cur)
@@ -256,99 +215,4 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-// dirtySet collects the deployments whose objects changed since the last
-// drain; one per WatchStatus stream.
-type dirtySet struct {
-	mu  sync.Mutex
-	ids map[string]struct{}
-}
-
-func (d *dirtySet) add(id string) {
-	d.mu.Lock()
-	d.ids[id] = struct{}{}
-	d.mu.Unlock()
-}
-
-func (d *dirtySet) drain() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ids := slices.Sorted(maps.Keys(d.ids))
-	clear(d.ids)
-	return ids
-}
-
-func (c *Controller) subscribe() *dirtySet {
-	d := &dirtySet{ids: map[string]struct{}{}}
-	c.subsMu.Lock()
-	c.subs[d] = struct{}{}
-	c.subsMu.Unlock()
-	return d
-}
-
-func (c *Controller) unsubscribe(d *dirtySet) {
-	c.subsMu.Lock()
-	delete(c.subs, d)
-	c.subsMu.Unlock()
-}
-
-// markDirty is the ReplicaSet and pod informers' event handler.
-func (c *Controller) markDirty(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return
-	}
-	id := m.GetLabels()[LabelDeployment]
-	if id == "" {
-		return
-	}
-	c.subsMu.Lock()
-	defer c.subsMu.Unlock()
-	for d := range c.subs {
-		d.add(id)
-	}
-}
-
-// recentVersions remembers a version per id for a while (entries older
-// than recentFor are dropped), so it stays small whoever reads it.
-type recentVersions struct {
-	mu sync.Mutex
-	m  map[string]recentVersion
-}
-
-type recentVersion struct {
-	version uint64
-	at      time.Time
-}
-
-const recentFor = 15 * time.Minute
-
-func (r *recentVersions) put(id string, version uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.m == nil {
-		r.m = map[string]recentVersion{}
-	}
-	now := time.Now()
-	maps.DeleteFunc(r.m, func(_ string, v recentVersion) bool { return now.Sub(v.at) > recentFor })
-	r.m[id] = recentVersion{version, now}
-}
-
-func (r *recentVersions) forget(id string) {
-	r.mu.Lock()
-	delete(r.m, id)
-	r.mu.Unlock()
-}
-
-func (r *recentVersions) get(id string) uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if v, ok := r.m[id]; ok && time.Since(v.at) <= recentFor {
-		return v.version
-	}
-	return 0
 }

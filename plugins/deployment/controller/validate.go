@@ -1,17 +1,16 @@
 package controller
 
 import (
-	"fmt"
 	"net/url"
 	"slices"
 	"strings"
 	"unicode"
 
-	"github.com/distribution/reference"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
+	"krane.dev/sdk/kube"
 )
 
 // shutdownSignals maps the accepted shutdown signals to kill(1) names.
@@ -61,8 +60,8 @@ func validate(id string, d *clusterv1.Deployment, cfg Config) error {
 	if errs := validation.IsDNS1123Label(d.GetK8SName()); len(errs) > 0 {
 		return sdk.InvalidField("k8s_name", "%q: %s", d.GetK8SName(), errs[0])
 	}
-	if err := validateImage(d.GetImage()); err != nil {
-		return sdk.InvalidField("image", "%q: %v", d.GetImage(), err)
+	if err := kube.ValidateImage("image", d.GetImage()); err != nil {
+		return err
 	}
 	if c := d.GetCpuMillicores(); c < 1 || c > cfg.MaxCPUMillicores {
 		return sdk.InvalidField("cpu_millicores", "%d is out of range 1..%d", c, cfg.MaxCPUMillicores)
@@ -131,23 +130,6 @@ func validateHealthcheck(hc *clusterv1.Healthcheck) error {
 		if f.v < 0 || f.v > maxProbeSeconds {
 			return sdk.InvalidField("healthcheck."+f.field, "%d is out of range 0..%d (0 means the default)", f.v, maxProbeSeconds)
 		}
-	}
-	return nil
-}
-
-// validateImage parses the image as the container runtime will, with the
-// reference grammar of the distribution project (what containerd and docker
-// use), so a typo fails here with a clear message instead of as an
-// ImagePullBackOff on every node.
-func validateImage(image string) error {
-	if image == "" {
-		return fmt.Errorf("is required")
-	}
-	if strings.TrimSpace(image) != image {
-		return fmt.Errorf("has leading or trailing spaces")
-	}
-	if _, err := reference.ParseNormalizedNamed(image); err != nil {
-		return err
 	}
 	return nil
 }

@@ -59,7 +59,7 @@ func (b *logBuffer) count(substr string) int {
 type harness struct {
 	t       *testing.T
 	cluster *kubeenv.Cluster
-	ctl     sdk.Controller
+	ctl     sdk.Plugin
 	calls   *kube.CallCounter
 	logs    *logBuffer
 	reports *reports
@@ -146,7 +146,7 @@ func (h *harness) apply(ch sdk.Change) sdk.Result {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r, err := h.ctl.Apply(ctx, ch)
+	r, err := plugintest.Apply(ctx, h.ctl, ch)
 	if err != nil {
 		h.t.Fatalf("Apply(%s v%d): %v", ch.ID, ch.Version, err)
 	}
@@ -157,7 +157,7 @@ func (h *harness) delete(id string, version uint64) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if r, err := h.ctl.Apply(ctx, sdk.Change{Kind: kinds.Sentinel, ID: id, Version: version, Deleted: true}); err != nil || r != sdk.Deleted {
+	if r, err := plugintest.Apply(ctx, h.ctl, sdk.Change{Kind: kinds.Sentinel, ID: id, Version: version, Deleted: true}); err != nil || r != sdk.Deleted {
 		h.t.Fatalf("delete %s = %s, %v", id, r, err)
 	}
 }

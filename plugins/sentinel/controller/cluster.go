@@ -21,9 +21,9 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 )
 
@@ -49,10 +49,9 @@ type cluster struct {
 	// policies is nil while cilium.io/v2 CiliumNetworkPolicy is not served.
 	policies atomic.Pointer[policyCache]
 
-	// changed is told the sentinel id of every object event, changedAll
-	// that every sentinel's status may have changed.
-	changed    func(id string)
-	changedAll func()
+	// feed is told the sentinel id of every object event, and that every
+	// sentinel's status may have changed when the policy CRD comes or goes.
+	feed *sdk.StatusFeed
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -67,36 +66,24 @@ type policyCache struct {
 }
 
 type clusterDeps struct {
-	rest              *rest.Config
+	clients           *kube.Clients
 	params            params
 	log               hclog.Logger
-	changed           func(id string)
-	changedAll        func()
+	feed              *sdk.StatusFeed
 	discoveryInterval time.Duration
 }
 
-// startCluster checks that the plugin's identity may do what it needs, fills
-// the caches and starts watching for the policy CRD.
+// startCluster fills the caches and starts watching for the policy CRD
+// (the plugin's permissions were checked by kube.Connect).
 func startCluster(ctx context.Context, d clusterDeps) (*cluster, error) {
-	client, err := kube.NewClientset(d.rest)
-	if err != nil {
-		return nil, err
-	}
-	dyn, err := dynamic.NewForConfig(d.rest)
-	if err != nil {
-		return nil, err
-	}
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{p: d.params, log: d.log, client: client, dyn: dyn, changed: d.changed, changedAll: d.changedAll, ctx: cctx, cancel: cancel}
+	c := &cluster{p: d.params, log: d.log, client: d.clients.Client, dyn: d.clients.Dynamic, feed: d.feed, ctx: cctx, cancel: cancel}
 	ok := false
 	defer func() {
 		if !ok {
 			c.close()
 		}
 	}()
-	if err := c.preflight(ctx); err != nil {
-		return nil, err
-	}
 	if err := c.startInformers(ctx); err != nil {
 		return nil, err
 	}
@@ -126,40 +113,6 @@ func (c *cluster) close() {
 	}
 }
 
-// preflight lists each resource once so that a missing permission fails
-// Configure with a message saying which, instead of an informer that never
-// syncs.
-func (c *cluster) preflight(ctx context.Context) error {
-	ns := c.p.Namespace
-	one := metav1.ListOptions{Limit: 1}
-	checks := []struct {
-		what string
-		call func() error
-	}{
-		{"list deployments.apps", func() error { _, err := c.client.AppsV1().Deployments(ns).List(ctx, one); return err }},
-		{"list replicasets.apps", func() error { _, err := c.client.AppsV1().ReplicaSets(ns).List(ctx, one); return err }},
-		{"list pods", func() error { _, err := c.client.CoreV1().Pods(ns).List(ctx, one); return err }},
-		{"list services", func() error { _, err := c.client.CoreV1().Services(ns).List(ctx, one); return err }},
-		{"list poddisruptionbudgets.policy", func() error {
-			_, err := c.client.PolicyV1().PodDisruptionBudgets(ns).List(ctx, one)
-			return err
-		}},
-		{"list namespaces (field selector metadata.name=" + ns + ")", func() error {
-			_, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", ns).String()})
-			return err
-		}},
-	}
-	for _, chk := range checks {
-		if err := chk.call(); err != nil {
-			if apierrors.IsForbidden(err) {
-				return fmt.Errorf("the plugin may not %s in namespace %q: grant the ClusterRole of the plugin's rbac.yaml to its identity: %w", chk.what, ns, err)
-			}
-			return fmt.Errorf("%s in namespace %q: %w", chk.what, ns, err)
-		}
-	}
-	return nil
-}
-
 func (c *cluster) startInformers(ctx context.Context) error {
 	ns := c.p.Namespace
 	selector := kube.ManagedSelector(Component)
@@ -169,12 +122,12 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		// plugin never sees anything it does not manage. Pods and
 		// ReplicaSets carry the pod template's labels.
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
-		informers.WithTransform(stripManagedFields))
+		informers.WithTransform(kube.StripManagedFields))
 	namespaces := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
 		}),
-		informers.WithTransform(stripManagedFields))
+		informers.WithTransform(kube.StripManagedFields))
 
 	for _, x := range []struct {
 		into *cache.Indexer
@@ -208,23 +161,9 @@ func (c *cluster) startInformers(ctx context.Context) error {
 	return nil
 }
 
-// eventHandler tells the status reporter which sentinel an event concerns.
+// eventHandler tells the status feed which sentinel an event concerns.
 func (c *cluster) eventHandler() cache.ResourceEventHandler {
-	notify := func(obj any) {
-		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = tomb.Obj
-		}
-		if m, err := meta.Accessor(obj); err == nil {
-			if id := m.GetLabels()[LabelSentinel]; id != "" {
-				c.changed(id)
-			}
-		}
-	}
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { notify(obj) },
-		UpdateFunc: func(_, obj any) { notify(obj) },
-		DeleteFunc: notify,
-	}
+	return kube.OnChange(c.feed, LabelSentinel)
 }
 
 func sentinelIndex(obj any) ([]string, error) {
@@ -236,15 +175,6 @@ func sentinelIndex(obj any) ([]string, error) {
 		return []string{id}, nil
 	}
 	return nil, nil
-}
-
-// stripManagedFields drops managedFields from cached objects: they are
-// large and nothing here reads them.
-func stripManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 // ---- the CiliumNetworkPolicy CRD ----
@@ -272,7 +202,7 @@ func (c *cluster) startPolicyInformer(ctx context.Context) error {
 		o.LabelSelector = kube.ManagedSelector(Component)
 	})
 	inf := f.ForResource(PolicyGVR).Informer()
-	if err := inf.SetTransform(stripManagedFields); err != nil {
+	if err := inf.SetTransform(kube.StripManagedFields); err != nil {
 		return err
 	}
 	if err := inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
@@ -327,13 +257,13 @@ func (c *cluster) watchPolicyCRD(interval time.Duration) {
 			} else {
 				c.log.Info("CiliumNetworkPolicy CRD is now served: gossip policies applied", "applied", n)
 			}
-			c.changedAll()
+			c.feed.ChangedAll()
 		case !served && cur != nil:
 			if c.policies.CompareAndSwap(cur, nil) {
 				close(cur.stop)
 			}
 			c.logPolicyCRDMissing(interval)
-			c.changedAll()
+			c.feed.ChangedAll()
 		}
 	}
 }
@@ -372,6 +302,20 @@ func (c *cluster) applyMissingPolicies(ctx context.Context) (int, error) {
 }
 
 // ---- cache lookups ----
+
+// allDeployments lists every cached sentinel Deployment; none before
+// Configure (c is nil).
+func (c *cluster) allDeployments() []*appsv1.Deployment {
+	if c == nil {
+		return nil
+	}
+	objs := c.deployments.List()
+	out := make([]*appsv1.Deployment, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*appsv1.Deployment))
+	}
+	return out
+}
 
 func (c *cluster) deploymentsOf(id string) []*appsv1.Deployment {
 	return byIndex[*appsv1.Deployment](c.deployments, id)

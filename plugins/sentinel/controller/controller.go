@@ -61,17 +61,15 @@ func WithDiscoveryInterval(d time.Duration) Option {
 // Controller reconciles sentinels: per sentinel a Deployment, a ClusterIP
 // Service, a PodDisruptionBudget, a headless gossip Service and a gossip
 // CiliumNetworkPolicy, and reports each sentinel's rollout and health.
+//
+// Its embedded StatusFeed is its WatchStatus.
 type Controller struct {
+	*sdk.StatusFeed
 	log  hclog.Logger
 	opts options
 
 	mu sync.RWMutex
 	cl *cluster
-
-	subs subscribers
-	// deletedAt holds the version of the delete change of each sentinel
-	// deleted through Apply, for the status report of its removal.
-	deletedAt sync.Map
 }
 
 // New returns an unconfigured controller.
@@ -80,7 +78,26 @@ func New(log hclog.Logger, opts ...Option) *Controller {
 	for _, f := range opts {
 		f(&o)
 	}
-	return &Controller{log: log, opts: o}
+	c := &Controller{log: log, opts: o}
+	c.StatusFeed = c.newFeed()
+	return c
+}
+
+// permissions are what the plugin's identity needs (rbac.yaml grants
+// them): the objects of every sentinel in namespace ns, the ReplicaSets and
+// pods its status comes from, and ns itself.
+func permissions(ns string) []sdk.Permission {
+	objects := []string{"list", "watch", "create", "patch", "delete"}
+	return []sdk.Permission{
+		{Group: "apps", Resource: "deployments", Verbs: objects, Namespace: ns},
+		{Resource: "services", Verbs: objects, Namespace: ns},
+		{Group: "policy", Resource: "poddisruptionbudgets", Verbs: objects, Namespace: ns},
+		{Group: "cilium.io", Resource: "ciliumnetworkpolicies", Verbs: objects, Namespace: ns},
+		{Group: "apps", Resource: "replicasets", Verbs: []string{"list", "watch"}, Namespace: ns},
+		{Resource: "pods", Verbs: []string{"list", "watch"}, Namespace: ns},
+		{Resource: "namespaces", Verbs: []string{"create"}},
+		{Resource: "namespaces", Verbs: []string{"list", "watch", "patch"}, Name: ns},
+	}
 }
 
 func (c *Controller) Describe(context.Context) (sdk.Info, error) {
@@ -93,6 +110,7 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 			SpecType:    string((&clusterv1.Sentinel{}).ProtoReflect().Descriptor().FullName()),
 		}},
 		ConfigSchema: ConfigSchema,
+		Permissions:  permissions(DefaultNamespace),
 	}, nil
 }
 
@@ -101,19 +119,15 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return err
 	}
-	rc, err := kube.RESTConfig(req.Kube)
+	clients, err := kube.Connect(ctx, req.Kube, permissions(s.Namespace), c.opts.restHooks...)
 	if err != nil {
 		return err
 	}
-	for _, hook := range c.opts.restHooks {
-		hook(rc)
-	}
 	cl, err := startCluster(ctx, clusterDeps{
-		rest:              rc,
+		clients:           clients,
 		params:            params{settings: s, Region: req.Region},
 		log:               c.log,
-		changed:           c.subs.mark,
-		changedAll:        c.subs.markAll,
+		feed:              c.StatusFeed,
 		discoveryInterval: c.opts.discoveryInterval,
 	})
 	if err != nil {
@@ -126,7 +140,8 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if old != nil {
 		old.close()
 	}
-	c.subs.markAll()
+	c.SetResend(cl.p.StatusResyncInterval)
+	c.ChangedAll()
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "namespace", s.Namespace,
 		"require_sentinel_nodes", s.RequireSentinelNodes, "env_from_secrets", len(s.EnvFromSecrets),
 		"policy_crd_served", cl.policies.Load() != nil)
@@ -139,7 +154,11 @@ func (c *Controller) current() *cluster {
 	return c.cl
 }
 
-func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
+func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+	return sdk.Done(c.apply(ctx, req.Change))
+}
+
+func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
 	cl := c.current()
 	if cl == nil {
 		return 0, fmt.Errorf("apply sentinel %s: the plugin is not configured yet", ch.ID)
@@ -151,7 +170,7 @@ func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 		return 0, err
 	}
 	if ch.Deleted {
-		c.deletedAt.Store(ch.ID, ch.Version)
+		c.Deleted(ch.ID, ch.Version)
 		if err := cl.deleteSentinel(ctx, ch.ID, ""); err != nil {
 			return 0, err
 		}
@@ -164,7 +183,6 @@ func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 	if err := validate(ch.ID, &s); err != nil {
 		return 0, err
 	}
-	c.deletedAt.Delete(ch.ID)
 	wrote, err := cl.apply(ctx, &s, ch.Version)
 	if err != nil {
 		return 0, err
@@ -418,26 +436,12 @@ func (cl *cluster) hasStale(id, keep string) bool {
 	return false
 }
 
-func (c *Controller) Inventory(_ context.Context, kind string) ([]sdk.InventoryItem, error) {
+func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
 	cl := c.current()
-	if kind != kinds.Sentinel || cl == nil {
-		return nil, nil
+	if req.Kind != kinds.Sentinel || cl == nil {
+		return &sdk.InventoryResponse{}, nil
 	}
-	objs := cl.deployments.List()
-	items := make([]sdk.InventoryItem, 0, len(objs))
-	for _, obj := range objs {
-		d := obj.(*appsv1.Deployment)
-		id := d.Labels[LabelSentinel]
-		if id == "" || d.DeletionTimestamp != nil {
-			continue
-		}
-		items = append(items, sdk.InventoryItem{
-			Kind: kinds.Sentinel, ID: id,
-			Version:  kube.AppliedVersion(d.Annotations),
-			SpecHash: d.Annotations[kube.SpecHashAnnotation],
-		})
-	}
-	return items, nil
+	return kube.Inventory(kinds.Sentinel, LabelSentinel, cl.allDeployments()), nil
 }
 
 func (c *Controller) Shutdown(ctx context.Context) error {

@@ -24,6 +24,7 @@ import (
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
+	"krane.dev/sdk/plugintest"
 )
 
 const (
@@ -700,7 +701,7 @@ func TestRenameAndNameCollision(t *testing.T) {
 	objectsGone(t, c, "sentinel-old-name")
 	assertObjects(t, c, s, 601)
 	waitFor(t, 10*time.Second, "one inventory entry at the new version", func() (bool, error) {
-		items, err := h.ctl.Inventory(ctx, "sentinel")
+		items, err := plugintest.Inventory(ctx, h.ctl, "sentinel")
 		n := 0
 		for _, it := range items {
 			if it.ID == s.Id {
@@ -714,7 +715,7 @@ func TestRenameAndNameCollision(t *testing.T) {
 	})
 
 	other := sentinel("snt_squatter", s.K8SName, "env_other", imageV1, 1)
-	_, err := h.ctl.Apply(ctx, change(t, other, 602))
+	_, err := plugintest.Apply(ctx, h.ctl, change(t, other, 602))
 	var pe *sdk.PermanentError
 	if !errors.As(err, &pe) || pe.Field != "k8s_name" || !strings.Contains(err.Error(), "snt_move") {
 		t.Errorf("Apply of a sentinel onto another's k8s_name = %v, want a permanent k8s_name error naming snt_move", err)

@@ -1,11 +1,9 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -30,88 +28,40 @@ const revisionAnnotation = "deployment.kubernetes.io/revision"
 // time (minReadySeconds), not only on events.
 const unsettledRecheck = time.Second
 
-// WatchStatus sends one report per sentinel whenever its status changes,
-// coalescing bursts of events, and every sentinel's status again each
-// status_resync_interval, so a report lost on the way is never final.
-func (c *Controller) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {
-	sub := c.subs.add()
-	defer c.subs.remove(sub)
-	tick := time.NewTicker(c.opts.statusTick)
-	defer tick.Stop()
+// newFeed is the plugin's WatchStatus: one report per sentinel whenever
+// its status changes, coalescing bursts of events; every sentinel's status
+// again each status_resync_interval, so a report lost on the way is never
+// final; and a sentinel that is neither healthy nor paused evaluated again
+// every unsettledRecheck, since availability depends on time as well as on
+// events.
+func (c *Controller) newFeed() *sdk.StatusFeed {
+	return sdk.NewStatusFeed(sdk.FeedOptions{
+		Kind: kinds.Sentinel, Tick: c.opts.statusTick, Observe: c.observe,
+		IDs: func() []string {
+			var ids []string
+			for _, d := range c.current().allDeployments() {
+				ids = append(ids, d.Labels[LabelSentinel])
+			}
+			return ids
+		},
+		Recheck: func(st proto.Message) bool {
+			h := st.(*clusterv1.SentinelStatus).GetHealth()
+			return h != clusterv1.Health_HEALTH_HEALTHY && h != clusterv1.Health_HEALTH_PAUSED
+		},
+		RecheckEvery: unsettledRecheck,
+	})
+}
 
-	var (
-		cl           *cluster
-		last         = map[string]*clusterv1.SentinelStatus{} // what this stream sent
-		lastVersion  = map[string]uint64{}
-		nextFull     time.Time
-		nextUnsettle time.Time
-	)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		cur := c.current()
-		if cur == nil {
-			continue
-		}
-		now := time.Now()
-		dirty, all := sub.drain()
-		full := cur != cl || !now.Before(nextFull)
-		ids := dirty
-		switch {
-		case full || all:
-			cl = cur
-			ids = ids[:0]
-			for _, obj := range cl.deployments.List() {
-				if id := obj.(*appsv1.Deployment).Labels[LabelSentinel]; id != "" {
-					ids = append(ids, id)
-				}
-			}
-			for id := range last {
-				ids = append(ids, id)
-			}
-			if full {
-				nextFull = now.Add(cl.p.StatusResyncInterval)
-			}
-		case !now.Before(nextUnsettle):
-			for id, st := range last {
-				if st.GetHealth() != clusterv1.Health_HEALTH_HEALTHY && st.GetHealth() != clusterv1.Health_HEALTH_PAUSED {
-					ids = append(ids, id)
-				}
-			}
-			nextUnsettle = now.Add(unsettledRecheck)
-		}
-		slices.Sort(ids)
-		for _, id := range slices.Compact(ids) {
-			st, version, ok := cl.observe(id, now)
-			if !ok {
-				prev, known := last[id]
-				if !known {
-					continue
-				}
-				st = &clusterv1.SentinelStatus{SentinelId: id, K8SName: prev.GetK8SName(), Deleted: true,
-					Health: clusterv1.Health_HEALTH_UNHEALTHY, Reason: "the sentinel's Deployment no longer exists"}
-				version = lastVersion[id]
-				if v, ok := c.deletedAt.Load(id); ok {
-					version = v.(uint64)
-				}
-			}
-			if !full && proto.Equal(st, last[id]) && version == lastVersion[id] {
-				continue
-			}
-			if err := send(sdk.StatusReport{Kind: kinds.Sentinel, ID: id, ObservedVersion: version, ObservedAt: now, Status: st}); err != nil {
-				return err
-			}
-			if st.GetDeleted() {
-				delete(last, id)
-				delete(lastVersion, id)
-			} else {
-				last[id], lastVersion[id] = st, version
-			}
+// observe is one sentinel's status; a sentinel without a Deployment is
+// gone.
+func (c *Controller) observe(id string) sdk.Observation {
+	if cl := c.current(); cl != nil {
+		if st, version, ok := cl.observe(id, time.Now()); ok {
+			return sdk.Observation{Status: st, Version: version}
 		}
 	}
+	return sdk.Observation{Gone: true, Status: &clusterv1.SentinelStatus{SentinelId: id, Deleted: true,
+		Health: clusterv1.Health_HEALTH_UNHEALTHY, Reason: "the sentinel's Deployment no longer exists"}}
 }
 
 // observe computes the status of sentinel id from the caches; ok is false
@@ -402,75 +352,4 @@ func podProblem(p *corev1.Pod) string {
 		}
 	}
 	return ""
-}
-
-// ---- subscribers: which sentinels each status stream must re-evaluate ----
-
-type subscribers struct {
-	mu   sync.Mutex
-	sets map[*dirtySet]struct{}
-}
-
-func (s *subscribers) add() *dirtySet {
-	d := &dirtySet{ids: map[string]struct{}{}}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.sets == nil {
-		s.sets = map[*dirtySet]struct{}{}
-	}
-	s.sets[d] = struct{}{}
-	return d
-}
-
-func (s *subscribers) remove(d *dirtySet) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.sets, d)
-}
-
-func (s *subscribers) mark(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for d := range s.sets {
-		d.add(id)
-	}
-}
-
-func (s *subscribers) markAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for d := range s.sets {
-		d.setAll()
-	}
-}
-
-// dirtySet collects the ids with pending events for one status stream.
-type dirtySet struct {
-	mu  sync.Mutex
-	ids map[string]struct{}
-	all bool
-}
-
-func (d *dirtySet) add(id string) {
-	d.mu.Lock()
-	d.ids[id] = struct{}{}
-	d.mu.Unlock()
-}
-
-func (d *dirtySet) setAll() {
-	d.mu.Lock()
-	d.all = true
-	d.mu.Unlock()
-}
-
-func (d *dirtySet) drain() (ids []string, all bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ids = make([]string, 0, len(d.ids))
-	for id := range d.ids {
-		ids = append(ids, id)
-	}
-	clear(d.ids)
-	all, d.all = d.all, false
-	return ids, all
 }

@@ -1,12 +1,11 @@
 package controller
 
 import (
-	"regexp"
-
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
+	"krane.dev/sdk/kube"
 )
 
 // Limits on desired state. They are far above what a routing proxy needs and
@@ -19,26 +18,7 @@ const (
 	// maxK8sNameLen leaves room for the "-gossip" suffix within the 63
 	// characters of a Service name.
 	maxK8sNameLen = 63 - len(gossipSuffix)
-	// maxImageNameLen is the registry's limit on a repository name.
-	maxImageNameLen = 255
 )
-
-// imageRE is the image reference grammar of the container registries
-// (distribution/reference): [host[:port]/]path[:tag][@digest].
-var imageRE = func() *regexp.Regexp {
-	const (
-		alnum     = `[a-z0-9]+`
-		separator = `(?:[._]|__|[-]+)`
-		component = alnum + `(?:` + separator + alnum + `)*`
-		domainSeg = `(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])`
-		host      = `(?:` + domainSeg + `(?:\.` + domainSeg + `)*|\[[a-fA-F0-9:]+\])`
-		domain    = host + `(?::[0-9]+)?`
-		name      = `(?:` + domain + `/)?` + component + `(?:/` + component + `)*`
-		tag       = `[\w][\w.-]{0,127}`
-		digest    = `[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}`
-	)
-	return regexp.MustCompile(`^(` + name + `)(?::` + tag + `)?(?:@` + digest + `)?$`)
-}()
 
 // validate checks a decoded sentinel before anything reaches the cluster.
 // Errors are permanent and name the field: retrying cannot fix them.
@@ -63,13 +43,8 @@ func validate(id string, s *clusterv1.Sentinel) error {
 			return err
 		}
 	}
-	img := s.GetImage()
-	m := imageRE.FindStringSubmatch(img)
-	if m == nil {
-		return sdk.InvalidField("image", "%q is not an image reference ([registry/]repository[:tag][@digest])", img)
-	}
-	if len(m[1]) > maxImageNameLen {
-		return sdk.InvalidField("image", "repository name is %d characters, at most %d", len(m[1]), maxImageNameLen)
+	if err := kube.ValidateImage("image", s.GetImage()); err != nil {
+		return err
 	}
 	if r := s.GetReplicas(); r < 0 || r > MaxReplicas {
 		return sdk.InvalidField("replicas", "%d is outside 0..%d", r, MaxReplicas)

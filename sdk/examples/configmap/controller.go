@@ -2,24 +2,16 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"slices"
-	"sync"
-	"time"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	listersv1 "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 
-	"krane.dev/internal/version"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 )
@@ -43,43 +35,39 @@ type Config struct {
 	AllowedNamespaces []string `json:"allowed_namespaces"`
 }
 
-const configSchema = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
-  "type": "object",
-  "additionalProperties": false,
-  "properties": {
-    "allowed_namespaces": {
-      "type": "array",
-      "items": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
-    }
-  }
-}`
+// Permissions are what the plugin's identity needs: it reads its own
+// ConfigMaps through an informer and writes them with server-side apply.
+var Permissions = []sdk.Permission{{Resource: "configmaps", Verbs: []string{"get", "list", "watch", "patch", "delete"}}}
 
-// Controller reconciles ConfigMaps from desired state.
+// Controller reconciles ConfigMaps from desired state. Its embedded
+// StatusFeed is its WatchStatus.
 type Controller struct {
+	*sdk.StatusFeed
 	log hclog.Logger
-
-	mu      sync.RWMutex
-	cfg     Config
-	client  kubernetes.Interface
-	dynamic dynamic.Interface
-	lister  listersv1.ConfigMapLister
-	stop    chan struct{}
-	// dirty collects ids whose ConfigMap changed, for WatchStatus.
-	dirty *dirtySet
+	cur atomic.Pointer[configured] // what the last Configure built
 }
+
+type configured struct {
+	cfg       Config
+	client    dynamic.Interface
+	cms       *kube.Store[*corev1.ConfigMap] // our ConfigMaps, by resource id
+	informers *kube.Informers
+}
+
+var configMaps = corev1.SchemeGroupVersion.WithResource("configmaps")
 
 // NewController returns an unconfigured controller.
 func NewController(log hclog.Logger) *Controller {
-	return &Controller{log: log, dirty: newDirtySet()}
+	c := &Controller{log: log}
+	c.cur.Store(&configured{})
+	c.StatusFeed = sdk.NewStatusFeed(sdk.FeedOptions{Kind: Kind, Observe: c.observe, IDs: func() []string { return c.cur.Load().cms.IDs() }})
+	return c
 }
 
 func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 	return sdk.Info{
-		Name:         "configmap",
-		Version:      version.Version,
-		Kinds:        []sdk.KindInfo{{Kind: Kind, Description: "one ConfigMap per resource (example plugin)", SpecType: "google.protobuf.Struct"}},
-		ConfigSchema: configSchema,
+		Name: "configmap", Version: sdk.BuildVersion(), ConfigSchema: configSchema, Permissions: Permissions,
+		Kinds: []sdk.KindInfo{{Kind: Kind, Description: "one ConfigMap per resource (example plugin)", SpecType: "google.protobuf.Struct", SpecSchema: specSchema}},
 	}, nil
 }
 
@@ -88,206 +76,97 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err := sdk.DecodeConfig(req.Config, &cfg); err != nil {
 		return err
 	}
-	rc, err := kube.RESTConfig(req.Kube)
+	// Connect checks Permissions first: a missing one fails here, named.
+	k, err := kube.Connect(ctx, req.Kube, Permissions)
 	if err != nil {
 		return err
 	}
-	client, err := kube.NewClientset(rc)
+	// Only our own ConfigMaps are watched: a small cache, and nothing
+	// Krane does not manage is ever seen.
+	inf := kube.NewInformers()
+	cms, err := kube.Track[*corev1.ConfigMap](inf.Typed(k.Client, kube.ManagedSelector(component)).Core().V1().ConfigMaps().Informer(), kube.IDLabel, c)
 	if err != nil {
 		return err
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
+	if err := inf.Start(ctx, 0); err != nil {
 		return err
 	}
-	// Watch only our own ConfigMaps: the cache stays small and Krane never
-	// sees, let alone touches, anything it does not manage.
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.ManagedSelector(component) }))
-	inf := factory.Core().V1().ConfigMaps()
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.markDirty(obj) },
-		UpdateFunc: func(_, obj any) { c.markDirty(obj) },
-		DeleteFunc: func(obj any) { c.markDirty(obj) },
-	}); err != nil {
-		return err
-	}
-	stop := make(chan struct{})
-	factory.Start(stop)
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			close(stop)
-			return fmt.Errorf("informer cache for %v did not sync: is the API server reachable with this kubeconfig?", typ)
-		}
-	}
-	c.mu.Lock()
-	if c.stop != nil {
-		close(c.stop)
-	}
-	c.cfg, c.client, c.dynamic, c.lister, c.stop = cfg, client, dyn, inf.Lister(), stop
-	c.mu.Unlock()
+	c.cur.Swap(&configured{cfg: cfg, client: k.Dynamic, cms: cms, informers: inf}).informers.Stop()
+	c.ChangedAll()
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "allowed_namespaces", cfg.AllowedNamespaces)
 	return nil
 }
 
-func (c *Controller) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
-	c.mu.RLock()
-	cfg, client, dyn, lister := c.cfg, c.client, c.dynamic, c.lister
-	c.mu.RUnlock()
-	if lister == nil {
-		return 0, fmt.Errorf("apply %s: plugin not configured yet", ch.ID)
+func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+	st := c.cur.Load()
+	if st.cms == nil {
+		return nil, errors.New("plugin not configured yet")
 	}
-	if errs := validation.IsValidLabelValue(ch.ID); len(errs) > 0 {
-		return 0, sdk.InvalidField("id", "%q is not usable as a label value: %s", ch.ID, errs[0])
-	}
-	current := c.byID(lister, ch.ID)
-	if ch.Deleted {
-		return sdk.Deleted, deleteAll(ctx, client, current)
-	}
-	var spec Spec
-	if err := ch.Spec.DecodeJSON(&spec); err != nil {
-		return 0, err
-	}
-	if err := validate(spec, cfg); err != nil {
-		return 0, err
-	}
-	desired, err := kube.ToUnstructured(build(ch, spec))
-	if err != nil {
-		return 0, err
-	}
-	// A resource renamed or moved leaves its old ConfigMap behind: remove it.
-	var stale []*corev1.ConfigMap
-	var live *corev1.ConfigMap
-	for _, cm := range current {
-		if cm.Namespace == spec.Namespace && cm.Name == spec.Name {
-			live = cm
-		} else {
-			stale = append(stale, cm)
-		}
-	}
-	if err := deleteAll(ctx, client, stale); err != nil {
-		return 0, err
-	}
-	if live != nil {
-		if drift, err := kube.DriftObject(desired.Object, live); err == nil && drift == "" {
-			return sdk.Unchanged, nil
-		}
-	}
-	if _, err := kube.Apply(ctx, dyn, corev1.SchemeGroupVersion.WithResource("configmaps"), desired); err != nil {
-		if apierrors.IsNotFound(err) {
-			return 0, fmt.Errorf("namespace %q does not exist: create it, or let another controller manage it: %w", spec.Namespace, err)
-		}
-		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
-			return 0, sdk.Permanent(err)
-		}
-		return 0, err
-	}
-	return sdk.Applied, nil
-}
-
-func (c *Controller) Inventory(_ context.Context, kind string) ([]sdk.InventoryItem, error) {
-	c.mu.RLock()
-	lister := c.lister
-	c.mu.RUnlock()
-	if kind != Kind || lister == nil {
-		return nil, nil
-	}
-	cms, err := lister.List(labels.Everything())
-	if err != nil {
+	if err := kube.ValidateID(req.ID); err != nil {
 		return nil, err
 	}
-	items := make([]sdk.InventoryItem, 0, len(cms))
-	for _, cm := range cms {
-		items = append(items, sdk.InventoryItem{
-			Kind: Kind, ID: cm.Labels[kube.IDLabel],
-			Version:  kube.AppliedVersion(cm.Annotations),
-			SpecHash: cm.Annotations[kube.SpecHashAnnotation],
-		})
+	if req.Deleted {
+		c.Deleted(req.ID, req.Version)
+		return sdk.Done(sdk.Deleted, kube.DeleteAll(ctx, st.client, configMaps, st.cms.Get(req.ID)))
 	}
-	return items, nil
+	var spec Spec
+	if err := req.Spec.DecodeJSON(&spec); err != nil {
+		return nil, err
+	}
+	if err := validate(spec, st.cfg); err != nil {
+		return nil, err
+	}
+	// Unchanged without an API call when the cache matches; a resource
+	// renamed or moved leaves its old ConfigMap behind: ApplyOne removes it.
+	return sdk.Done(kube.ApplyOne(ctx, st.client, configMaps, build(req, spec), st.cms.Get(req.ID)))
 }
 
-// WatchStatus reports, per resource, whether its ConfigMap exists and how
-// many keys it holds. Changes are coalesced: one report per resource per
-// tick, however many events arrived.
-func (c *Controller) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		c.mu.RLock()
-		lister := c.lister
-		c.mu.RUnlock()
-		for _, id := range c.dirty.drain() {
-			status := map[string]any{"present": false}
-			var observed uint64
-			if lister != nil {
-				if cms := c.byID(lister, id); len(cms) > 0 {
-					status = map[string]any{"present": true, "namespace": cms[0].Namespace, "name": cms[0].Name, "keys": len(cms[0].Data)}
-					observed = kube.AppliedVersion(cms[0].Annotations)
-				}
-			}
-			msg, err := sdk.JSONStatus(status)
-			if err != nil {
-				return err
-			}
-			if err := send(sdk.StatusReport{Kind: Kind, ID: id, ObservedVersion: observed, ObservedAt: time.Now(), Status: msg}); err != nil {
-				return err
-			}
-		}
+func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*sdk.InventoryResponse, error) {
+	if req.Kind != Kind {
+		return &sdk.InventoryResponse{}, nil
 	}
+	return c.cur.Load().cms.Inventory(Kind), nil
 }
 
 func (c *Controller) Shutdown(context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stop != nil {
-		close(c.stop)
-		c.stop = nil
-	}
+	c.cur.Load().informers.Stop()
 	return nil
 }
 
-func (c *Controller) markDirty(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
+// observe is one resource's status: whether its ConfigMap exists, and how
+// many keys it holds.
+func (c *Controller) observe(id string) sdk.Observation {
+	cms := c.cur.Load().cms.Get(id)
+	if len(cms) == 0 {
+		st, _ := sdk.JSONStatus(map[string]any{"present": false})
+		return sdk.Observation{Status: st, Gone: true}
 	}
-	if cm, ok := obj.(*corev1.ConfigMap); ok {
-		c.dirty.add(cm.Labels[kube.IDLabel])
-	}
+	st, _ := sdk.JSONStatus(map[string]any{"present": true, "namespace": cms[0].Namespace, "name": cms[0].Name, "keys": len(cms[0].Data)})
+	return sdk.Observation{Status: st, Version: kube.AppliedVersion(cms[0].Annotations)}
 }
 
-func (c *Controller) byID(lister listersv1.ConfigMapLister, id string) []*corev1.ConfigMap {
-	cms, _ := lister.List(labels.SelectorFromSet(labels.Set{kube.IDLabel: id}))
-	return cms
-}
-
-func build(ch sdk.Change, spec Spec) *corev1.ConfigMap {
+func build(req *sdk.ApplyRequest, spec Spec) *corev1.ConfigMap {
 	l := kube.ManagedLabels(component)
-	l[kube.IDLabel] = ch.ID
+	l[kube.IDLabel] = req.ID
 	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: spec.Name, Namespace: spec.Namespace, Labels: l,
-			Annotations: kube.VersionAnnotations(ch.Version, kube.SpecHash(spec)),
+			Annotations: kube.VersionAnnotations(req.Version, kube.SpecHash(spec)),
 		},
 		Data: spec.Data,
 	}
 }
 
 func validate(s Spec, cfg Config) error {
-	if errs := validation.IsDNS1123Label(s.Namespace); len(errs) > 0 {
-		return sdk.InvalidField("namespace", "%q: %s", s.Namespace, errs[0])
+	if err := kube.ValidateNamespace("namespace", s.Namespace); err != nil {
+		return err
 	}
 	if len(cfg.AllowedNamespaces) > 0 && !slices.Contains(cfg.AllowedNamespaces, s.Namespace) {
 		return sdk.InvalidField("namespace", "%q is not in this cluster's allowed_namespaces %v", s.Namespace, cfg.AllowedNamespaces)
 	}
-	if errs := validation.IsDNS1123Subdomain(s.Name); len(errs) > 0 {
-		return sdk.InvalidField("name", "%q: %s", s.Name, errs[0])
+	if err := kube.ValidateName("name", s.Name); err != nil {
+		return err
 	}
 	for k := range s.Data {
 		if errs := validation.IsConfigMapKey(k); len(errs) > 0 {
@@ -295,42 +174,4 @@ func validate(s Spec, cfg Config) error {
 		}
 	}
 	return nil
-}
-
-func deleteAll(ctx context.Context, client kubernetes.Interface, cms []*corev1.ConfigMap) error {
-	for _, cm := range cms {
-		err := client.CoreV1().ConfigMaps(cm.Namespace).Delete(ctx, cm.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cm.UID}})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("delete ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
-		}
-	}
-	return nil
-}
-
-// dirtySet is a set of ids with pending status reports.
-type dirtySet struct {
-	mu  sync.Mutex
-	ids map[string]struct{}
-}
-
-func newDirtySet() *dirtySet { return &dirtySet{ids: map[string]struct{}{}} }
-
-func (d *dirtySet) add(id string) {
-	if id == "" {
-		return
-	}
-	d.mu.Lock()
-	d.ids[id] = struct{}{}
-	d.mu.Unlock()
-}
-
-func (d *dirtySet) drain() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make([]string, 0, len(d.ids))
-	for id := range d.ids {
-		out = append(out, id)
-	}
-	clear(d.ids)
-	return out
 }

@@ -2,18 +2,18 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"krane.dev/internal/testenv"
-	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/sdk"
+	"krane.dev/sdk/envtest"
 	"krane.dev/sdk/plugintest"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { envtest.Main(m) }
 
 func change(t *testing.T, id string, version uint64, spec Spec) sdk.Change {
 	t.Helper()
@@ -25,7 +25,7 @@ func change(t *testing.T, id string, version uint64, spec Spec) sdk.Change {
 }
 
 func TestConformance(t *testing.T) {
-	cluster := kubeenv.Shared(t)
+	cluster := envtest.Shared(t)
 	ctx := context.Background()
 	for _, ns := range []string{"team-a", "team-b"} {
 		if err := cluster.EnsureNamespace(ctx, ns); err != nil {
@@ -61,5 +61,29 @@ func TestConformance(t *testing.T) {
 	}
 	if len(left.Items) != 0 {
 		t.Errorf("%d managed ConfigMaps left after the suite", len(left.Items))
+	}
+}
+
+// TestRBACManifestGrantsPermissions: rbac.yaml grants what Describe
+// declares (and Configure checks).
+func TestRBACManifestGrantsPermissions(t *testing.T) {
+	plugintest.RBACGrants(t, "rbac.yaml", Permissions)
+}
+
+// TestConfigureNamesMissingPermissions: an identity without the plugin's
+// RBAC fails Configure at once, naming what is missing, instead of an
+// informer that never syncs.
+func TestConfigureNamesMissingPermissions(t *testing.T) {
+	cluster := envtest.Shared(t)
+	_, kubeconfig, err := cluster.ServiceAccountConfig(context.Background(), "example-rbac", "no-rights")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := plugintest.New(t, NewController(hclog.NewNullLogger()))
+	err = ctl.Configure(context.Background(), sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(`{}`)})
+	for _, want := range []string{"list configmaps", "watch configmaps", "patch configmaps", "delete configmaps", "system:serviceaccount:example-rbac:no-rights"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Configure without RBAC = %v; want it to name %q", err, want)
+		}
 	}
 }

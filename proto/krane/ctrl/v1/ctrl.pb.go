@@ -4,8 +4,9 @@
 // 	protoc        (unknown)
 // source: krane/ctrl/v1/ctrl.proto
 
-// Package krane.ctrl.v1 is the operators' API of ctrl: deployments, sentinels
-// and fleet-wide sentinel rollouts. Every call carries
+// Package krane.ctrl.v1 is the operators' API of ctrl: deployments, sentinels,
+// fleet-wide sentinel rollouts, and the desired state of every other kind
+// (ResourceService). Every call carries
 // `authorization: Bearer <operator token>`; cluster tokens are refused.
 
 package ctrlv1
@@ -13,6 +14,7 @@ package ctrlv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	v1 "krane.dev/proto/krane/cluster/v1"
 	reflect "reflect"
@@ -2289,11 +2291,1114 @@ func (x *Wave) GetState() string {
 	return ""
 }
 
+type RegisterKindRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// JSON Schema (draft 2020-12) of the kind's spec, e.g. the spec_schema a
+	// plugin prints with `--describe`.
+	SpecSchema    string `protobuf:"bytes,2,opt,name=spec_schema,json=specSchema,proto3" json:"spec_schema,omitempty"`
+	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterKindRequest) Reset() {
+	*x = RegisterKindRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterKindRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterKindRequest) ProtoMessage() {}
+
+func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterKindRequest.ProtoReflect.Descriptor instead.
+func (*RegisterKindRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RegisterKindRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RegisterKindRequest) GetSpecSchema() string {
+	if x != nil {
+		return x.SpecSchema
+	}
+	return ""
+}
+
+func (x *RegisterKindRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type GetKindRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKindRequest) Reset() {
+	*x = GetKindRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKindRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKindRequest) ProtoMessage() {}
+
+func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKindRequest.ProtoReflect.Descriptor instead.
+func (*GetKindRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetKindRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+type KindInfo struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Kind        string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	SpecSchema  string                 `protobuf:"bytes,2,opt,name=spec_schema,json=specSchema,proto3" json:"spec_schema,omitempty"`
+	Description string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// Built-in kinds are served without a registration.
+	BuiltIn       bool                   `protobuf:"varint,4,opt,name=built_in,json=builtIn,proto3" json:"built_in,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KindInfo) Reset() {
+	*x = KindInfo{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KindInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KindInfo) ProtoMessage() {}
+
+func (x *KindInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KindInfo.ProtoReflect.Descriptor instead.
+func (*KindInfo) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *KindInfo) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *KindInfo) GetSpecSchema() string {
+	if x != nil {
+		return x.SpecSchema
+	}
+	return ""
+}
+
+func (x *KindInfo) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *KindInfo) GetBuiltIn() bool {
+	if x != nil {
+		return x.BuiltIn
+	}
+	return false
+}
+
+func (x *KindInfo) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *KindInfo) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+type ListKindsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKindsRequest) Reset() {
+	*x = ListKindsRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKindsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKindsRequest) ProtoMessage() {}
+
+func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKindsRequest.ProtoReflect.Descriptor instead.
+func (*ListKindsRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
+}
+
+type ListKindsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kinds         []*KindInfo            `protobuf:"bytes,1,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKindsResponse) Reset() {
+	*x = ListKindsResponse{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKindsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKindsResponse) ProtoMessage() {}
+
+func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKindsResponse.ProtoReflect.Descriptor instead.
+func (*ListKindsResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListKindsResponse) GetKinds() []*KindInfo {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+// Resource is one object: its spec, desired in each of its regions.
+type Resource struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Regions       []string               `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	Spec          *structpb.Struct       `protobuf:"bytes,4,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Resource) Reset() {
+	*x = Resource{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Resource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Resource) ProtoMessage() {}
+
+func (x *Resource) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Resource.ProtoReflect.Descriptor instead.
+func (*Resource) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Resource) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Resource) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Resource) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *Resource) GetSpec() *structpb.Struct {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+type PutResourcesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Resources []*Resource            `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
+	// Validate and say what would change, without writing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutResourcesRequest) Reset() {
+	*x = PutResourcesRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutResourcesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutResourcesRequest) ProtoMessage() {}
+
+func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutResourcesRequest.ProtoReflect.Descriptor instead.
+func (*PutResourcesRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *PutResourcesRequest) GetResources() []*Resource {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *PutResourcesRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type PutResourcesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*PutResult           `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutResourcesResponse) Reset() {
+	*x = PutResourcesResponse{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutResourcesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutResourcesResponse) ProtoMessage() {}
+
+func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutResourcesResponse.ProtoReflect.Descriptor instead.
+func (*PutResourcesResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *PutResourcesResponse) GetResults() []*PutResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type PutResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id    string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// created | updated | unchanged
+	Outcome       string          `protobuf:"bytes,3,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Regions       []*RegionChange `protobuf:"bytes,4,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutResult) Reset() {
+	*x = PutResult{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutResult) ProtoMessage() {}
+
+func (x *PutResult) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutResult.ProtoReflect.Descriptor instead.
+func (*PutResult) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *PutResult) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PutResult) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PutResult) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *PutResult) GetRegions() []*RegionChange {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type RegionChange struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// create | update | undelete | delete | unchanged
+	Change string `protobuf:"bytes,2,opt,name=change,proto3" json:"change,omitempty"`
+	// The version the change was given (0 when unchanged or a dry run).
+	Version       uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionChange) Reset() {
+	*x = RegionChange{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionChange) ProtoMessage() {}
+
+func (x *RegionChange) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionChange.ProtoReflect.Descriptor instead.
+func (*RegionChange) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RegionChange) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionChange) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *RegionChange) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type DeleteResourceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id    string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Empty: every region.
+	Regions       []string `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteResourceRequest) Reset() {
+	*x = DeleteResourceRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteResourceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteResourceRequest) ProtoMessage() {}
+
+func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteResourceRequest.ProtoReflect.Descriptor instead.
+func (*DeleteResourceRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DeleteResourceRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *DeleteResourceRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeleteResourceRequest) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type DeleteResourceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Regions       []*RegionChange        `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteResourceResponse) Reset() {
+	*x = DeleteResourceResponse{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteResourceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteResourceResponse) ProtoMessage() {}
+
+func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteResourceResponse.ProtoReflect.Descriptor instead.
+func (*DeleteResourceResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *DeleteResourceResponse) GetRegions() []*RegionChange {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type GetResourceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetResourceRequest) Reset() {
+	*x = GetResourceRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResourceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResourceRequest) ProtoMessage() {}
+
+func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResourceRequest.ProtoReflect.Descriptor instead.
+func (*GetResourceRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *GetResourceRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GetResourceRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResourceInfo struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resource *Resource              `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// Deleted in every region.
+	Deleted       bool              `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Regions       []*ResourceRegion `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResourceInfo) Reset() {
+	*x = ResourceInfo{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceInfo) ProtoMessage() {}
+
+func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceInfo.ProtoReflect.Descriptor instead.
+func (*ResourceInfo) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ResourceInfo) GetResource() *Resource {
+	if x != nil {
+		return x.Resource
+	}
+	return nil
+}
+
+func (x *ResourceInfo) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *ResourceInfo) GetRegions() []*ResourceRegion {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type ResourceRegion struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// The desired version.
+	Version uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Deleted bool   `protobuf:"varint,3,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// The desired version the clusters' latest status report was observed
+	// at; applied when it is at least version.
+	ObservedVersion uint64                 `protobuf:"varint,4,opt,name=observed_version,json=observedVersion,proto3" json:"observed_version,omitempty"`
+	Applied         bool                   `protobuf:"varint,5,opt,name=applied,proto3" json:"applied,omitempty"`
+	Status          *structpb.Struct       `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
+	ObservedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	Errors          []*ApplyError          `protobuf:"bytes,8,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ResourceRegion) Reset() {
+	*x = ResourceRegion{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceRegion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceRegion) ProtoMessage() {}
+
+func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceRegion.ProtoReflect.Descriptor instead.
+func (*ResourceRegion) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ResourceRegion) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ResourceRegion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ResourceRegion) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *ResourceRegion) GetObservedVersion() uint64 {
+	if x != nil {
+		return x.ObservedVersion
+	}
+	return 0
+}
+
+func (x *ResourceRegion) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
+func (x *ResourceRegion) GetStatus() *structpb.Struct {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *ResourceRegion) GetObservedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ObservedAt
+	}
+	return nil
+}
+
+func (x *ResourceRegion) GetErrors() []*ApplyError {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+type ApplyError struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	Version   uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Message   string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Field     string                 `protobuf:"bytes,4,opt,name=field,proto3" json:"field,omitempty"`
+	// Parked: retried only slowly, or when a newer version arrives.
+	Permanent     bool                   `protobuf:"varint,5,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyError) Reset() {
+	*x = ApplyError{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyError) ProtoMessage() {}
+
+func (x *ApplyError) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
+func (*ApplyError) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ApplyError) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *ApplyError) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ApplyError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ApplyError) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *ApplyError) GetPermanent() bool {
+	if x != nil {
+		return x.Permanent
+	}
+	return false
+}
+
+func (x *ApplyError) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+type ListResourcesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Only objects with a row in this region (and only that row).
+	Region         string `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	IncludeDeleted bool   `protobuf:"varint,3,opt,name=include_deleted,json=includeDeleted,proto3" json:"include_deleted,omitempty"`
+	PageSize       int32  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken      string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ListResourcesRequest) Reset() {
+	*x = ListResourcesRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResourcesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResourcesRequest) ProtoMessage() {}
+
+func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResourcesRequest.ProtoReflect.Descriptor instead.
+func (*ListResourcesRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ListResourcesRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ListResourcesRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ListResourcesRequest) GetIncludeDeleted() bool {
+	if x != nil {
+		return x.IncludeDeleted
+	}
+	return false
+}
+
+func (x *ListResourcesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListResourcesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListResourcesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resources     []*ResourceInfo        `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResourcesResponse) Reset() {
+	*x = ListResourcesResponse{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResourcesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResourcesResponse) ProtoMessage() {}
+
+func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResourcesResponse.ProtoReflect.Descriptor instead.
+func (*ListResourcesResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ListResourcesResponse) GetResources() []*ResourceInfo {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *ListResourcesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_krane_ctrl_v1_ctrl_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\n" +
-	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xb5\x06\n" +
+	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xb5\x06\n" +
 	"\x17CreateDeploymentRequest\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1d\n" +
 	"\n" +
@@ -2498,7 +3603,89 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x04size\x18\x03 \x01(\x05R\x04size\x12\x1c\n" +
 	"\tsucceeded\x18\x04 \x01(\x05R\tsucceeded\x12\x16\n" +
 	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12\x14\n" +
-	"\x05state\x18\x06 \x01(\tR\x05state*\xee\x01\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\"l\n" +
+	"\x13RegisterKindRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
+	"\vspec_schema\x18\x02 \x01(\tR\n" +
+	"specSchema\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"$\n" +
+	"\x0eGetKindRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\"\xf2\x01\n" +
+	"\bKindInfo\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
+	"\vspec_schema\x18\x02 \x01(\tR\n" +
+	"specSchema\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x19\n" +
+	"\bbuilt_in\x18\x04 \x01(\bR\abuiltIn\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\x12\n" +
+	"\x10ListKindsRequest\"B\n" +
+	"\x11ListKindsResponse\x12-\n" +
+	"\x05kinds\x18\x01 \x03(\v2\x17.krane.ctrl.v1.KindInfoR\x05kinds\"u\n" +
+	"\bResource\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
+	"\aregions\x18\x03 \x03(\tR\aregions\x12+\n" +
+	"\x04spec\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x04spec\"e\n" +
+	"\x13PutResourcesRequest\x125\n" +
+	"\tresources\x18\x01 \x03(\v2\x17.krane.ctrl.v1.ResourceR\tresources\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"J\n" +
+	"\x14PutResourcesResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.krane.ctrl.v1.PutResultR\aresults\"\x80\x01\n" +
+	"\tPutResult\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
+	"\aoutcome\x18\x03 \x01(\tR\aoutcome\x125\n" +
+	"\aregions\x18\x04 \x03(\v2\x1b.krane.ctrl.v1.RegionChangeR\aregions\"X\n" +
+	"\fRegionChange\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
+	"\x06change\x18\x02 \x01(\tR\x06change\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"U\n" +
+	"\x15DeleteResourceRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
+	"\aregions\x18\x03 \x03(\tR\aregions\"O\n" +
+	"\x16DeleteResourceResponse\x125\n" +
+	"\aregions\x18\x01 \x03(\v2\x1b.krane.ctrl.v1.RegionChangeR\aregions\"8\n" +
+	"\x12GetResourceRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\x96\x01\n" +
+	"\fResourceInfo\x123\n" +
+	"\bresource\x18\x01 \x01(\v2\x17.krane.ctrl.v1.ResourceR\bresource\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\x127\n" +
+	"\aregions\x18\x03 \x03(\v2\x1d.krane.ctrl.v1.ResourceRegionR\aregions\"\xc2\x02\n" +
+	"\x0eResourceRegion\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x18\n" +
+	"\adeleted\x18\x03 \x01(\bR\adeleted\x12)\n" +
+	"\x10observed_version\x18\x04 \x01(\x04R\x0fobservedVersion\x12\x18\n" +
+	"\aapplied\x18\x05 \x01(\bR\aapplied\x12/\n" +
+	"\x06status\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06status\x12;\n" +
+	"\vobserved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"observedAt\x121\n" +
+	"\x06errors\x18\b \x03(\v2\x19.krane.ctrl.v1.ApplyErrorR\x06errors\"\xce\x01\n" +
+	"\n" +
+	"ApplyError\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
+	"\x05field\x18\x04 \x01(\tR\x05field\x12\x1c\n" +
+	"\tpermanent\x18\x05 \x01(\bR\tpermanent\x129\n" +
+	"\n" +
+	"updated_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xa7\x01\n" +
+	"\x14ListResourcesRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12'\n" +
+	"\x0finclude_deleted\x18\x03 \x01(\bR\x0eincludeDeleted\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"z\n" +
+	"\x15ListResourcesResponse\x129\n" +
+	"\tresources\x18\x01 \x03(\v2\x1b.krane.ctrl.v1.ResourceInfoR\tresources\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\xee\x01\n" +
 	"\x10DeploymentStatus\x12!\n" +
 	"\x1dDEPLOYMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19DEPLOYMENT_STATUS_PENDING\x10\x01\x12\x1f\n" +
@@ -2524,7 +3711,15 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x10GetRolloutStatus\x12&.krane.ctrl.v1.GetRolloutStatusRequest\x1a\x1c.krane.ctrl.v1.RolloutStatus\x12R\n" +
 	"\rResumeRollout\x12#.krane.ctrl.v1.ResumeRolloutRequest\x1a\x1c.krane.ctrl.v1.RolloutStatus\x12R\n" +
 	"\rCancelRollout\x12#.krane.ctrl.v1.CancelRolloutRequest\x1a\x1c.krane.ctrl.v1.RolloutStatus\x12T\n" +
-	"\vRollbackAll\x12!.krane.ctrl.v1.RollbackAllRequest\x1a\".krane.ctrl.v1.RollbackAllResponseB&Z$krane.dev/proto/krane/ctrl/v1;ctrlv1b\x06proto3"
+	"\vRollbackAll\x12!.krane.ctrl.v1.RollbackAllRequest\x1a\".krane.ctrl.v1.RollbackAllResponse2\xd4\x04\n" +
+	"\x0fResourceService\x12K\n" +
+	"\fRegisterKind\x12\".krane.ctrl.v1.RegisterKindRequest\x1a\x17.krane.ctrl.v1.KindInfo\x12A\n" +
+	"\aGetKind\x12\x1d.krane.ctrl.v1.GetKindRequest\x1a\x17.krane.ctrl.v1.KindInfo\x12N\n" +
+	"\tListKinds\x12\x1f.krane.ctrl.v1.ListKindsRequest\x1a .krane.ctrl.v1.ListKindsResponse\x12W\n" +
+	"\fPutResources\x12\".krane.ctrl.v1.PutResourcesRequest\x1a#.krane.ctrl.v1.PutResourcesResponse\x12]\n" +
+	"\x0eDeleteResource\x12$.krane.ctrl.v1.DeleteResourceRequest\x1a%.krane.ctrl.v1.DeleteResourceResponse\x12M\n" +
+	"\vGetResource\x12!.krane.ctrl.v1.GetResourceRequest\x1a\x1b.krane.ctrl.v1.ResourceInfo\x12Z\n" +
+	"\rListResources\x12#.krane.ctrl.v1.ListResourcesRequest\x1a$.krane.ctrl.v1.ListResourcesResponseB&Z$krane.dev/proto/krane/ctrl/v1;ctrlv1b\x06proto3"
 
 var (
 	file_krane_ctrl_v1_ctrl_proto_rawDescOnce sync.Once
@@ -2539,7 +3734,7 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
 	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
@@ -2571,68 +3766,116 @@ var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(*RollbackAllResponse)(nil),      // 27: krane.ctrl.v1.RollbackAllResponse
 	(*RolloutStatus)(nil),            // 28: krane.ctrl.v1.RolloutStatus
 	(*Wave)(nil),                     // 29: krane.ctrl.v1.Wave
-	nil,                              // 30: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 31: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 32: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	(*v1.Healthcheck)(nil),           // 33: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 34: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 35: krane.cluster.v1.Health
+	(*RegisterKindRequest)(nil),      // 30: krane.ctrl.v1.RegisterKindRequest
+	(*GetKindRequest)(nil),           // 31: krane.ctrl.v1.GetKindRequest
+	(*KindInfo)(nil),                 // 32: krane.ctrl.v1.KindInfo
+	(*ListKindsRequest)(nil),         // 33: krane.ctrl.v1.ListKindsRequest
+	(*ListKindsResponse)(nil),        // 34: krane.ctrl.v1.ListKindsResponse
+	(*Resource)(nil),                 // 35: krane.ctrl.v1.Resource
+	(*PutResourcesRequest)(nil),      // 36: krane.ctrl.v1.PutResourcesRequest
+	(*PutResourcesResponse)(nil),     // 37: krane.ctrl.v1.PutResourcesResponse
+	(*PutResult)(nil),                // 38: krane.ctrl.v1.PutResult
+	(*RegionChange)(nil),             // 39: krane.ctrl.v1.RegionChange
+	(*DeleteResourceRequest)(nil),    // 40: krane.ctrl.v1.DeleteResourceRequest
+	(*DeleteResourceResponse)(nil),   // 41: krane.ctrl.v1.DeleteResourceResponse
+	(*GetResourceRequest)(nil),       // 42: krane.ctrl.v1.GetResourceRequest
+	(*ResourceInfo)(nil),             // 43: krane.ctrl.v1.ResourceInfo
+	(*ResourceRegion)(nil),           // 44: krane.ctrl.v1.ResourceRegion
+	(*ApplyError)(nil),               // 45: krane.ctrl.v1.ApplyError
+	(*ListResourcesRequest)(nil),     // 46: krane.ctrl.v1.ListResourcesRequest
+	(*ListResourcesResponse)(nil),    // 47: krane.ctrl.v1.ListResourcesResponse
+	nil,                              // 48: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                              // 49: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                              // 50: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	(*v1.Healthcheck)(nil),           // 51: krane.cluster.v1.Healthcheck
+	(*timestamppb.Timestamp)(nil),    // 52: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 53: krane.cluster.v1.Health
+	(*structpb.Struct)(nil),          // 54: google.protobuf.Struct
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	30, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	31, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	33, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	48, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	49, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	51, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	32, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	33, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	50, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	51, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	5,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	34, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	34, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	52, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	52, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
 	6,  // 9: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
 	4,  // 10: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
 	19, // 11: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	35, // 12: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	34, // 13: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	53, // 12: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	52, // 13: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
 	19, // 14: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
 	28, // 15: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
 	29, // 16: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	34, // 17: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	34, // 18: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	1,  // 19: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 20: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	7,  // 21: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	9,  // 22: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	10, // 23: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	12, // 24: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	14, // 25: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	16, // 26: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	18, // 27: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	20, // 28: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	22, // 29: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	23, // 30: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	24, // 31: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	25, // 32: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	26, // 33: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	2,  // 34: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 35: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	8,  // 36: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 37: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	11, // 38: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	13, // 39: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	15, // 40: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	17, // 41: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	19, // 42: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	21, // 43: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	28, // 44: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 45: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 46: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 47: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	27, // 48: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	34, // [34:49] is the sub-list for method output_type
-	19, // [19:34] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	52, // 17: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	52, // 18: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	52, // 19: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
+	52, // 20: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 21: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
+	54, // 22: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
+	35, // 23: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
+	38, // 24: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
+	39, // 25: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
+	39, // 26: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
+	35, // 27: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
+	44, // 28: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
+	54, // 29: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
+	52, // 30: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
+	45, // 31: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
+	52, // 32: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
+	43, // 33: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
+	1,  // 34: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	3,  // 35: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	7,  // 36: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	9,  // 37: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	10, // 38: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	12, // 39: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	14, // 40: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	16, // 41: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	18, // 42: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	20, // 43: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	22, // 44: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	23, // 45: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	24, // 46: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	25, // 47: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	26, // 48: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	30, // 49: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
+	31, // 50: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
+	33, // 51: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
+	36, // 52: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
+	40, // 53: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
+	42, // 54: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
+	46, // 55: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
+	2,  // 56: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 57: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	8,  // 58: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 59: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	11, // 60: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	13, // 61: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	15, // 62: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	17, // 63: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	19, // 64: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	21, // 65: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	28, // 66: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 67: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 68: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 69: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	27, // 70: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	32, // 71: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
+	32, // 72: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
+	34, // 73: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
+	37, // 74: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
+	41, // 75: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
+	43, // 76: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
+	47, // 77: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
+	56, // [56:78] is the sub-list for method output_type
+	34, // [34:56] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_krane_ctrl_v1_ctrl_proto_init() }
@@ -2646,9 +3889,9 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   50,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_krane_ctrl_v1_ctrl_proto_goTypes,
 		DependencyIndexes: file_krane_ctrl_v1_ctrl_proto_depIdxs,

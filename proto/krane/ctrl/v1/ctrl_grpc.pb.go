@@ -4,8 +4,9 @@
 // - protoc             (unknown)
 // source: krane/ctrl/v1/ctrl.proto
 
-// Package krane.ctrl.v1 is the operators' API of ctrl: deployments, sentinels
-// and fleet-wide sentinel rollouts. Every call carries
+// Package krane.ctrl.v1 is the operators' API of ctrl: deployments, sentinels,
+// fleet-wide sentinel rollouts, and the desired state of every other kind
+// (ResourceService). Every call carries
 // `authorization: Bearer <operator token>`; cluster tokens are refused.
 
 package ctrlv1
@@ -800,6 +801,378 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RollbackAll",
 			Handler:    _RolloutService_RollbackAll_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "krane/ctrl/v1/ctrl.proto",
+}
+
+const (
+	ResourceService_RegisterKind_FullMethodName   = "/krane.ctrl.v1.ResourceService/RegisterKind"
+	ResourceService_GetKind_FullMethodName        = "/krane.ctrl.v1.ResourceService/GetKind"
+	ResourceService_ListKinds_FullMethodName      = "/krane.ctrl.v1.ResourceService/ListKinds"
+	ResourceService_PutResources_FullMethodName   = "/krane.ctrl.v1.ResourceService/PutResources"
+	ResourceService_DeleteResource_FullMethodName = "/krane.ctrl.v1.ResourceService/DeleteResource"
+	ResourceService_GetResource_FullMethodName    = "/krane.ctrl.v1.ResourceService/GetResource"
+	ResourceService_ListResources_FullMethodName  = "/krane.ctrl.v1.ResourceService/ListResources"
+)
+
+// ResourceServiceClient is the client API for ResourceService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// ResourceService is the desired state of the kinds plugin authors add
+// (registered with a JSON Schema of their spec) and of
+// ciliumnetworkpolicy: put, delete, get and list objects, each a spec
+// desired in a set of regions. Every write is one versioned transaction,
+// stamped like every other desired-state change, so each region's
+// clusters receive it through their watch. Deployments and sentinels have
+// their own services.
+type ResourceServiceClient interface {
+	// RegisterKind registers a kind (or replaces its schema): puts of its
+	// objects are refused unless their spec passes the schema.
+	RegisterKind(ctx context.Context, in *RegisterKindRequest, opts ...grpc.CallOption) (*KindInfo, error)
+	GetKind(ctx context.Context, in *GetKindRequest, opts ...grpc.CallOption) (*KindInfo, error)
+	// ListKinds lists the registered kinds and the built-in ones the
+	// resource API serves.
+	ListKinds(ctx context.Context, in *ListKindsRequest, opts ...grpc.CallOption) (*ListKindsResponse, error)
+	// PutResources creates or replaces objects, all in one transaction: a
+	// spec failing its kind's schema refuses the whole batch
+	// (INVALID_ARGUMENT, naming the object and the JSON pointer of the
+	// field). An object put again unchanged gets no new version.
+	PutResources(ctx context.Context, in *PutResourcesRequest, opts ...grpc.CallOption) (*PutResourcesResponse, error)
+	// DeleteResource soft-deletes an object in some or all of its regions
+	// (a new version that says deleted; the clusters remove it).
+	DeleteResource(ctx context.Context, in *DeleteResourceRequest, opts ...grpc.CallOption) (*DeleteResourceResponse, error)
+	// GetResource returns an object with, per region, the version desired,
+	// the version the clusters report applied, their latest status and
+	// their apply errors.
+	GetResource(ctx context.Context, in *GetResourceRequest, opts ...grpc.CallOption) (*ResourceInfo, error)
+	ListResources(ctx context.Context, in *ListResourcesRequest, opts ...grpc.CallOption) (*ListResourcesResponse, error)
+}
+
+type resourceServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewResourceServiceClient(cc grpc.ClientConnInterface) ResourceServiceClient {
+	return &resourceServiceClient{cc}
+}
+
+func (c *resourceServiceClient) RegisterKind(ctx context.Context, in *RegisterKindRequest, opts ...grpc.CallOption) (*KindInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KindInfo)
+	err := c.cc.Invoke(ctx, ResourceService_RegisterKind_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceServiceClient) GetKind(ctx context.Context, in *GetKindRequest, opts ...grpc.CallOption) (*KindInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KindInfo)
+	err := c.cc.Invoke(ctx, ResourceService_GetKind_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceServiceClient) ListKinds(ctx context.Context, in *ListKindsRequest, opts ...grpc.CallOption) (*ListKindsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListKindsResponse)
+	err := c.cc.Invoke(ctx, ResourceService_ListKinds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceServiceClient) PutResources(ctx context.Context, in *PutResourcesRequest, opts ...grpc.CallOption) (*PutResourcesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutResourcesResponse)
+	err := c.cc.Invoke(ctx, ResourceService_PutResources_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceServiceClient) DeleteResource(ctx context.Context, in *DeleteResourceRequest, opts ...grpc.CallOption) (*DeleteResourceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteResourceResponse)
+	err := c.cc.Invoke(ctx, ResourceService_DeleteResource_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceServiceClient) GetResource(ctx context.Context, in *GetResourceRequest, opts ...grpc.CallOption) (*ResourceInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResourceInfo)
+	err := c.cc.Invoke(ctx, ResourceService_GetResource_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceServiceClient) ListResources(ctx context.Context, in *ListResourcesRequest, opts ...grpc.CallOption) (*ListResourcesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListResourcesResponse)
+	err := c.cc.Invoke(ctx, ResourceService_ListResources_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ResourceServiceServer is the server API for ResourceService service.
+// All implementations must embed UnimplementedResourceServiceServer
+// for forward compatibility.
+//
+// ResourceService is the desired state of the kinds plugin authors add
+// (registered with a JSON Schema of their spec) and of
+// ciliumnetworkpolicy: put, delete, get and list objects, each a spec
+// desired in a set of regions. Every write is one versioned transaction,
+// stamped like every other desired-state change, so each region's
+// clusters receive it through their watch. Deployments and sentinels have
+// their own services.
+type ResourceServiceServer interface {
+	// RegisterKind registers a kind (or replaces its schema): puts of its
+	// objects are refused unless their spec passes the schema.
+	RegisterKind(context.Context, *RegisterKindRequest) (*KindInfo, error)
+	GetKind(context.Context, *GetKindRequest) (*KindInfo, error)
+	// ListKinds lists the registered kinds and the built-in ones the
+	// resource API serves.
+	ListKinds(context.Context, *ListKindsRequest) (*ListKindsResponse, error)
+	// PutResources creates or replaces objects, all in one transaction: a
+	// spec failing its kind's schema refuses the whole batch
+	// (INVALID_ARGUMENT, naming the object and the JSON pointer of the
+	// field). An object put again unchanged gets no new version.
+	PutResources(context.Context, *PutResourcesRequest) (*PutResourcesResponse, error)
+	// DeleteResource soft-deletes an object in some or all of its regions
+	// (a new version that says deleted; the clusters remove it).
+	DeleteResource(context.Context, *DeleteResourceRequest) (*DeleteResourceResponse, error)
+	// GetResource returns an object with, per region, the version desired,
+	// the version the clusters report applied, their latest status and
+	// their apply errors.
+	GetResource(context.Context, *GetResourceRequest) (*ResourceInfo, error)
+	ListResources(context.Context, *ListResourcesRequest) (*ListResourcesResponse, error)
+	mustEmbedUnimplementedResourceServiceServer()
+}
+
+// UnimplementedResourceServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedResourceServiceServer struct{}
+
+func (UnimplementedResourceServiceServer) RegisterKind(context.Context, *RegisterKindRequest) (*KindInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterKind not implemented")
+}
+func (UnimplementedResourceServiceServer) GetKind(context.Context, *GetKindRequest) (*KindInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetKind not implemented")
+}
+func (UnimplementedResourceServiceServer) ListKinds(context.Context, *ListKindsRequest) (*ListKindsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListKinds not implemented")
+}
+func (UnimplementedResourceServiceServer) PutResources(context.Context, *PutResourcesRequest) (*PutResourcesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutResources not implemented")
+}
+func (UnimplementedResourceServiceServer) DeleteResource(context.Context, *DeleteResourceRequest) (*DeleteResourceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteResource not implemented")
+}
+func (UnimplementedResourceServiceServer) GetResource(context.Context, *GetResourceRequest) (*ResourceInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetResource not implemented")
+}
+func (UnimplementedResourceServiceServer) ListResources(context.Context, *ListResourcesRequest) (*ListResourcesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListResources not implemented")
+}
+func (UnimplementedResourceServiceServer) mustEmbedUnimplementedResourceServiceServer() {}
+func (UnimplementedResourceServiceServer) testEmbeddedByValue()                         {}
+
+// UnsafeResourceServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ResourceServiceServer will
+// result in compilation errors.
+type UnsafeResourceServiceServer interface {
+	mustEmbedUnimplementedResourceServiceServer()
+}
+
+func RegisterResourceServiceServer(s grpc.ServiceRegistrar, srv ResourceServiceServer) {
+	// If the following call panics, it indicates UnimplementedResourceServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&ResourceService_ServiceDesc, srv)
+}
+
+func _ResourceService_RegisterKind_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterKindRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).RegisterKind(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_RegisterKind_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).RegisterKind(ctx, req.(*RegisterKindRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceService_GetKind_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetKindRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).GetKind(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_GetKind_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).GetKind(ctx, req.(*GetKindRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceService_ListKinds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListKindsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).ListKinds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_ListKinds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).ListKinds(ctx, req.(*ListKindsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceService_PutResources_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutResourcesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).PutResources(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_PutResources_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).PutResources(ctx, req.(*PutResourcesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceService_DeleteResource_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteResourceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).DeleteResource(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_DeleteResource_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).DeleteResource(ctx, req.(*DeleteResourceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceService_GetResource_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetResourceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).GetResource(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_GetResource_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).GetResource(ctx, req.(*GetResourceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceService_ListResources_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListResourcesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceServiceServer).ListResources(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceService_ListResources_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceServiceServer).ListResources(ctx, req.(*ListResourcesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// ResourceService_ServiceDesc is the grpc.ServiceDesc for ResourceService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var ResourceService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "krane.ctrl.v1.ResourceService",
+	HandlerType: (*ResourceServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "RegisterKind",
+			Handler:    _ResourceService_RegisterKind_Handler,
+		},
+		{
+			MethodName: "GetKind",
+			Handler:    _ResourceService_GetKind_Handler,
+		},
+		{
+			MethodName: "ListKinds",
+			Handler:    _ResourceService_ListKinds_Handler,
+		},
+		{
+			MethodName: "PutResources",
+			Handler:    _ResourceService_PutResources_Handler,
+		},
+		{
+			MethodName: "DeleteResource",
+			Handler:    _ResourceService_DeleteResource_Handler,
+		},
+		{
+			MethodName: "GetResource",
+			Handler:    _ResourceService_GetResource_Handler,
+		},
+		{
+			MethodName: "ListResources",
+			Handler:    _ResourceService_ListResources_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

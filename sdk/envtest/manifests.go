@@ -1,15 +1,12 @@
-package kubeenv
+package envtest
 
 import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -27,65 +24,51 @@ import (
 	"k8s.io/client-go/restmapper"
 )
 
-// CiliumVersion is the cilium release whose CiliumNetworkPolicy CRD the
-// test clusters run; the cilium plugin's tests check that go.mod requires
-// the same version, so the CRD and the plugin's types never drift apart.
-const CiliumVersion = "v1.18.6"
-
-// CiliumCRDPath fetches the cilium module (module proxy, cached) and returns
-// the path of its CiliumNetworkPolicy CRD manifest.
-func CiliumCRDPath() (string, error) {
-	cmd := exec.Command("go", "mod", "download", "-json", "github.com/cilium/cilium@"+CiliumVersion)
-	cmd.Dir = os.TempDir() // outside any module: no go.mod is read or changed
-	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			err = fmt.Errorf("%v: %s", err, ee.Stderr)
-		}
-		return "", fmt.Errorf("testenv: fetch github.com/cilium/cilium@%s through the Go module proxy: %w", CiliumVersion, err)
-	}
-	var mod struct{ Dir string }
-	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
-		return "", fmt.Errorf("testenv: go mod download returned no directory for cilium: %s", out)
-	}
-	p := filepath.Join(mod.Dir, "pkg", "k8s", "apis", "cilium.io", "client", "crds", "v2", "ciliumnetworkpolicies.yaml")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("testenv: CiliumNetworkPolicy CRD not found in the cilium module: %w", err)
-	}
-	return p, nil
-}
-
-// InstallCiliumCRD installs the CiliumNetworkPolicy CRD and waits until it
-// is served.
-func (c *Cluster) InstallCiliumCRD(ctx context.Context) error {
-	p, err := CiliumCRDPath()
-	if err != nil {
-		return err
-	}
-	data, err := os.ReadFile(p)
-	if err != nil {
-		return err
-	}
-	if err := c.ApplyYAML(ctx, data); err != nil {
-		return fmt.Errorf("install CiliumNetworkPolicy CRD: %w", err)
+// InstallCRDs applies a manifest of CustomResourceDefinitions and waits
+// until every one of them is established and served.
+func (c *Cluster) InstallCRDs(ctx context.Context, manifest []byte) error {
+	if err := c.ApplyYAML(ctx, manifest); err != nil {
+		return fmt.Errorf("install CRDs: %w", err)
 	}
 	crds := c.Dynamic.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
 	for {
-		crd, err := crds.Get(ctx, "ciliumnetworkpolicies.cilium.io", metav1.GetOptions{})
-		if err == nil && crdEstablished(crd) {
-			// Established can precede discovery by a moment.
-			if _, err := c.Client.Discovery().ServerResourcesForGroupVersion("cilium.io/v2"); err == nil {
-				return nil
+		var obj unstructured.Unstructured
+		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("decode CRD manifest: %w", err)
+		}
+		if obj.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		group, _, _ := unstructured.NestedString(obj.Object, "spec", "group")
+		versions, _, _ := unstructured.NestedSlice(obj.Object, "spec", "versions")
+		for {
+			crd, err := crds.Get(ctx, obj.GetName(), metav1.GetOptions{})
+			if err == nil && crdEstablished(crd) && served(c, group, versions) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("CRD %s not established: %w", obj.GetName(), ctx.Err())
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("CiliumNetworkPolicy CRD not established: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// served reports whether discovery lists every version of a CRD's group
+// (Established can precede discovery by a moment).
+func served(c *Cluster, group string, versions []any) bool {
+	for _, v := range versions {
+		m, _ := v.(map[string]any)
+		name, _ := m["name"].(string)
+		if _, err := c.Client.Discovery().ServerResourcesForGroupVersion(group + "/" + name); err != nil {
+			return false
 		}
 	}
+	return true
 }
 
 func crdEstablished(crd *unstructured.Unstructured) bool {

@@ -234,7 +234,11 @@ type DescribeResponse struct {
 	ProtocolVersions []uint32               `protobuf:"varint,3,rep,packed,name=protocol_versions,json=protocolVersions,proto3" json:"protocol_versions,omitempty"`
 	Kinds            []*KindInfo            `protobuf:"bytes,4,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	// JSON Schema (draft 2020-12) of the plugin's `config {}` block.
-	ConfigSchema  string `protobuf:"bytes,5,opt,name=config_schema,json=configSchema,proto3" json:"config_schema,omitempty"`
+	ConfigSchema string `protobuf:"bytes,5,opt,name=config_schema,json=configSchema,proto3" json:"config_schema,omitempty"`
+	// What the plugin's identity must be allowed to do in the cluster. A
+	// host checks them before it starts the plugin (`krane validate
+	// --cluster`); the SDK checks them again at Configure.
+	Permissions   []*Permission `protobuf:"bytes,6,rep,name=permissions,proto3" json:"permissions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,20 +308,111 @@ func (x *DescribeResponse) GetConfigSchema() string {
 	return ""
 }
 
+func (x *DescribeResponse) GetPermissions() []*Permission {
+	if x != nil {
+		return x.Permissions
+	}
+	return nil
+}
+
+type Permission struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// API group; empty for the core group.
+	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// Plural resource name, e.g. "configmaps".
+	Resource string `protobuf:"bytes,2,opt,name=resource,proto3" json:"resource,omitempty"`
+	// RBAC verbs: get, list, watch, create, update, patch, delete.
+	Verbs []string `protobuf:"bytes,3,rep,name=verbs,proto3" json:"verbs,omitempty"`
+	// Empty: every namespace (or a cluster-scoped resource).
+	Namespace string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// One object by name (an RBAC rule with resourceNames); empty: any.
+	Name          string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Permission) Reset() {
+	*x = Permission{}
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Permission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Permission) ProtoMessage() {}
+
+func (x *Permission) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Permission.ProtoReflect.Descriptor instead.
+func (*Permission) Descriptor() ([]byte, []int) {
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Permission) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *Permission) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *Permission) GetVerbs() []string {
+	if x != nil {
+		return x.Verbs
+	}
+	return nil
+}
+
+func (x *Permission) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Permission) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type KindInfo struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Kind        string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
 	// Fully qualified proto message name of the spec, e.g.
 	// "krane.cluster.v1.Deployment", or "google.protobuf.Struct" for JSON specs.
-	SpecType      string `protobuf:"bytes,3,opt,name=spec_type,json=specType,proto3" json:"spec_type,omitempty"`
+	SpecType string `protobuf:"bytes,3,opt,name=spec_type,json=specType,proto3" json:"spec_type,omitempty"`
+	// JSON Schema (draft 2020-12) of a JSON spec, when the plugin publishes
+	// one (what `ctrl kind register` takes).
+	SpecSchema    string `protobuf:"bytes,4,opt,name=spec_schema,json=specSchema,proto3" json:"spec_schema,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KindInfo) Reset() {
 	*x = KindInfo{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +424,7 @@ func (x *KindInfo) String() string {
 func (*KindInfo) ProtoMessage() {}
 
 func (x *KindInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +437,7 @@ func (x *KindInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInfo.ProtoReflect.Descriptor instead.
 func (*KindInfo) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *KindInfo) GetKind() string {
@@ -366,6 +461,13 @@ func (x *KindInfo) GetSpecType() string {
 	return ""
 }
 
+func (x *KindInfo) GetSpecSchema() string {
+	if x != nil {
+		return x.SpecSchema
+	}
+	return ""
+}
+
 type ConfigureRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -384,7 +486,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +498,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +511,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ConfigureRequest) GetProtocolVersion() uint32 {
@@ -472,7 +574,7 @@ type Kubeconfig struct {
 
 func (x *Kubeconfig) Reset() {
 	*x = Kubeconfig{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +586,7 @@ func (x *Kubeconfig) String() string {
 func (*Kubeconfig) ProtoMessage() {}
 
 func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +599,7 @@ func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Kubeconfig.ProtoReflect.Descriptor instead.
 func (*Kubeconfig) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Kubeconfig) GetSource() isKubeconfig_Source {
@@ -572,7 +674,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +686,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +699,7 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
 }
 
 type ApplyRequest struct {
@@ -613,7 +715,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +727,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +740,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ApplyRequest) GetKind() string {
@@ -687,7 +789,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +801,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +814,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ApplyResponse) GetResult() ApplyResult {
@@ -744,7 +846,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +858,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +871,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ApplyError) GetMessage() string {
@@ -802,7 +904,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +916,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +929,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InventoryRequest) GetKind() string {
@@ -850,7 +952,7 @@ type InventoryItem struct {
 
 func (x *InventoryItem) Reset() {
 	*x = InventoryItem{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +964,7 @@ func (x *InventoryItem) String() string {
 func (*InventoryItem) ProtoMessage() {}
 
 func (x *InventoryItem) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +977,7 @@ func (x *InventoryItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryItem.ProtoReflect.Descriptor instead.
 func (*InventoryItem) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InventoryItem) GetKind() string {
@@ -914,7 +1016,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1028,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1041,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 type StatusReport struct {
@@ -955,7 +1057,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1069,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1082,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatusReport) GetKind() string {
@@ -1027,7 +1129,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1141,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1154,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ShutdownRequest) GetDeadline() *timestamppb.Timestamp {
@@ -1070,7 +1172,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1184,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1197,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 var File_krane_plugin_v1_plugin_proto protoreflect.FileDescriptor
@@ -1112,17 +1214,27 @@ const file_krane_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"G\n" +
 	"\x0fDescribeRequest\x124\n" +
-	"\x16host_protocol_versions\x18\x01 \x03(\rR\x14hostProtocolVersions\"\xd0\x01\n" +
+	"\x16host_protocol_versions\x18\x01 \x03(\rR\x14hostProtocolVersions\"\x8f\x02\n" +
 	"\x10DescribeResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\x12+\n" +
 	"\x11protocol_versions\x18\x03 \x03(\rR\x10protocolVersions\x12/\n" +
 	"\x05kinds\x18\x04 \x03(\v2\x19.krane.plugin.v1.KindInfoR\x05kinds\x12#\n" +
-	"\rconfig_schema\x18\x05 \x01(\tR\fconfigSchema\"]\n" +
+	"\rconfig_schema\x18\x05 \x01(\tR\fconfigSchema\x12=\n" +
+	"\vpermissions\x18\x06 \x03(\v2\x1b.krane.plugin.v1.PermissionR\vpermissions\"\x86\x01\n" +
+	"\n" +
+	"Permission\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1a\n" +
+	"\bresource\x18\x02 \x01(\tR\bresource\x12\x14\n" +
+	"\x05verbs\x18\x03 \x03(\tR\x05verbs\x12\x1c\n" +
+	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\"~\n" +
 	"\bKindInfo\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1b\n" +
-	"\tspec_type\x18\x03 \x01(\tR\bspecType\"\xfa\x01\n" +
+	"\tspec_type\x18\x03 \x01(\tR\bspecType\x12\x1f\n" +
+	"\vspec_schema\x18\x04 \x01(\tR\n" +
+	"specSchema\"\xfa\x01\n" +
 	"\x10ConfigureRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x1d\n" +
@@ -1191,7 +1303,7 @@ const file_krane_plugin_v1_plugin_proto_rawDesc = "" +
 	"\bShutdown\x12 .krane.plugin.v1.ShutdownRequest\x1a!.krane.plugin.v1.ShutdownResponse2]\n" +
 	"\x04Host\x12U\n" +
 	"\n" +
-	"DecryptEnv\x12\".krane.plugin.v1.DecryptEnvRequest\x1a#.krane.plugin.v1.DecryptEnvResponseB*Z(krane.dev/proto/krane/plugin/v1;pluginv1b\x06proto3"
+	"DecryptEnv\x12\".krane.plugin.v1.DecryptEnvRequest\x1a#.krane.plugin.v1.DecryptEnvResponseB*Z(krane.dev/sdk/internal/pluginv1;pluginv1b\x06proto3"
 
 var (
 	file_krane_plugin_v1_plugin_proto_rawDescOnce sync.Once
@@ -1206,59 +1318,61 @@ func file_krane_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_krane_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_krane_plugin_v1_plugin_proto_goTypes = []any{
 	(ApplyResult)(0),              // 0: krane.plugin.v1.ApplyResult
 	(*DecryptEnvRequest)(nil),     // 1: krane.plugin.v1.DecryptEnvRequest
 	(*DecryptEnvResponse)(nil),    // 2: krane.plugin.v1.DecryptEnvResponse
 	(*DescribeRequest)(nil),       // 3: krane.plugin.v1.DescribeRequest
 	(*DescribeResponse)(nil),      // 4: krane.plugin.v1.DescribeResponse
-	(*KindInfo)(nil),              // 5: krane.plugin.v1.KindInfo
-	(*ConfigureRequest)(nil),      // 6: krane.plugin.v1.ConfigureRequest
-	(*Kubeconfig)(nil),            // 7: krane.plugin.v1.Kubeconfig
-	(*ConfigureResponse)(nil),     // 8: krane.plugin.v1.ConfigureResponse
-	(*ApplyRequest)(nil),          // 9: krane.plugin.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 10: krane.plugin.v1.ApplyResponse
-	(*ApplyError)(nil),            // 11: krane.plugin.v1.ApplyError
-	(*InventoryRequest)(nil),      // 12: krane.plugin.v1.InventoryRequest
-	(*InventoryItem)(nil),         // 13: krane.plugin.v1.InventoryItem
-	(*WatchStatusRequest)(nil),    // 14: krane.plugin.v1.WatchStatusRequest
-	(*StatusReport)(nil),          // 15: krane.plugin.v1.StatusReport
-	(*ShutdownRequest)(nil),       // 16: krane.plugin.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),      // 17: krane.plugin.v1.ShutdownResponse
-	nil,                           // 18: krane.plugin.v1.DecryptEnvResponse.EnvEntry
-	(*anypb.Any)(nil),             // 19: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*Permission)(nil),            // 5: krane.plugin.v1.Permission
+	(*KindInfo)(nil),              // 6: krane.plugin.v1.KindInfo
+	(*ConfigureRequest)(nil),      // 7: krane.plugin.v1.ConfigureRequest
+	(*Kubeconfig)(nil),            // 8: krane.plugin.v1.Kubeconfig
+	(*ConfigureResponse)(nil),     // 9: krane.plugin.v1.ConfigureResponse
+	(*ApplyRequest)(nil),          // 10: krane.plugin.v1.ApplyRequest
+	(*ApplyResponse)(nil),         // 11: krane.plugin.v1.ApplyResponse
+	(*ApplyError)(nil),            // 12: krane.plugin.v1.ApplyError
+	(*InventoryRequest)(nil),      // 13: krane.plugin.v1.InventoryRequest
+	(*InventoryItem)(nil),         // 14: krane.plugin.v1.InventoryItem
+	(*WatchStatusRequest)(nil),    // 15: krane.plugin.v1.WatchStatusRequest
+	(*StatusReport)(nil),          // 16: krane.plugin.v1.StatusReport
+	(*ShutdownRequest)(nil),       // 17: krane.plugin.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),      // 18: krane.plugin.v1.ShutdownResponse
+	nil,                           // 19: krane.plugin.v1.DecryptEnvResponse.EnvEntry
+	(*anypb.Any)(nil),             // 20: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_krane_plugin_v1_plugin_proto_depIdxs = []int32{
-	18, // 0: krane.plugin.v1.DecryptEnvResponse.env:type_name -> krane.plugin.v1.DecryptEnvResponse.EnvEntry
-	5,  // 1: krane.plugin.v1.DescribeResponse.kinds:type_name -> krane.plugin.v1.KindInfo
-	7,  // 2: krane.plugin.v1.ConfigureRequest.kubeconfig:type_name -> krane.plugin.v1.Kubeconfig
-	19, // 3: krane.plugin.v1.ApplyRequest.spec:type_name -> google.protobuf.Any
-	0,  // 4: krane.plugin.v1.ApplyResponse.result:type_name -> krane.plugin.v1.ApplyResult
-	11, // 5: krane.plugin.v1.ApplyResponse.error:type_name -> krane.plugin.v1.ApplyError
-	20, // 6: krane.plugin.v1.StatusReport.observed_at:type_name -> google.protobuf.Timestamp
-	19, // 7: krane.plugin.v1.StatusReport.status:type_name -> google.protobuf.Any
-	20, // 8: krane.plugin.v1.ShutdownRequest.deadline:type_name -> google.protobuf.Timestamp
-	3,  // 9: krane.plugin.v1.Controller.Describe:input_type -> krane.plugin.v1.DescribeRequest
-	6,  // 10: krane.plugin.v1.Controller.Configure:input_type -> krane.plugin.v1.ConfigureRequest
-	9,  // 11: krane.plugin.v1.Controller.Apply:input_type -> krane.plugin.v1.ApplyRequest
-	12, // 12: krane.plugin.v1.Controller.Inventory:input_type -> krane.plugin.v1.InventoryRequest
-	14, // 13: krane.plugin.v1.Controller.WatchStatus:input_type -> krane.plugin.v1.WatchStatusRequest
-	16, // 14: krane.plugin.v1.Controller.Shutdown:input_type -> krane.plugin.v1.ShutdownRequest
-	1,  // 15: krane.plugin.v1.Host.DecryptEnv:input_type -> krane.plugin.v1.DecryptEnvRequest
-	4,  // 16: krane.plugin.v1.Controller.Describe:output_type -> krane.plugin.v1.DescribeResponse
-	8,  // 17: krane.plugin.v1.Controller.Configure:output_type -> krane.plugin.v1.ConfigureResponse
-	10, // 18: krane.plugin.v1.Controller.Apply:output_type -> krane.plugin.v1.ApplyResponse
-	13, // 19: krane.plugin.v1.Controller.Inventory:output_type -> krane.plugin.v1.InventoryItem
-	15, // 20: krane.plugin.v1.Controller.WatchStatus:output_type -> krane.plugin.v1.StatusReport
-	17, // 21: krane.plugin.v1.Controller.Shutdown:output_type -> krane.plugin.v1.ShutdownResponse
-	2,  // 22: krane.plugin.v1.Host.DecryptEnv:output_type -> krane.plugin.v1.DecryptEnvResponse
-	16, // [16:23] is the sub-list for method output_type
-	9,  // [9:16] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	19, // 0: krane.plugin.v1.DecryptEnvResponse.env:type_name -> krane.plugin.v1.DecryptEnvResponse.EnvEntry
+	6,  // 1: krane.plugin.v1.DescribeResponse.kinds:type_name -> krane.plugin.v1.KindInfo
+	5,  // 2: krane.plugin.v1.DescribeResponse.permissions:type_name -> krane.plugin.v1.Permission
+	8,  // 3: krane.plugin.v1.ConfigureRequest.kubeconfig:type_name -> krane.plugin.v1.Kubeconfig
+	20, // 4: krane.plugin.v1.ApplyRequest.spec:type_name -> google.protobuf.Any
+	0,  // 5: krane.plugin.v1.ApplyResponse.result:type_name -> krane.plugin.v1.ApplyResult
+	12, // 6: krane.plugin.v1.ApplyResponse.error:type_name -> krane.plugin.v1.ApplyError
+	21, // 7: krane.plugin.v1.StatusReport.observed_at:type_name -> google.protobuf.Timestamp
+	20, // 8: krane.plugin.v1.StatusReport.status:type_name -> google.protobuf.Any
+	21, // 9: krane.plugin.v1.ShutdownRequest.deadline:type_name -> google.protobuf.Timestamp
+	3,  // 10: krane.plugin.v1.Controller.Describe:input_type -> krane.plugin.v1.DescribeRequest
+	7,  // 11: krane.plugin.v1.Controller.Configure:input_type -> krane.plugin.v1.ConfigureRequest
+	10, // 12: krane.plugin.v1.Controller.Apply:input_type -> krane.plugin.v1.ApplyRequest
+	13, // 13: krane.plugin.v1.Controller.Inventory:input_type -> krane.plugin.v1.InventoryRequest
+	15, // 14: krane.plugin.v1.Controller.WatchStatus:input_type -> krane.plugin.v1.WatchStatusRequest
+	17, // 15: krane.plugin.v1.Controller.Shutdown:input_type -> krane.plugin.v1.ShutdownRequest
+	1,  // 16: krane.plugin.v1.Host.DecryptEnv:input_type -> krane.plugin.v1.DecryptEnvRequest
+	4,  // 17: krane.plugin.v1.Controller.Describe:output_type -> krane.plugin.v1.DescribeResponse
+	9,  // 18: krane.plugin.v1.Controller.Configure:output_type -> krane.plugin.v1.ConfigureResponse
+	11, // 19: krane.plugin.v1.Controller.Apply:output_type -> krane.plugin.v1.ApplyResponse
+	14, // 20: krane.plugin.v1.Controller.Inventory:output_type -> krane.plugin.v1.InventoryItem
+	16, // 21: krane.plugin.v1.Controller.WatchStatus:output_type -> krane.plugin.v1.StatusReport
+	18, // 22: krane.plugin.v1.Controller.Shutdown:output_type -> krane.plugin.v1.ShutdownResponse
+	2,  // 23: krane.plugin.v1.Host.DecryptEnv:output_type -> krane.plugin.v1.DecryptEnvResponse
+	17, // [17:24] is the sub-list for method output_type
+	10, // [10:17] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_krane_plugin_v1_plugin_proto_init() }
@@ -1266,7 +1380,7 @@ func file_krane_plugin_v1_plugin_proto_init() {
 	if File_krane_plugin_v1_plugin_proto != nil {
 		return
 	}
-	file_krane_plugin_v1_plugin_proto_msgTypes[6].OneofWrappers = []any{
+	file_krane_plugin_v1_plugin_proto_msgTypes[7].OneofWrappers = []any{
 		(*Kubeconfig_InCluster)(nil),
 		(*Kubeconfig_Path)(nil),
 	}
@@ -1276,7 +1390,7 @@ func file_krane_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_plugin_v1_plugin_proto_rawDesc), len(file_krane_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

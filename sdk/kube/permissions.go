@@ -1,0 +1,156 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"krane.dev/sdk"
+)
+
+// Missing is one verb the plugin's identity may not use.
+type Missing struct {
+	Verb, Group, Resource, Namespace, Name string
+	// Reason is the authorizer's, when it gave one.
+	Reason string
+}
+
+func (m Missing) String() string {
+	res := m.Resource
+	if m.Group != "" {
+		res += "." + m.Group
+	}
+	if m.Name != "" {
+		res += " " + m.Name
+	}
+	where := "in every namespace"
+	if m.Namespace != "" {
+		where = "in namespace " + m.Namespace
+	}
+	return m.Verb + " " + res + " " + where
+}
+
+// MissingPermissionsError names every permission the plugin's identity
+// lacks.
+type MissingPermissionsError struct {
+	// User is who the API server says the plugin is (its ServiceAccount).
+	User    string
+	Missing []Missing
+}
+
+func (e *MissingPermissionsError) Error() string {
+	names := make([]string, len(e.Missing))
+	for i, m := range e.Missing {
+		names[i] = m.String()
+	}
+	who := "the plugin's identity"
+	if e.User != "" {
+		who = e.User
+	}
+	return fmt.Sprintf("%s may not %s: grant these in a ClusterRole bound to it (each plugin ships its rbac.yaml; `kubectl auth can-i VERB RESOURCE --as %s` checks one)",
+		who, strings.Join(names, "; "), cmpOr(e.User, "<identity>"))
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// CheckPermissions asks the API server, with one SelfSubjectAccessReview
+// per verb, whether the client's identity may do everything perms name.
+// It returns a [*MissingPermissionsError] naming each verb and resource
+// that is missing, so a plugin fails at Configure instead of with an
+// informer that never syncs.
+func CheckPermissions(ctx context.Context, client kubernetes.Interface, perms []sdk.Permission) error {
+	var missing []Missing
+	for _, p := range perms {
+		for _, verb := range p.Verbs {
+			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: p.Namespace, Verb: verb, Group: p.Group, Resource: p.Resource, Name: p.Name},
+			}}
+			got, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("ask the API server whether this plugin may %s %s (SelfSubjectAccessReview): %w", verb, p.Resource, err)
+			}
+			if !got.Status.Allowed {
+				missing = append(missing, Missing{Verb: verb, Group: p.Group, Resource: p.Resource, Namespace: p.Namespace, Name: p.Name, Reason: got.Status.Reason})
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	e := &MissingPermissionsError{Missing: missing}
+	if r, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, selfReview(), metav1.CreateOptions{}); err == nil {
+		e.User = r.Status.UserInfo.Username
+	}
+	return e
+}
+
+func selfReview() *authenticationv1.SelfSubjectReview { return &authenticationv1.SelfSubjectReview{} }
+
+// Uncovered lists what of perms the RBAC rules (a ClusterRole's, bound
+// cluster-wide) do not grant. A plugin's test runs it over the rules of
+// the rbac.yaml it ships, so the declared permissions and the manifest
+// cannot drift apart.
+func Uncovered(rules []rbacv1.PolicyRule, perms []sdk.Permission) []Missing {
+	var out []Missing
+	for _, p := range perms {
+		for _, verb := range p.Verbs {
+			if !slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool { return grants(r, p, verb) }) {
+				out = append(out, Missing{Verb: verb, Group: p.Group, Resource: p.Resource, Namespace: p.Namespace, Name: p.Name})
+			}
+		}
+	}
+	return out
+}
+
+func grants(r rbacv1.PolicyRule, p sdk.Permission, verb string) bool {
+	has := func(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }
+	return has(r.APIGroups, p.Group) && has(r.Resources, p.Resource) && has(r.Verbs, verb) &&
+		(len(r.ResourceNames) == 0 || p.Name != "" && slices.Contains(r.ResourceNames, p.Name))
+}
+
+// Clients are a plugin's connection to its cluster.
+type Clients struct {
+	Config *rest.Config
+	// Client speaks protobuf to the API server (see NewClientset).
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+}
+
+// Connect builds the clients of a Configure: the client config from the
+// host's KubeSource (hooks may wrap it, e.g. CallCounter.Wrap), then checks
+// perms with CheckPermissions, so a missing RBAC permission fails
+// Configure at once, named.
+func Connect(ctx context.Context, src sdk.KubeSource, perms []sdk.Permission, hooks ...func(*rest.Config)) (*Clients, error) {
+	rc, err := RESTConfig(src)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range hooks {
+		h(rc)
+	}
+	c := &Clients{Config: rc}
+	if c.Client, err = NewClientset(rc); err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	if c.Dynamic, err = dynamic.NewForConfig(rc); err != nil {
+		return nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	if err := CheckPermissions(ctx, c.Client, perms); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
