@@ -91,7 +91,7 @@ func startConsole(cfg Config, gs *grpc.Server, log hclog.Logger, reg prometheus.
 	}
 	cs.conn = conn
 	con, err := console.New(console.Options{
-		Conn: conn, SessionTTL: k.SessionTTL, SecureCookie: k.SecureCookie || cs.tls, Log: log, Registerer: reg,
+		Conn: conn, Resources: console.ResourceAPI, SessionTTL: k.SessionTTL, SecureCookie: k.SecureCookie || cs.tls, Log: log, Registerer: reg,
 	})
 	if err != nil {
 		conn.Close()
