@@ -2,8 +2,10 @@ package kube
 
 import (
 	"fmt"
+	"maps"
 	"math/big"
 	"reflect"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -19,17 +21,15 @@ import (
 // A plugin answers UNCHANGED without any API call when Drift(desired,
 // liveFromInformer) == "", which keeps a resync of thousands of unchanged
 // objects free of writes.
+//
+// When several fields drifted, the one named is the first in key order, so
+// the answer is the same on every call. Only a drifted object pays for the
+// ordering: the walk that finds no drift visits maps in any order.
 func Drift(desired, live map[string]any) string {
-	for k, want := range desired {
-		// Objects from informers carry no apiVersion/kind (TypeMeta).
-		if k == "apiVersion" || k == "kind" {
-			continue
-		}
-		if d := drift("."+k, want, live[k]); d != "" {
-			return d
-		}
+	if driftMap("", desired, live, false, true) == "" {
+		return ""
 	}
-	return ""
+	return driftMap("", desired, live, true, true)
 }
 
 // DriftObject is Drift on a typed live object (e.g. from a typed lister).
@@ -41,26 +41,46 @@ func DriftObject(desired map[string]any, live runtime.Object) (string, error) {
 	return Drift(desired, m), nil
 }
 
-func drift(path string, want, got any) string {
+// driftMap compares the keys want sets; sorted walks them in key order.
+// top skips TypeMeta: objects from informers carry no apiVersion/kind.
+func driftMap(path string, want, got map[string]any, sorted, top bool) string {
+	one := func(k string) string {
+		if top && (k == "apiVersion" || k == "kind") {
+			return ""
+		}
+		return drift(path+"."+k, want[k], got[k], sorted)
+	}
+	if sorted {
+		for _, k := range slices.Sorted(maps.Keys(want)) {
+			if d := one(k); d != "" {
+				return d
+			}
+		}
+		return ""
+	}
+	for k := range want {
+		if d := one(k); d != "" {
+			return d
+		}
+	}
+	return ""
+}
+
+func drift(path string, want, got any, sorted bool) string {
 	switch w := want.(type) {
 	case map[string]any:
 		g, ok := got.(map[string]any)
 		if !ok {
 			return at(path)
 		}
-		for k, wv := range w {
-			if d := drift(path+"."+k, wv, g[k]); d != "" {
-				return d
-			}
-		}
-		return ""
+		return driftMap(path, w, g, sorted, false)
 	case []any:
 		g, ok := got.([]any)
 		if !ok || len(g) != len(w) {
 			return at(path)
 		}
 		for i := range w {
-			if d := drift(fmt.Sprintf("%s[%d]", path, i), w[i], g[i]); d != "" {
+			if d := drift(fmt.Sprintf("%s[%d]", path, i), w[i], g[i], sorted); d != "" {
 				return d
 			}
 		}

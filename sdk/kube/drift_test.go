@@ -98,3 +98,17 @@ func TestToUnstructuredKeepsMeaningfulEmptyMaps(t *testing.T) {
 		t.Errorf("emptyDir: {} was dropped, the volume lost its type: %v", vols[0])
 	}
 }
+
+// TestDriftNamesTheSameFieldEveryTime: when several fields drifted, Drift
+// names the first in key order, not whichever a map walk met first, so a
+// log line or a status does not flap between calls.
+func TestDriftNamesTheSameFieldEveryTime(t *testing.T) {
+	desired := map[string]any{"metadata": map[string]any{"labels": map[string]any{"a": "1", "b": "2", "c": "3"}},
+		"spec": map[string]any{"x": int64(1), "y": int64(2)}}
+	live := map[string]any{"metadata": map[string]any{"labels": map[string]any{}}, "spec": map[string]any{}}
+	for i := range 200 {
+		if got := Drift(desired, live); got != ".metadata.labels.a" {
+			t.Fatalf("call %d: Drift = %q, want .metadata.labels.a (the first drifted field in key order)", i, got)
+		}
+	}
+}
