@@ -35,6 +35,7 @@ func TestInformersSyncOnlyManagedObjects(t *testing.T) {
 		if _, err := cluster.Client.CoreV1().ConfigMaps("informers").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = cluster.Client.CoreV1().ConfigMaps("informers").Delete(ctx, name, metav1.DeleteOptions{}) })
 	}
 	k, err := kube.Connect(ctx, sdk.KubeSource{Path: cluster.Kubeconfig}, nil)
 	if err != nil {
