@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -123,19 +124,19 @@ func (s *Sentinels) GetSentinel(ctx context.Context, req *ctrlv1.GetSentinelRequ
 // environment.
 func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinelsRequest) (*ctrlv1.ListSentinelsResponse, error) {
 	if r := req.GetRegion(); r != "" {
-		if err := workflows.ValidRegions("region", []string{r}); err != nil {
+		if err := deployspec.ValidRegions("region", []string{r}); err != nil {
 			return nil, invalid(err)
 		}
 	}
 	if e := req.GetEnvironmentId(); e != "" {
-		if err := workflows.ValidName("environment_id", e); err != nil {
+		if err := deployspec.ValidName("environment_id", e); err != nil {
 			return nil, invalid(err)
 		}
 	}
 	size := int(req.GetPageSize())
 	switch {
 	case size < 0 || size > 500:
-		return nil, invalid(&workflows.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..500 (0: 100)", size)})
+		return nil, invalid(&deployspec.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..500 (0: 100)", size)})
 	case size == 0:
 		size = 100
 	}
@@ -143,7 +144,7 @@ func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinels
 	if t := req.GetPageToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
 		if err != nil || len(b) == 0 {
-			return nil, invalid(&workflows.FieldError{Field: "page_token", Reason: "not a token from a previous ListSentinels answer"})
+			return nil, invalid(&deployspec.FieldError{Field: "page_token", Reason: "not a token from a previous ListSentinels answer"})
 		}
 		after = string(b)
 	}
@@ -165,7 +166,7 @@ func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinels
 // sentinel reads one sentinel named by the request.
 func (s *Sentinels) sentinel(ctx context.Context, id string) (store.SentinelRow, error) {
 	if id == "" || len(id) > 64 {
-		return store.SentinelRow{}, invalid(&workflows.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
+		return store.SentinelRow{}, invalid(&deployspec.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
 	}
 	row, err := s.store.GetSentinel(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"krane.dev/ctrl/deployapi"
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -56,7 +57,7 @@ func EndpointURL(cfg Config, listening string) (string, error) {
 // It returns before registration succeeds: ctrl serves clusters whether or
 // not Restate is up.
 func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.Store, gs *grpc.Server, reg prometheus.Registerer, hooks workflows.Hooks, keys *vault.Source) (*restateStack, error) {
-	if err := workflows.ValidImage("sentinel.default_image", cfg.Sentinel.DefaultImage); err != nil {
+	if err := deployspec.ValidImage("sentinel.default_image", cfg.Sentinel.DefaultImage); err != nil {
 		return nil, err
 	}
 	log = log.Named("restate")

@@ -10,6 +10,7 @@ import (
 
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -208,11 +209,11 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		for j := range b {
 			b[j] = byte(rnd.Uint32())
 		}
-		sid := newID("sen_", b)
+		sid := deployspec.NewID("sen_", b)
 		s := req.Deployment
 		candidates[i] = store.Sentinel{
 			ID: sid, Region: region, WorkspaceID: s.WorkspaceID, ProjectID: s.ProjectID, AppID: s.AppID, EnvironmentID: s.EnvironmentID,
-			K8sName: K8sName(sid), Image: w.sentinel.Image, Replicas: w.sentinel.Replicas,
+			K8sName: deployspec.K8sName(sid), Image: w.sentinel.Image, Replicas: w.sentinel.Replicas,
 			CPUMillicores: w.sentinel.CPUMillicores, MemoryMiB: w.sentinel.MemoryMiB,
 		}
 	}
@@ -305,7 +306,7 @@ func (w *deploy) targetRegions(ctx context.Context, requested []string) ([]strin
 // sentinels (its routing layer, in namespace "sentinel") reach the
 // deployment's pods on their port, in one region. Nothing else may reach
 // them: a policy with an ingress section puts the pods in default-deny.
-func IngressPolicy(s Spec, region string) store.CiliumNetworkPolicy {
+func IngressPolicy(s deployspec.Spec, region string) store.CiliumNetworkPolicy {
 	port := s.Port
 	if port == 0 {
 		port = 8080
@@ -331,7 +332,7 @@ func IngressPolicy(s Spec, region string) store.CiliumNetworkPolicy {
 // provided the deployment is still deploying (an operator may have stopped
 // it; the row lock orders the two). It returns every region's ref, the same
 // on every run, or none when the deployment is no longer deploying.
-func (w *deploy) writeTopology(ctx context.Context, s Spec, regions []string) ([]store.Ref, error) {
+func (w *deploy) writeTopology(ctx context.Context, s deployspec.Spec, regions []string) ([]store.Ref, error) {
 	var refs []store.Ref
 	_, err := w.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
 		refs = nil
@@ -361,7 +362,7 @@ func (w *deploy) writeTopology(ctx context.Context, s Spec, regions []string) ([
 // (its point is to replace the live one). Any other ready deployment waits
 // for an explicit Promote: a deploy never replaces what serves traffic by
 // itself. It returns whether it promoted and the status afterwards.
-func (w *deploy) markReady(ctx restate.WorkflowContext, s Spec) (bool, string, error) {
+func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool, string, error) {
 	type result struct {
 		Promoted bool   `json:"promoted"`
 		Status   string `json:"status"`

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/restatedev/sdk-go/ingress"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -331,7 +332,7 @@ func (n *Notifier) resync(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		req := DeployRequest{Deployment: SpecFromStore(d), Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
+		req := DeployRequest{Deployment: deployspec.FromStore(d), Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
 		if _, err := StartDeploy(ctx, n.o.Ingress, req); err != nil {
 			n.log.Warn("deploy resync: cannot start the workflow of a pending deployment", "deployment", id, "error", err)
 		}

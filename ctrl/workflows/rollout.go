@@ -9,6 +9,7 @@ import (
 
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 )
 
@@ -75,7 +76,7 @@ type RolloutRequest struct {
 
 // Validate checks a rollout request; the error names the field.
 func (r RolloutRequest) Validate() error {
-	if err := ValidImage("image", r.Image); err != nil {
+	if err := deployspec.ValidImage("image", r.Image); err != nil {
 		return err
 	}
 	if len(r.WavePercentages) > 0 {
@@ -86,14 +87,14 @@ func (r RolloutRequest) Validate() error {
 	if r.SlackWebhookURL != "" {
 		u, err := url.Parse(r.SlackWebhookURL)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(r.SlackWebhookURL) > 2048 {
-			return fieldErr("slack_webhook_url", "not an http(s) URL (want https://hooks.slack.com/services/...)")
+			return deployspec.Errorf("slack_webhook_url", "not an http(s) URL (want https://hooks.slack.com/services/...)")
 		}
 	}
 	if r.BakeSeconds < 0 || r.BakeSeconds > MaxBakeSeconds {
-		return fieldErr("bake_seconds", "%d is out of range 0..%d", r.BakeSeconds, MaxBakeSeconds)
+		return deployspec.Errorf("bake_seconds", "%d is out of range 0..%d", r.BakeSeconds, MaxBakeSeconds)
 	}
-	if r.DeployTimeoutSeconds < 0 || r.DeployTimeoutSeconds > MaxTimeout {
-		return fieldErr("deploy_timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.DeployTimeoutSeconds, MaxTimeout)
+	if r.DeployTimeoutSeconds < 0 || r.DeployTimeoutSeconds > deployspec.MaxTimeout {
+		return deployspec.Errorf("deploy_timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.DeployTimeoutSeconds, deployspec.MaxTimeout)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -47,19 +48,19 @@ type SentinelDeployRequest struct {
 // Validate checks the request's fields (zero means "keep").
 func (r SentinelDeployRequest) Validate() error {
 	if r.Image != "" {
-		if err := ValidImage("image", r.Image); err != nil {
+		if err := deployspec.ValidImage("image", r.Image); err != nil {
 			return err
 		}
 	}
 	switch {
 	case r.Replicas < 0 || r.Replicas > MaxSentinelReplicas:
-		return fieldErr("replicas", "%d is out of range 0..%d (0 keeps the current count)", r.Replicas, MaxSentinelReplicas)
+		return deployspec.Errorf("replicas", "%d is out of range 0..%d (0 keeps the current count)", r.Replicas, MaxSentinelReplicas)
 	case r.CPUMillicores < 0 || r.CPUMillicores > MaxSentinelCPUMillicores:
-		return fieldErr("cpu_millicores", "%d is out of range 0..%d (0 keeps the current value)", r.CPUMillicores, MaxSentinelCPUMillicores)
+		return deployspec.Errorf("cpu_millicores", "%d is out of range 0..%d (0 keeps the current value)", r.CPUMillicores, MaxSentinelCPUMillicores)
 	case r.MemoryMiB < 0 || r.MemoryMiB > MaxSentinelMemoryMiB:
-		return fieldErr("memory_mib", "%d is out of range 0..%d (0 keeps the current value)", r.MemoryMiB, MaxSentinelMemoryMiB)
-	case r.TimeoutSeconds < 0 || r.TimeoutSeconds > MaxTimeout:
-		return fieldErr("timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.TimeoutSeconds, MaxTimeout)
+		return deployspec.Errorf("memory_mib", "%d is out of range 0..%d (0 keeps the current value)", r.MemoryMiB, MaxSentinelMemoryMiB)
+	case r.TimeoutSeconds < 0 || r.TimeoutSeconds > deployspec.MaxTimeout:
+		return deployspec.Errorf("timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.TimeoutSeconds, deployspec.MaxTimeout)
 	}
 	return nil
 }
