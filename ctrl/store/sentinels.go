@@ -110,24 +110,28 @@ func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string) 
 // returns whether it changed the row and the deploy status afterwards. A
 // repeated call (a retried step) changes nothing and reports the status it
 // finds.
-func (s *Store) FinishSentinelDeploy(ctx context.Context, id, request, status, message string) (bool, string, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE sentinels SET deploy_status = ?, deploy_message = ?, updated_at = ?
+func (s *Store) FinishSentinelDeploy(ctx context.Context, id, request, status, message string) (changed bool, current string, err error) {
+	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.Exec(ctx, `UPDATE sentinels SET deploy_status = ?, deploy_message = ?, updated_at = ?
 WHERE id = ? AND deploy_request = ? AND deploy_status = 'progressing'`, status, nullString(message), nowMillis(), id, request)
-	if err != nil {
-		return false, "", fmt.Errorf("store: finish deploy of sentinel %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n > 0 {
-		return true, status, nil
-	}
-	var cur string
-	err = s.db.QueryRowContext(ctx, "SELECT deploy_status FROM sentinels WHERE id = ?", id).Scan(&cur)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, "", ErrNotFound
-	}
-	if err != nil {
-		return false, "", fmt.Errorf("store: read deploy status of sentinel %s: %w", id, err)
-	}
-	return false, cur, nil
+		if err != nil {
+			return fmt.Errorf("store: finish deploy of sentinel %s: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			changed, current = true, status
+			return nil
+		}
+		changed = false
+		err = tx.QueryRow(ctx, "SELECT deploy_status FROM sentinels WHERE id = ?", id).Scan(&current)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("store: read deploy status of sentinel %s: %w", id, err)
+		}
+		return nil
+	})
+	return changed, current, err
 }
 
 // SentinelFilter narrows ListSentinels; empty fields match everything.

@@ -60,6 +60,12 @@ type TestHooks struct {
 	// AfterStamp runs after the versions are assigned and before COMMIT,
 	// inside the transaction (to widen the window between the two).
 	AfterStamp func(ctx context.Context, stamped []Stamped)
+	// AfterCommit runs after a write transaction (WriteTx, StampCommitted)
+	// committed. An error it returns is what the call returns, as
+	// "store: commit: <err>": a commit whose answer was lost (the
+	// connection broke after the server committed). Exists to prove the
+	// callers survive an ambiguous commit.
+	AfterCommit func(ctx context.Context) error
 	// UnsafeAllocator takes versions from a separate autocommit increment of
 	// version_seq instead of holding its lock until commit: the reference
 	// platform's bug, under which a lower version can commit after a higher
@@ -126,6 +132,11 @@ func (s *Store) writeTxOnce(ctx context.Context, fn func(ctx context.Context, tx
 	}
 	if err := sqlTx.Commit(); err != nil {
 		return nil, fmt.Errorf("store: commit: %w", err)
+	}
+	if h := s.testHooks(); h.AfterCommit != nil {
+		if err := h.AfterCommit(ctx); err != nil {
+			return nil, fmt.Errorf("store: commit: %w", err)
+		}
 	}
 	return stamped, nil
 }

@@ -22,6 +22,23 @@ const DeployWorkflowName = "DeployWorkflow"
 // outcomePromise is the workflow promise Notify resolves.
 const outcomePromise = "outcome"
 
+// The deploy's steps (see run and the package documentation).
+var (
+	deployCreate        = newStep(DeployWorkflowName, "create")
+	deployRegions       = newStep(DeployWorkflowName, "regions")
+	deployTimeout       = newStep(DeployWorkflowName, "timeout")
+	deployToDeploying   = newStep(DeployWorkflowName, "status-deploying")
+	deployTopology      = newStep(DeployWorkflowName, "topology")
+	deploySentinels     = newStep(DeployWorkflowName, "sentinels")
+	deployToNetwork     = newStep(DeployWorkflowName, "status-network")
+	deployCheck         = newStep(DeployWorkflowName, "check")
+	deployFinalCheck    = newStep(DeployWorkflowName, "final-check")
+	deployReady         = newStep(DeployWorkflowName, "ready")
+	deployStopTopology  = newStep(DeployWorkflowName, "stop-topology")
+	deployToFailed      = newStep(DeployWorkflowName, "status-failed")
+	deployRejectInvalid = newStep(DeployWorkflowName, "status-reject")
+)
+
 // DeployResult is what the workflow returns.
 type DeployResult struct {
 	DeploymentID string `json:"deployment_id"`
@@ -93,7 +110,7 @@ func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResu
 		// The API created the row before starting the workflow: record why
 		// the deploy went nowhere.
 		msg := "invalid deploy request: " + err.Error()
-		if _, _, terr := w.transition(ctx, "reject", id, store.InProgress, store.StatusFailed, msg); terr != nil {
+		if _, _, terr := w.transition(ctx, deployRejectInvalid, id, store.InProgress, store.StatusFailed, msg); terr != nil {
 			return res, terr
 		}
 		return res, restate.ToTerminalError(errors.New(msg), restate.WithErrorCode(codeInvalid))
@@ -148,7 +165,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	if note == "" {
 		note = "created by the deploy workflow"
 	}
-	status, err := run(ctx, w.hooks, "create", func(rc restate.RunContext) (string, error) {
+	status, err := runStep(ctx, w.hooks, deployCreate, func(rc restate.RunContext) (string, error) {
 		d := req.Deployment.Store()
 		d.Regions, d.TimeoutSeconds = req.Regions, req.TimeoutSeconds
 		return w.store.EnsureDeployment(rc, d, note)
@@ -161,14 +178,14 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{Result: ResultGone, Message: "the deployment was already " + status + "; nothing to do"}, nil
 	}
 
-	regions, err := run(ctx, w.hooks, "regions", func(rc restate.RunContext) ([]string, error) {
+	regions, err := runStep(ctx, w.hooks, deployRegions, func(rc restate.RunContext) ([]string, error) {
 		return w.targetRegions(rc, req.Regions)
 	})
 	if err != nil {
 		return Outcome{}, err
 	}
 	res.Regions = regions
-	timeout, err := run(ctx, w.hooks, "timeout", func(restate.RunContext) (time.Duration, error) {
+	timeout, err := runStep(ctx, w.hooks, deployTimeout, func(restate.RunContext) (time.Duration, error) {
 		if req.TimeoutSeconds > 0 {
 			return time.Duration(req.TimeoutSeconds) * time.Second, nil
 		}
@@ -178,7 +195,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{}, err
 	}
 
-	if ok, cur, err := w.transition(ctx, "deploying", id, []string{store.StatusPending}, store.StatusDeploying, ""); err != nil || !ok {
+	if ok, cur, err := w.transition(ctx, deployToDeploying, id, []string{store.StatusPending}, store.StatusDeploying, ""); err != nil || !ok {
 		p.status = cur
 		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
 	}
@@ -186,7 +203,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	// Topology: content first (one transaction, no versions), then one
 	// VersioningService call for every region.
 	p.topologyWritten = true
-	refs, err := run(ctx, w.hooks, "topology", func(rc restate.RunContext) ([]store.Ref, error) {
+	refs, err := runStep(ctx, w.hooks, deployTopology, func(rc restate.RunContext) ([]store.Ref, error) {
 		return w.writeTopology(rc, req.Deployment, regions)
 	})
 	if err != nil {
@@ -217,7 +234,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 			CPUMillicores: w.sentinel.CPUMillicores, MemoryMiB: w.sentinel.MemoryMiB,
 		}
 	}
-	if res.Sentinels, err = run(ctx, w.hooks, "sentinels", func(rc restate.RunContext) ([]string, error) {
+	if res.Sentinels, err = runStep(ctx, w.hooks, deploySentinels, func(rc restate.RunContext) ([]string, error) {
 		if w.sentinel.Image == "" {
 			return nil, restate.ToTerminalError(errors.New("ctrl has no sentinel.default_image configured: it cannot create the environment's sentinels"),
 				restate.WithErrorCode(codePrecondition))
@@ -227,7 +244,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{}, err
 	}
 
-	if ok, cur, err := w.transition(ctx, "network", id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
+	if ok, cur, err := w.transition(ctx, deployToNetwork, id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
 		p.status = cur
 		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
 	}
@@ -241,7 +258,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 // check at the deadline decides with whatever the clusters reported.
 func (w *deploy) await(ctx restate.WorkflowContext, id string, timeout time.Duration) (Outcome, error) {
 	promise := restate.Promise[Outcome](ctx, outcomePromise)
-	now, err := run(ctx, w.hooks, "check", func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
+	now, err := runStep(ctx, w.hooks, deployCheck, func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
 	if err != nil || now.Decided() {
 		return now, err
 	}
@@ -251,7 +268,7 @@ func (w *deploy) await(ctx restate.WorkflowContext, id string, timeout time.Dura
 		return Outcome{}, err // cancelled
 	}
 	if first == timer {
-		final, err := run(ctx, w.hooks, "final-check", func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
+		final, err := runStep(ctx, w.hooks, deployFinalCheck, func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
 		if err != nil || final.Decided() {
 			return final, err
 		}
@@ -367,7 +384,7 @@ func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool
 		Promoted bool   `json:"promoted"`
 		Status   string `json:"status"`
 	}
-	r, err := run(ctx, w.hooks, "ready", func(rc restate.RunContext) (result, error) {
+	r, err := runStep(ctx, w.hooks, deployReady, func(rc restate.RunContext) (result, error) {
 		var r result
 		_, err := w.store.WriteTx(rc, func(ctx context.Context, tx *store.Tx) error {
 			r = result{}
@@ -402,7 +419,7 @@ func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool
 // succeed: a failed deploy must not keep running.
 func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool) error {
 	if cleanup {
-		refs, err := run(ctx, w.hooks, "stop-topology", func(rc restate.RunContext) ([]store.Ref, error) {
+		refs, err := runStep(ctx, w.hooks, deployStopTopology, func(rc restate.RunContext) ([]store.Ref, error) {
 			var refs []store.Ref
 			_, err := w.store.WriteTx(rc, func(ctx context.Context, tx *store.Tx) error {
 				var err error
@@ -418,18 +435,18 @@ func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool)
 			return err
 		}
 	}
-	_, _, err := w.transition(ctx, "failed", id, store.InProgress, store.StatusFailed, msg)
+	_, _, err := w.transition(ctx, deployToFailed, id, store.InProgress, store.StatusFailed, msg)
 	return err
 }
 
 // transition is a compare-and-set of the deployment's status in a Run; a
 // deployment that does not exist counts as "not changed".
-func (w *deploy) transition(ctx restate.WorkflowContext, step, id string, from []string, to, msg string) (bool, string, error) {
+func (w *deploy) transition(ctx restate.WorkflowContext, step Step, id string, from []string, to, msg string) (bool, string, error) {
 	type result struct {
 		Changed bool   `json:"changed"`
 		Status  string `json:"status"`
 	}
-	r, err := run(ctx, w.hooks, "status-"+step, func(rc restate.RunContext) (result, error) {
+	r, err := runStep(ctx, w.hooks, step, func(rc restate.RunContext) (result, error) {
 		changed, cur, err := w.store.TransitionDeployment(rc, id, from, to, msg)
 		if errors.Is(err, store.ErrNotFound) {
 			return result{Status: "missing"}, nil
@@ -437,17 +454,6 @@ func (w *deploy) transition(ctx restate.WorkflowContext, step, id string, from [
 		return result{Changed: changed, Status: cur}, err
 	})
 	return r.Changed, r.Status, err
-}
-
-// run is restate.Run with the step's name and the test hook.
-func run[T any](ctx restate.Context, hooks Hooks, step string, fn func(restate.RunContext) (T, error)) (T, error) {
-	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
-		v, err := fn(rc)
-		if err == nil {
-			hooks.after(rc, DeployWorkflowName+"."+step)
-		}
-		return v, err
-	}, restate.WithName(step))
 }
 
 // MissingRegions returns the requested regions that are not in have.

@@ -254,9 +254,17 @@ type startWave struct {
 	Wave int    `json:"wave"`
 }
 
+// The rollout's steps.
+var (
+	rolloutListSentinels = newStep(RolloutServiceName, "list-sentinels")
+	rolloutNow           = newStep(RolloutServiceName, "now")
+	rolloutSlack         = newStep(RolloutServiceName, "slack")
+)
+
 type rollouts struct {
 	store *store.Store
 	slack *slackClient
+	hooks Hooks
 }
 
 // NewSentinelRolloutService is the SentinelRolloutService (see the package
@@ -264,7 +272,7 @@ type rollouts struct {
 // Status (shared) answers at once and Cancel takes effect between waves
 // without waiting for one to end.
 func NewSentinelRolloutService(d Deps) restate.ServiceDefinition {
-	r := &rollouts{store: d.Store, slack: newSlackClient()}
+	r := &rollouts{store: d.Store, slack: newSlackClient(), hooks: d.Hooks}
 	return restate.NewObject(RolloutServiceName, RetryPolicy()).
 		Handler("Rollout", restate.NewObjectHandler(r.rollout)).
 		Handler("Status", restate.NewObjectSharedHandler(r.status)).
@@ -323,7 +331,7 @@ func (r *rollouts) load(ctx restate.ObjectSharedContext) (*rolloutState, error) 
 
 // save stamps the state with the time and stores it.
 func (r *rollouts) save(ctx restate.ObjectContext, st *rolloutState) error {
-	now, err := restate.Run(ctx, func(restate.RunContext) (int64, error) { return time.Now().UnixMilli(), nil }, restate.WithName("now"))
+	now, err := runStep(ctx, r.hooks, rolloutNow, func(restate.RunContext) (int64, error) { return time.Now().UnixMilli(), nil })
 	if err != nil {
 		return err
 	}
@@ -377,9 +385,9 @@ func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (Rollo
 	previous := map[string]string{}
 	after, listed := "", 0
 	for {
-		page, err := restate.Run(ctx, func(rc restate.RunContext) ([]store.SentinelImage, error) {
+		page, err := runStep(ctx, r.hooks, rolloutListSentinels, func(rc restate.RunContext) ([]store.SentinelImage, error) {
 			return r.store.RunningSentinels(rc, after, rolloutPageSize)
-		}, restate.WithName("list-sentinels"))
+		})
 		if err != nil {
 			return RolloutStatus{}, err
 		}

@@ -18,6 +18,15 @@ import (
 // object keyed by sentinel id.
 const SentinelServiceName = "SentinelService"
 
+// The steps of SentinelService.Deploy (see deploy).
+var (
+	sentinelWrite      = newStep(SentinelServiceName, "write")
+	sentinelFence      = newStep(SentinelServiceName, "awakeable-stored")
+	sentinelCheck      = newStep(SentinelServiceName, "check")
+	sentinelFinalCheck = newStep(SentinelServiceName, "final-check")
+	sentinelFinish     = newStep(SentinelServiceName, "finish")
+)
+
 // notifyReadyKey is the state key under which a waiting Deploy keeps its
 // awakeable (a sentinelWaiter).
 const notifyReadyKey = "notify_ready_awakeable"
@@ -181,7 +190,7 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 		return res, restate.ToTerminalError(fmt.Errorf("deploy of sentinel %s: %w", id, err), restate.WithErrorCode(codeInvalid))
 	}
 	request := ctx.Request().ID
-	w, err := sentinelStep(ctx, s.hooks, "write", func(rc restate.RunContext) (deployWrite, error) {
+	w, err := runStep(ctx, s.hooks, sentinelWrite, func(rc restate.RunContext) (deployWrite, error) {
 		return s.write(rc, id, request, req)
 	})
 	if err != nil {
@@ -195,12 +204,12 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 
 	awk := restate.Awakeable[SentinelNotice](ctx)
 	restate.Set(ctx, notifyReadyKey, sentinelWaiter{Awakeable: awk.Id(), Request: request})
-	if _, ferr := restate.Run(ctx, func(restate.RunContext) (restate.Void, error) { return restate.Void{}, nil }, restate.WithName("awakeable-stored")); ferr != nil {
+	if _, ferr := runStep(ctx, s.hooks, sentinelFence, func(restate.RunContext) (restate.Void, error) { return restate.Void{}, nil }); ferr != nil {
 		return res, s.cancelled(ctx, id, request, ferr)
 	}
 	var outcome Outcome
 	if !s.hooks.SkipReadyRecheck {
-		if outcome, err = sentinelStep(ctx, s.hooks, "check", func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
+		if outcome, err = runStep(ctx, s.hooks, sentinelCheck, func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
 			return res, s.cancelled(ctx, id, request, err)
 		}
 	}
@@ -211,7 +220,7 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 			return res, s.cancelled(ctx, id, request, werr)
 		}
 		if first == timer {
-			if outcome, err = sentinelStep(ctx, s.hooks, "final-check", func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
+			if outcome, err = runStep(ctx, s.hooks, sentinelFinalCheck, func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
 				return res, s.cancelled(ctx, id, request, err)
 			}
 			if !outcome.Decided() {
@@ -318,7 +327,7 @@ func (s *sentinels) finish(ctx restate.ObjectContext, id, request string, o Outc
 	if o.Result == ResultReady {
 		status = store.SentinelReady
 	}
-	_, err := sentinelStep(ctx, s.hooks, "finish", func(rc restate.RunContext) (restate.Void, error) {
+	_, err := runStep(ctx, s.hooks, sentinelFinish, func(rc restate.RunContext) (restate.Void, error) {
 		_, _, err := s.store.FinishSentinelDeploy(rc, id, request, status, o.Message)
 		if errors.Is(err, store.ErrNotFound) {
 			err = nil // deleted meanwhile: nothing to record
@@ -399,15 +408,4 @@ func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outco
 		}
 	}
 	return Outcome{Message: why}
-}
-
-// sentinelStep is restate.Run with the step's name and the test hook.
-func sentinelStep[T any](ctx restate.Context, hooks Hooks, step string, fn func(restate.RunContext) (T, error)) (T, error) {
-	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
-		v, err := fn(rc)
-		if err == nil {
-			hooks.after(rc, SentinelServiceName+"."+step)
-		}
-		return v, err
-	}, restate.WithName(step))
 }

@@ -195,10 +195,10 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 			var armed atomic.Pointer[target]
 			var hookDone atomic.Bool
 			var hookErr atomic.Value
-			hook := func(ctx context.Context, step string) {
+			hook := func(ctx context.Context, step string) error {
 				tg := armed.Load()
 				if step != workflows.SentinelServiceName+".write" || tg == nil || !armed.CompareAndSwap(tg, nil) {
-					return
+					return nil
 				}
 				defer hookDone.Store(true)
 				// The write committed (a new version, progressing, owned by
@@ -212,7 +212,7 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 					}
 					if time.Now().After(deadline) {
 						hookErr.Store("the cluster never received the new version")
-						return
+						return nil
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
@@ -220,10 +220,11 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 				for sentinelMetricNoT(tg.env, "idle") < 1 {
 					if time.Now().After(deadline) {
 						hookErr.Store("the Notifier never notified the sentinel")
-						return
+						return nil
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
+				return nil
 			}
 			env := ctrltest.Start(t, ctrltest.Options{Restate: testenv.SharedRestate(t),
 				Deps: serve.Deps{WorkflowHooks: workflows.Hooks{AfterStep: hook, SkipReadyRecheck: skipRecheck}}})

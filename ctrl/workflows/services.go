@@ -38,21 +38,24 @@ type SentinelDefaults struct {
 
 // Hooks let tests act at chosen points. Production code never sets them.
 type Hooks struct {
-	// AfterStep runs inside a restate.Run body after its side effect
-	// committed and before Restate has journaled the result: a crash here
-	// makes the body run again. step names the body, e.g.
-	// "VersioningService.stamp".
-	AfterStep func(ctx context.Context, step string)
+	// AfterStep runs inside a restate.Run body after its side effects
+	// committed and before Restate has journaled the result (a crash here
+	// makes the body run again). step names the body, e.g.
+	// "VersioningService.stamp" (see Steps); ctx is the body's
+	// restate.RunContext. An error it returns fails the body as if the
+	// process had died there: Restate runs the body again.
+	AfterStep func(ctx context.Context, step string) error
 	// SkipReadyRecheck leaves out SentinelService.Deploy's database check
 	// after it stored its awakeable: the lost wake-up that check prevents.
 	// Exists only to prove the tests catch it.
 	SkipReadyRecheck bool
 }
 
-func (h Hooks) after(ctx context.Context, step string) {
-	if h.AfterStep != nil {
-		h.AfterStep(ctx, step)
+func (h Hooks) after(ctx context.Context, step string) error {
+	if h.AfterStep == nil {
+		return nil
 	}
+	return h.AfterStep(ctx, step)
 }
 
 // Services are every Restate service ctrl serves, in registration order. A

@@ -43,6 +43,9 @@ type StampResponse struct {
 	Versions []Version `json:"versions"`
 }
 
+// versioningStamp is Stamp's one step.
+var versioningStamp = newStep(VersioningServiceName, "stamp")
+
 type versioning struct {
 	store *store.Store
 	hooks Hooks
@@ -93,19 +96,15 @@ func (v *versioning) stamp(ctx restate.ObjectContext, req StampRequest) (StampRe
 		return StampResponse{}, restate.ToTerminalError(fmt.Errorf("VersioningService.Stamp: %w", err), restate.WithErrorCode(codeInvalid))
 	}
 	grantKey := ctx.Request().ID
-	grant, err := restate.Run(ctx, func(rc restate.RunContext) (store.Grant, error) {
+	grant, err := runStep(ctx, v.hooks, versioningStamp, func(rc restate.RunContext) (store.Grant, error) {
 		g, err := v.store.StampCommitted(rc, refs, grantKey)
 		if errors.Is(err, store.ErrNotFound) {
 			// Stamping never creates rows: the caller must commit the
 			// content first. Retrying cannot help.
 			return g, restate.ToTerminalError(err, restate.WithErrorCode(codeNotFound))
 		}
-		if err != nil {
-			return g, err
-		}
-		v.hooks.after(rc, VersioningServiceName+".stamp")
-		return g, nil
-	}, restate.WithName("stamp"))
+		return g, err
+	})
 	if err != nil {
 		return StampResponse{}, err
 	}
