@@ -439,8 +439,12 @@ func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool)
 	return err
 }
 
-// transition is a compare-and-set of the deployment's status in a Run; a
-// deployment that does not exist counts as "not changed".
+// transition is a compare-and-set of the deployment's status in a Run. It
+// reports whether the deployment is at status to now: moved by this step,
+// or by an earlier run of it (the body ran twice, and the second run found
+// the row at to already; only the deploy workflow moves a deployment to
+// deploying, network or ready, so that was its own work). A deployment
+// that does not exist counts as not moved.
 func (w *deploy) transition(ctx restate.WorkflowContext, step Step, id string, from []string, to, msg string) (bool, string, error) {
 	type result struct {
 		Changed bool   `json:"changed"`
@@ -453,7 +457,7 @@ func (w *deploy) transition(ctx restate.WorkflowContext, step Step, id string, f
 		}
 		return result{Changed: changed, Status: cur}, err
 	})
-	return r.Changed, r.Status, err
+	return r.Changed || r.Status == to, r.Status, err
 }
 
 // MissingRegions returns the requested regions that are not in have.

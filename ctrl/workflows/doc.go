@@ -70,7 +70,9 @@
 //
 // Every status change is a compare-and-set in SQL with a history entry
 // (deployment_events), so a step run twice, or a late step after an
-// operator stopped the deployment, changes nothing. StopDeployment
+// operator stopped the deployment, changes nothing. A status step run
+// twice finds the row at its target already: the workflow reads that as
+// done (its own earlier run), not as someone else's move. StopDeployment
 // notifies the workflow, which then ends without touching the row.
 //
 // Determinism: handler code outside restate.Run reads no clock, database,
