@@ -301,23 +301,26 @@ func (s *Store) DeploymentEvents(ctx context.Context, id string) ([]DeploymentEv
 }
 
 // StopTopology marks every topology row of a deployment stopped (a soft
-// delete). With touch the rows get new versions when the transaction
-// commits; without, the caller stamps the returned refs after the commit
-// (StampCommitted). It returns every row's ref, changed or not, so a step
-// run twice returns the same refs.
+// delete), and deletes the ingress policies that let its environment reach
+// it. With touch the rows get new versions when the transaction commits;
+// without, the caller stamps the returned refs after the commit
+// (StampCommitted). It returns the ref of every topology row and of every
+// ingress policy of the deployment, deleted now or before, so a step run
+// twice returns the same refs: the second run finds the deletes committed
+// and must still hand them to the stamp that follows.
 func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) ([]Ref, error) {
 	rows, err := t.Query(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? ORDER BY region FOR UPDATE", deploymentID)
 	if err != nil {
 		return nil, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
 	}
-	var refs []Ref
+	var regions []string
 	for rows.Next() {
 		var region string
 		if err := rows.Scan(&region); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		refs = append(refs, Ref{Kind: kinds.Deployment, Region: region, ID: deploymentID})
+		regions = append(regions, region)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -327,17 +330,29 @@ func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) 
 		nowMillis(), deploymentID); err != nil {
 		return nil, fmt.Errorf("store: stop topology of deployment %s: %w", deploymentID, err)
 	}
-	// The ingress policies that let the environment reach the deployment go
-	// with it (only those that exist: their refs are stamped next).
-	for _, r := range slices.Clone(refs) {
-		id := IngressPolicyID(deploymentID, r.Region)
-		res, err := t.Exec(ctx, "UPDATE cilium_network_policies SET deleted = TRUE, updated_at = ? WHERE id = ? AND region = ? AND deleted = FALSE", nowMillis(), id, r.Region)
+	refs := make([]Ref, 0, 2*len(regions))
+	for _, region := range regions {
+		refs = append(refs, Ref{Kind: kinds.Deployment, Region: region, ID: deploymentID})
+	}
+	// The ingress policies go with the deployment: every one that exists
+	// (a deployment written before they existed has none), deleted now or
+	// by an earlier run of the caller's step.
+	for _, region := range regions {
+		id := IngressPolicyID(deploymentID, region)
+		var deleted bool
+		err := t.QueryRow(ctx, "SELECT deleted FROM cilium_network_policies WHERE id = ? AND region = ? FOR UPDATE", id, region).Scan(&deleted)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
 		if err != nil {
-			return nil, fmt.Errorf("store: delete ingress policy of deployment %s in %s: %w", deploymentID, r.Region, err)
+			return nil, fmt.Errorf("store: read ingress policy of deployment %s in %s: %w", deploymentID, region, err)
 		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			refs = append(refs, Ref{Kind: kinds.CiliumNetworkPolicy, Region: r.Region, ID: id})
+		if !deleted {
+			if _, err := t.Exec(ctx, "UPDATE cilium_network_policies SET deleted = TRUE, updated_at = ? WHERE id = ? AND region = ?", nowMillis(), id, region); err != nil {
+				return nil, fmt.Errorf("store: delete ingress policy of deployment %s in %s: %w", deploymentID, region, err)
+			}
 		}
+		refs = append(refs, Ref{Kind: kinds.CiliumNetworkPolicy, Region: region, ID: id})
 	}
 	if touch {
 		for _, r := range refs {
