@@ -141,6 +141,10 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 	}
 	if ae := req.GetApplyError(); ae != nil {
 		if err := s.store.ReportApplyError(ctx, d.kind, who.Region, who.ClusterID, d.id, ae); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				s.m.reports.WithLabelValues(s.kindLabel(d.kind), "not_found").Inc()
+				return d, false, errorf(codes.NotFound, "no %s %q in region %q: a cluster reports apply errors only on its region's objects", d.kind, d.id, who.Region)
+			}
 			return d, false, storeError(ctx, err, "recording the apply error failed")
 		}
 		if ae.GetMessage() != "" {

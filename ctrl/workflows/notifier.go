@@ -268,7 +268,7 @@ func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
 	if row.DeployStatus != store.SentinelProgressing {
 		return
 	}
-	errs, err := n.o.Store.ApplyErrors(ctx, kinds.Sentinel, id)
+	errs, err := n.o.Store.ApplyErrors(ctx, kinds.Sentinel, row.Region, id)
 	if err != nil {
 		n.log.Warn("cannot read a reported sentinel's apply errors; the resync pass will retry", "sentinel", id, "error", err)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -313,7 +314,7 @@ func (s *sentinels) evaluate(ctx context.Context, id string) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	errs, err := s.store.ApplyErrors(ctx, kinds.Sentinel, id)
+	errs, err := s.store.ApplyErrors(ctx, kinds.Sentinel, row.Region, id)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -369,13 +370,17 @@ func SentinelConverged(r store.SentinelRow) bool {
 }
 
 // EvaluateSentinel decides a sentinel's deploy from its row and its apply
-// errors: failed when it was stopped or its cluster cannot apply the
+// errors (those of clusters in the sentinel's region; others are ignored):
+// failed when it was stopped or its cluster cannot apply the
 // current version for good (the cluster's own message), ready when it has
 // converged, otherwise undecided with what it is waiting for.
 func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outcome {
 	if r.DesiredState != "running" {
 		return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s was stopped while it deployed", r.ID)}
 	}
+	applyErrors = slices.DeleteFunc(slices.Clone(applyErrors), func(e store.ApplyError) bool {
+		return e.Region != r.Region // only the clusters of the sentinel's region decide
+	})
 	var permanent []string
 	for _, e := range applyErrors {
 		if e.Permanent && e.Version >= r.Version {

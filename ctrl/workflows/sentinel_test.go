@@ -328,7 +328,7 @@ func TestSentinelDeployCancelled(t *testing.T) {
 
 func TestEvaluateSentinel(t *testing.T) {
 	row := func(mod func(*store.SentinelRow)) store.SentinelRow {
-		r := store.SentinelRow{Sentinel: store.Sentinel{ID: "s1", Image: "img:2", Replicas: 2, DesiredState: "running"},
+		r := store.SentinelRow{Sentinel: store.Sentinel{ID: "s1", Region: "eu", Image: "img:2", Replicas: 2, DesiredState: "running"},
 			Version: 10, ReportObservedVersion: 10, RunningImage: "img:2", Health: "healthy", AvailableReplicas: 2}
 		if mod != nil {
 			mod(&r)
@@ -356,12 +356,14 @@ func TestEvaluateSentinel(t *testing.T) {
 		{"stopped", row(func(r *store.SentinelRow) { r.DesiredState = "stopped" }), nil, workflows.ResultFailed, "was stopped"},
 		{"reported deleted", row(func(r *store.SentinelRow) { r.ReportedDeleted = true }), nil, "", ""},
 		{"permanent apply error on the version", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
-			[]store.ApplyError{{ClusterID: "eu-1", Version: 10, Message: "not a valid image", Field: "image", Permanent: true}}, workflows.ResultFailed,
+			[]store.ApplyError{{Region: "eu", ClusterID: "eu-1", Version: 10, Message: "not a valid image", Field: "image", Permanent: true}}, workflows.ResultFailed,
 			"image: not a valid image (cluster eu-1 could not apply version 10)"},
 		{"permanent apply error on an older version", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
-			[]store.ApplyError{{ClusterID: "eu-1", Version: 9, Message: "old", Permanent: true}}, "", "has not reported version 10"},
+			[]store.ApplyError{{Region: "eu", ClusterID: "eu-1", Version: 9, Message: "old", Permanent: true}}, "", "has not reported version 10"},
+		{"permanent apply error from another region's cluster", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
+			[]store.ApplyError{{Region: "us", ClusterID: "us-1", Version: 10, Message: "not a valid image", Permanent: true}}, "", "has not reported version 10"},
 		{"retryable apply error", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
-			[]store.ApplyError{{ClusterID: "eu-1", Version: 10, Message: "apiserver timeout"}}, "", "retrying: apiserver timeout"},
+			[]store.ApplyError{{Region: "eu", ClusterID: "eu-1", Version: 10, Message: "apiserver timeout"}}, "", "retrying: apiserver timeout"},
 	} {
 		o := workflows.EvaluateSentinel(c.row, c.errs)
 		if o.Result != c.result || !strings.Contains(o.Message, c.msg) {
