@@ -24,11 +24,18 @@ type ApplyError struct {
 // ReportApplyError records (or, when its message is empty, clears) a
 // cluster's apply error on one object of its region. An error for an older
 // version than the stored one is ignored. ErrNotFound when the object does
-// not exist in region: a cluster reports only on what its region runs.
-func (s *Store) ReportApplyError(ctx context.Context, kind, region, clusterID, id string, ae *clusterv1.ApplyError) error {
+// not exist in region: a cluster reports only on what its region runs. A
+// *VersionAheadError when the error's version, or observed (the report's
+// observed version), is above the object's: ctrl never issued it.
+func (s *Store) ReportApplyError(ctx context.Context, kind, region, clusterID, id string, ae *clusterv1.ApplyError, observed uint64) error {
 	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
-		if _, err := tx.objectVersion(ctx, Ref{Kind: kind, Region: region, ID: id}); err != nil {
+		ref := Ref{Kind: kind, Region: region, ID: id}
+		cur, err := tx.objectVersion(ctx, ref)
+		if err != nil {
 			return err
+		}
+		if v := max(ae.GetVersion(), observed); v > cur {
+			return &VersionAheadError{Ref: ref, Reported: v, Current: cur}
 		}
 		if ae.GetMessage() == "" {
 			if _, err := tx.Exec(ctx, `DELETE FROM apply_errors WHERE kind = ? AND region = ? AND id = ? AND cluster_id = ? AND version <= ?`,
@@ -51,6 +58,18 @@ ON DUPLICATE KEY UPDATE
 		return nil
 	})
 	return err
+}
+
+// VersionAheadError refuses a report whose version is above the object's
+// current one: no cluster can have seen a version ctrl never issued, and
+// storing it would make the object's real reports look stale for good.
+type VersionAheadError struct {
+	Ref
+	Reported, Current uint64
+}
+
+func (e *VersionAheadError) Error() string {
+	return fmt.Sprintf("store: a report on %s at version %d, above its current version %d", e.Ref, e.Reported, e.Current)
 }
 
 // objectVersion returns the current version of one desired-state row

@@ -2,10 +2,13 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
@@ -100,12 +103,13 @@ func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string
 	for _, r := range reps {
 		ids = append(ids, r.Status.GetDeploymentId())
 	}
-	rows, err := tx.Query(ctx, "SELECT deployment_id, report_observed_version, report_observed_at_ns FROM deployment_topology WHERE region = ? AND deployment_id IN ("+
+	rows, err := tx.Query(ctx, "SELECT deployment_id, version, report_observed_version, report_observed_at_ns FROM deployment_topology WHERE region = ? AND deployment_id IN ("+
 		placeholders(len(reps))+") ORDER BY deployment_id FOR UPDATE", ids...)
 	if err != nil {
 		return fmt.Errorf("store: lock report guards of %d deployments in %s: %w", len(reps), region, err)
 	}
 	type guard struct {
+		current uint64 // the row's version
 		version uint64
 		atNs    int64
 	}
@@ -113,7 +117,7 @@ func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string
 	for rows.Next() {
 		var id string
 		var g guard
-		if err := rows.Scan(&id, &g.version, &g.atNs); err != nil {
+		if err := rows.Scan(&id, &g.current, &g.version, &g.atNs); err != nil {
 			rows.Close()
 			return fmt.Errorf("store: read report guards in %s: %w", region, err)
 		}
@@ -130,6 +134,8 @@ func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string
 		switch {
 		case !ok:
 			results[i].Err = ErrNotFound
+		case r.Obs.Version > g.current:
+			results[i].Err = &VersionAheadError{Ref: Ref{Kind: kinds.Deployment, Region: region, ID: r.Status.GetDeploymentId()}, Reported: r.Obs.Version, Current: g.current}
 		case r.Obs.newerThanOrEqual(g.version, g.atNs):
 			take = append(take, i)
 		}
@@ -302,52 +308,59 @@ func healthName(h clusterv1.Health) string {
 
 // ReportSentinel records a sentinel's actual state with one guarded UPDATE.
 // accepted=false when the report is older than the stored one; ErrNotFound
-// when there is no such sentinel in region.
+// when there is no such sentinel in region; a *VersionAheadError when its
+// version is above the sentinel's.
 func (s *Store) ReportSentinel(ctx context.Context, region string, obs Observation, st *clusterv1.SentinelStatus) (bool, error) {
 	args := []any{st.GetRunningImage(), st.GetAvailableReplicas(), st.GetUpdatedReplicas(), st.GetReadyReplicas(),
-		st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason(), st.GetDeleted(), obs.Version, obs.At.UnixNano(),
-		st.GetSentinelId(), region}
-	return s.guardedReport(ctx, "sentinels", `UPDATE sentinels SET running_image = ?, available_replicas = ?, updated_replicas = ?,
+		st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason(), st.GetDeleted(), obs.Version, obs.At.UnixNano()}
+	return s.guardedReport(ctx, Ref{Kind: kinds.Sentinel, Region: region, ID: st.GetSentinelId()}, obs, `UPDATE sentinels SET running_image = ?, available_replicas = ?, updated_replicas = ?,
   ready_replicas = ?, observed_generation = ?, health = ?, health_reason = ?, reported_deleted = ?,
   report_observed_version = ?, report_observed_at_ns = ?
-WHERE id = ? AND region = ? AND `+guardSQL, append(args, obs.guardArgs()...),
-		"SELECT COUNT(*) FROM sentinels WHERE id = ? AND region = ?", st.GetSentinelId(), region)
+WHERE id = ? AND region = ?`, args)
 }
 
 // ReportCiliumNetworkPolicy records whether a policy was applied.
 func (s *Store) ReportCiliumNetworkPolicy(ctx context.Context, region string, obs Observation, st *clusterv1.CiliumNetworkPolicyStatus) (bool, error) {
-	args := []any{st.GetApplied(), nullString(st.GetMessage()), st.GetDeleted(), obs.Version, obs.At.UnixNano(), st.GetId(), region}
-	return s.guardedReport(ctx, "cilium_network_policies", `UPDATE cilium_network_policies SET status_applied = ?, status_message = ?,
+	args := []any{st.GetApplied(), nullString(st.GetMessage()), st.GetDeleted(), obs.Version, obs.At.UnixNano()}
+	return s.guardedReport(ctx, Ref{Kind: kinds.CiliumNetworkPolicy, Region: region, ID: st.GetId()}, obs, `UPDATE cilium_network_policies SET status_applied = ?, status_message = ?,
   reported_deleted = ?, report_observed_version = ?, report_observed_at_ns = ?
-WHERE id = ? AND region = ? AND `+guardSQL, append(args, obs.guardArgs()...),
-		"SELECT COUNT(*) FROM cilium_network_policies WHERE id = ? AND region = ?", st.GetId(), region)
+WHERE id = ? AND region = ?`, args)
 }
 
 // ReportResource records the status (a JSON document) of a generic
 // resource.
 func (s *Store) ReportResource(ctx context.Context, kind, region, id string, obs Observation, statusJSON []byte) (bool, error) {
-	args := []any{string(statusJSON), obs.Version, obs.At.UnixNano(), kind, region, id}
-	return s.guardedReport(ctx, "resources", `UPDATE resources SET status = ?, report_observed_version = ?, report_observed_at_ns = ?
-WHERE kind = ? AND region = ? AND id = ? AND `+guardSQL, append(args, obs.guardArgs()...),
-		"SELECT COUNT(*) FROM resources WHERE kind = ? AND region = ? AND id = ?", kind, region, id)
+	args := []any{string(statusJSON), obs.Version, obs.At.UnixNano()}
+	return s.guardedReport(ctx, Ref{Kind: kind, Region: region, ID: id}, obs, `UPDATE resources SET status = ?, report_observed_version = ?, report_observed_at_ns = ?
+WHERE kind = ? AND region = ? AND id = ?`, args)
 }
 
-// guardedReport runs a guarded UPDATE; when it matches nothing, exists
-// tells a stale report (false, nil) from a missing object (ErrNotFound).
-func (s *Store) guardedReport(ctx context.Context, table, update string, args []any, exists string, existsArgs ...any) (bool, error) {
-	res, err := s.db.ExecContext(ctx, update, args...)
+// guardedReport runs update (whose WHERE clause ends with the object's key
+// columns, in keyArgs order) for the object r, provided the report is not
+// older than the stored one and not above the object's version. When it
+// matches nothing, the object's row tells a stale report (false, nil) from a
+// missing object (ErrNotFound) and a version ctrl never issued
+// (*VersionAheadError).
+func (s *Store) guardedReport(ctx context.Context, r Ref, obs Observation, update string, args []any) (bool, error) {
+	def := lookupKind(r.Kind)
+	args = append(append(args, def.keyArgs(r)...), obs.Version)
+	res, err := s.db.ExecContext(ctx, update+" AND version >= ? AND "+guardSQL, append(args, obs.guardArgs()...)...)
 	if err != nil {
-		return false, fmt.Errorf("store: write report to %s: %w", table, err)
+		return false, fmt.Errorf("store: write report on %s: %w", r, err)
 	}
 	if n, err := res.RowsAffected(); err == nil && n > 0 {
 		return true, nil
 	}
-	var count int
-	if err := s.db.QueryRowContext(ctx, exists, existsArgs...).Scan(&count); err != nil {
-		return false, fmt.Errorf("store: check report target in %s: %w", table, err)
-	}
-	if count == 0 {
+	var cur uint64
+	err = s.db.QueryRowContext(ctx, strings.TrimSuffix(def.lockSQL, " FOR UPDATE"), def.keyArgs(r)...).Scan(&cur)
+	if errors.Is(err, sql.ErrNoRows) {
 		return false, ErrNotFound
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: check report target %s: %w", r, err)
+	}
+	if obs.Version > cur {
+		return false, &VersionAheadError{Ref: r, Reported: obs.Version, Current: cur}
 	}
 	return false, nil
 }
