@@ -539,29 +539,33 @@ ORDER BY c.region`, nowMillis())
 	return out, rows.Err()
 }
 
-// EnsureSentinels makes sure the environment of each candidate has a
-// running sentinel in the candidate's region, all in one transaction:
+// EnsureSentinels makes sure, for the deploy of deployment, that the
+// environment of each candidate has a running sentinel in the candidate's
+// region, all in one transaction:
 //   - none: the candidate is inserted and versioned in the same
 //     transaction;
 //   - a stopped one: it is set running again, keeping its image and size;
 //   - a running one: nothing changes (a deploy never upgrades a sentinel).
 //
-// It returns the ids it inserted or restarted. Running it again changes
-// nothing, so it is safe in a step that may run twice.
-func (s *Store) EnsureSentinels(ctx context.Context, candidates []Sentinel) ([]string, error) {
-	var changed []string
+// It returns the ids it inserted or restarted for this deployment
+// (sentinels.ensured_by), in candidate order. Running it again changes
+// nothing and returns the same ids, so it is safe in a step that may run
+// twice.
+func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candidates []Sentinel) ([]string, error) {
+	var ensured []string
 	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
-		changed = nil
+		ensured = nil
 		for _, c := range candidates {
 			var id, state string
-			err := tx.QueryRow(ctx, "SELECT id, desired_state FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
-				c.EnvironmentID, c.Region).Scan(&id, &state)
+			var by sql.NullString
+			err := tx.QueryRow(ctx, "SELECT id, desired_state, ensured_by FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
+				c.EnvironmentID, c.Region).Scan(&id, &state, &by)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				if err := tx.PutSentinel(ctx, c); err != nil {
 					return err
 				}
-				changed = append(changed, c.ID)
+				id = c.ID
 			case err != nil:
 				return fmt.Errorf("store: read sentinel of environment %s in %s: %w", c.EnvironmentID, c.Region, err)
 			case state != "running":
@@ -569,12 +573,20 @@ func (s *Store) EnsureSentinels(ctx context.Context, candidates []Sentinel) ([]s
 					return fmt.Errorf("store: restart sentinel %s: %w", id, err)
 				}
 				tx.Touch(kinds.Sentinel, c.Region, id)
-				changed = append(changed, id)
+			case by.String == deploymentID:
+				ensured = append(ensured, id) // an earlier run of this deploy's step
+				continue
+			default:
+				continue
 			}
+			if _, err := tx.Exec(ctx, "UPDATE sentinels SET ensured_by = ? WHERE id = ?", deploymentID, id); err != nil {
+				return fmt.Errorf("store: record which deploy ensured sentinel %s: %w", id, err)
+			}
+			ensured = append(ensured, id)
 		}
 		return nil
 	})
-	return changed, err
+	return ensured, err
 }
 
 // LiveDeployment returns an environment's live deployment ("" when none),

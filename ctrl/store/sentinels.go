@@ -35,10 +35,12 @@ type SentinelRow struct {
 	HealthReason          string
 	ReportedDeleted       bool
 	ReportObservedVersion uint64
-	// The last SentinelService.Deploy.
+	// The last SentinelService.Deploy, and whether it changed the
+	// configuration.
 	DeployStatus  string
 	DeployRequest string
 	DeployMessage string
+	DeployChanged bool
 
 	CreatedAt, UpdatedAt time.Time
 }
@@ -46,7 +48,7 @@ type SentinelRow struct {
 const sentinelColumns = `id, region, workspace_id, project_id, app_id, environment_id, k8s_name, image, replicas,
   cpu_millicores, memory_mib, desired_state, version, running_image, available_replicas, updated_replicas,
   ready_replicas, observed_generation, health, health_reason, reported_deleted, report_observed_version,
-  deploy_status, deploy_request, deploy_message, created_at, updated_at`
+  deploy_status, deploy_request, deploy_message, deploy_changed, created_at, updated_at`
 
 func scanSentinelRow(s scanner) (SentinelRow, error) {
 	var (
@@ -57,7 +59,7 @@ func scanSentinelRow(s scanner) (SentinelRow, error) {
 	err := s.Scan(&r.ID, &r.Region, &r.WorkspaceID, &r.ProjectID, &r.AppID, &r.EnvironmentID, &r.K8sName, &r.Image, &r.Replicas,
 		&r.CPUMillicores, &r.MemoryMiB, &r.DesiredState, &r.Version, &r.RunningImage, &r.AvailableReplicas, &r.UpdatedReplicas,
 		&r.ReadyReplicas, &r.ObservedGeneration, &r.Health, &r.HealthReason, &r.ReportedDeleted, &r.ReportObservedVersion,
-		&r.DeployStatus, &r.DeployRequest, &msg, &created, &updated)
+		&r.DeployStatus, &r.DeployRequest, &msg, &r.DeployChanged, &created, &updated)
 	r.DeployMessage = msg.String
 	r.CreatedAt, r.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
 	return r, err
@@ -91,11 +93,11 @@ func (t *Tx) LockSentinel(ctx context.Context, id string) (SentinelRow, error) {
 }
 
 // SetSentinelDeploy records that request owns the sentinel's deploy, now in
-// status (progressing, or ready when nothing had to change), and clears the
-// previous deploy's message.
-func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string) error {
-	res, err := t.Exec(ctx, "UPDATE sentinels SET deploy_status = ?, deploy_request = ?, deploy_message = NULL, updated_at = ? WHERE id = ?",
-		status, request, nowMillis(), id)
+// status (progressing, or ready when nothing had to change), whether it
+// changed the configuration, and clears the previous deploy's message.
+func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string, changed bool) error {
+	res, err := t.Exec(ctx, "UPDATE sentinels SET deploy_status = ?, deploy_request = ?, deploy_message = NULL, deploy_changed = ?, updated_at = ? WHERE id = ?",
+		status, request, changed, nowMillis(), id)
 	if err != nil {
 		return fmt.Errorf("store: start deploy of sentinel %s: %w", id, err)
 	}

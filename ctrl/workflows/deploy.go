@@ -147,7 +147,7 @@ func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResu
 	case ResultStopped:
 		res.Status, res.Error = store.StatusStopped, outcome.Message
 	default: // not ours to change any more
-		res.Status, res.Error = p.status, outcome.Message
+		res.Status, res.Error = outcome.Status, outcome.Message
 	}
 	return res, nil
 }
@@ -155,7 +155,6 @@ func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResu
 // progress is what the failure path needs to know.
 type progress struct {
 	topologyWritten bool
-	status          string
 }
 
 // deploy runs the steps up to the wait and returns the outcome.
@@ -174,8 +173,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{}, err
 	}
 	if status != store.StatusPending {
-		p.status = status
-		return Outcome{Result: ResultGone, Message: "the deployment was already " + status + "; nothing to do"}, nil
+		return Outcome{Result: ResultGone, Status: status, Message: "the deployment was already " + status + "; nothing to do"}, nil
 	}
 
 	regions, err := runStep(ctx, w.hooks, deployRegions, func(rc restate.RunContext) ([]string, error) {
@@ -196,8 +194,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	}
 
 	if ok, cur, err := w.transition(ctx, deployToDeploying, id, []string{store.StatusPending}, store.StatusDeploying, ""); err != nil || !ok {
-		p.status = cur
-		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
+		return Outcome{Result: ResultGone, Status: cur, Message: "the deployment is " + cur}, err
 	}
 
 	// Topology: content first (one transaction, no versions), then one
@@ -210,7 +207,6 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{}, err
 	}
 	if len(refs) == 0 {
-		p.status = store.StatusStopped
 		return Outcome{Result: ResultStopped, Message: "stopped before its topology was written"}, nil
 	}
 	if res.Versions, err = stampVersions(ctx, refs); err != nil {
@@ -239,14 +235,13 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 			return nil, restate.ToTerminalError(errors.New("ctrl has no sentinel.default_image configured: it cannot create the environment's sentinels"),
 				restate.WithErrorCode(codePrecondition))
 		}
-		return w.store.EnsureSentinels(rc, candidates)
+		return w.store.EnsureSentinels(rc, id, candidates)
 	}); err != nil {
 		return Outcome{}, err
 	}
 
 	if ok, cur, err := w.transition(ctx, deployToNetwork, id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
-		p.status = cur
-		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
+		return Outcome{Result: ResultGone, Status: cur, Message: "the deployment is " + cur}, err
 	}
 	return w.await(ctx, id, timeout)
 }
@@ -289,7 +284,7 @@ func (w *deploy) evaluate(ctx context.Context, id string) (Outcome, error) {
 		return Outcome{Result: ResultStopped}, nil
 	case store.StatusDeploying, store.StatusNetwork:
 	default:
-		return Outcome{Result: ResultGone, Message: "the deployment is " + d.Status}, nil
+		return Outcome{Result: ResultGone, Status: d.Status, Message: "the deployment is " + d.Status}, nil
 	}
 	states, err := w.store.RegionStates(ctx, id)
 	if err != nil {

@@ -246,8 +246,10 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 }
 
 // write is Deploy's first step (see deploy). It runs in a restate.Run and
-// may run twice: the second run finds the configuration already written
-// and waits for the version the first run stamped.
+// may run twice: a second run finds the row owned by this deploy already
+// (deploy_request), and answers what the first run decided, recorded with
+// it (the version it stamped, whether it changed the configuration, whether
+// it was ready at once).
 func (s *sentinels) write(ctx context.Context, id, request string, req SentinelDeployRequest) (deployWrite, error) {
 	var w deployWrite
 	stamped, err := s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
@@ -258,6 +260,10 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 		}
 		if err != nil {
 			return err
+		}
+		if row.DeployRequest == request {
+			w.Image, w.Version, w.Changed, w.Ready = row.Image, row.Version, row.DeployChanged, row.DeployStatus == store.SentinelReady
+			return nil
 		}
 		if row.DesiredState != "running" {
 			return restate.ToTerminalError(fmt.Errorf("sentinel %s is %s: its environment runs no deployment; a deploy of the environment starts it again", id, row.DesiredState),
@@ -280,15 +286,15 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 		if next == row.Sentinel {
 			if SentinelConverged(row) {
 				w.Ready = true
-				return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady)
+				return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady, false)
 			}
-			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing)
+			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing, false)
 		}
 		w.Changed = true
 		if err := tx.PutSentinel(ctx, next); err != nil {
 			return err
 		}
-		return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing)
+		return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing, true)
 	})
 	if err != nil {
 		return deployWrite{}, err
