@@ -33,7 +33,7 @@ const (
 	MaxGenericStatusBytes   = 256 << 10 // a generic kind's status, as JSON
 	// MaxClockSkew is how far in the future of ctrl's clock observed_at may
 	// be. A later time would make the cluster's own next reports look
-	// older than the stored one.
+	// older than the last accepted one.
 	MaxClockSkew = time.Hour
 )
 

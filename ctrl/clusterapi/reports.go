@@ -297,11 +297,11 @@ func (s *Server) report(ctx context.Context, who auth.Identity, d decodedReport)
 	case *clusterv1.DeploymentStatus:
 		accepted, err = s.store.ReportDeployment(ctx, who.Region, who.ClusterID, d.obs, st)
 	case *clusterv1.SentinelStatus:
-		accepted, err = s.store.ReportSentinel(ctx, who.Region, d.obs, st)
+		accepted, err = s.store.ReportSentinel(ctx, who.Region, who.ClusterID, d.obs, st)
 	case *clusterv1.CiliumNetworkPolicyStatus:
-		accepted, err = s.store.ReportCiliumNetworkPolicy(ctx, who.Region, d.obs, st)
+		accepted, err = s.store.ReportCiliumNetworkPolicy(ctx, who.Region, who.ClusterID, d.obs, st)
 	default:
-		accepted, err = s.store.ReportResource(ctx, d.kind, who.Region, d.id, d.obs, d.doc)
+		accepted, err = s.store.ReportResource(ctx, d.kind, who.Region, who.ClusterID, d.id, d.obs, d.doc)
 	}
 	return s.outcome(ctx, who, d, accepted, err)
 }

@@ -303,7 +303,7 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	}
 	t0 := time.Unix(1000, 0)
 	report := func(v uint64, at time.Time, image string) bool {
-		ok, err := s.ReportSentinel(ctx, "eu", store.Observation{Version: v, At: at}, &clusterv1.SentinelStatus{SentinelId: "s1", RunningImage: image, AvailableReplicas: 3})
+		ok, err := s.ReportSentinel(ctx, "eu", "eu-1", store.Observation{Version: v, At: at}, &clusterv1.SentinelStatus{SentinelId: "s1", RunningImage: image, AvailableReplicas: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,7 +322,7 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	if err := s.DB().QueryRowContext(ctx, "SELECT running_image FROM sentinels WHERE id = 's1'").Scan(&img); err != nil || img != "new" {
 		t.Fatalf("running_image = %q, %v; want new", img, err)
 	}
-	if _, err := s.ReportSentinel(ctx, "us", store.Observation{Version: 9, At: t0}, &clusterv1.SentinelStatus{SentinelId: "s1"}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.ReportSentinel(ctx, "us", "us-1", store.Observation{Version: 9, At: t0}, &clusterv1.SentinelStatus{SentinelId: "s1"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("report from another region: %v, want ErrNotFound", err)
 	}
 }

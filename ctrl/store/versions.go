@@ -66,6 +66,8 @@ type TestHooks struct {
 	// connection broke after the server committed). Exists to prove the
 	// callers survive an ambiguous commit.
 	AfterCommit func(ctx context.Context) error
+	// Now is the clock of the report guards (time.Now when nil).
+	Now func() time.Time
 	// UnsafeAllocator takes versions from a separate autocommit increment of
 	// version_seq instead of holding its lock until commit: the reference
 	// platform's bug, under which a lower version can commit after a higher

@@ -758,7 +758,8 @@ func (x *ApplyError) GetField() string {
 
 type ReportStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when the report was older than the stored one and was ignored.
+	// False when the report was older than the cluster's last accepted one
+	// on the object, and was ignored.
 	Accepted      bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -892,7 +893,8 @@ func (x *ReportStatusesResponse) GetResults() []*ReportStatusResult {
 
 type ReportStatusResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when the report was older than the stored one and was ignored,
+	// False when the report was older than the cluster's last accepted one
+	// on the object and was ignored,
 	// or was refused (see code).
 	Accepted bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	// The gRPC status code ReportStatus would have failed with (0 = OK):
