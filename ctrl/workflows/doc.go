@@ -111,7 +111,9 @@
 // wave with a failure pauses; all ready: the next wave, after bake_seconds
 // (a delayed StartWave). Resume moves past the failed wave or retries the
 // failed sentinels; RollbackAll deploys every sentinel of a wave that
-// started (failed ones included) back to its previous image. Transitions
+// started (failed ones included) back to its previous image; Cancel also
+// ends a rollback that does not end, so no stuck deploy holds the
+// singleton for good. Transitions
 // are posted to Slack in order, in a Run with bounded retries; a webhook
 // failure never fails the rollout.
 //

@@ -670,14 +670,20 @@ func (r *rollouts) resume(ctx restate.ObjectContext, req ResumeRequest) (Rollout
 
 // cancel stops a rollout: no further wave starts. Deploys already sent
 // finish (their results are still recorded); sentinels keep whatever image
-// they reach.
+// they reach. A rollback that does not end (its deploys wait for clusters
+// that never report, or are paused in Restate) is cancelled too, so it
+// cannot hold the singleton for good: see cancelRollback.
 func (r *rollouts) cancel(ctx restate.ObjectContext, _ restate.Void) (RolloutStatus, error) {
 	st, err := r.load(ctx)
 	if err != nil {
 		return RolloutStatus{}, err
 	}
-	if st.State != RolloutInProgress && st.State != RolloutPaused {
-		return RolloutStatus{}, precondition("only a rollout in progress or paused can be cancelled; rollout %s is %s", orNone(st.Run), st.State)
+	switch st.State {
+	case RolloutInProgress, RolloutPaused:
+	case RolloutRollingBack:
+		return r.cancelRollback(ctx, st)
+	default:
+		return RolloutStatus{}, precondition("only a rollout in progress, paused or rolling back can be cancelled; rollout %s is %s", orNone(st.Run), st.State)
 	}
 	st.State = RolloutCancelled
 	for i := range st.Waves {
@@ -691,6 +697,27 @@ func (r *rollouts) cancel(ctx restate.ObjectContext, _ restate.Void) (RolloutSta
 	}
 	r.notify(ctx, st, fmt.Sprintf("Sentinel rollout %s cancelled at wave %d/%d: %d sentinels on %s, %d failed.",
 		st.Run, st.CurrentWave+1, len(st.Waves), len(st.SucceededIDs), st.Image, len(st.FailedIDs)))
+	if err := r.save(ctx, st); err != nil {
+		return RolloutStatus{}, err
+	}
+	return st.view(), nil
+}
+
+// cancelRollback ends a rollback before its last result is in: the
+// rollout is cancelled at once and says which touched sentinels are back,
+// which failed and how many were not reverted yet. Their deploys are not
+// stopped (they finish, or time out, on their own); results that come in
+// later are ignored, and a new rollout or RollbackAll may start.
+func (r *rollouts) cancelRollback(ctx restate.ObjectContext, st *rolloutState) (RolloutStatus, error) {
+	pending := st.RollbackTotal - st.Reverted - len(st.RollbackFailedIDs)
+	st.State = RolloutCancelled
+	st.Rollback = launchState{}
+	st.Message = fmt.Sprintf("rollback cancelled: %d of %d touched sentinels are on their previous image again, %d failed, %d not reverted yet (their deploys finish on their own; RollbackAll starts a new rollback)",
+		st.Reverted, st.RollbackTotal, len(st.RollbackFailedIDs), pending)
+	if len(st.RollbackFailedIDs) > 0 {
+		st.Message += "; failed: " + listIDs(st.RollbackFailedIDs)
+	}
+	r.notify(ctx, st, fmt.Sprintf("Sentinel rollout %s: %s.", st.Run, st.Message))
 	if err := r.save(ctx, st); err != nil {
 		return RolloutStatus{}, err
 	}
