@@ -230,7 +230,13 @@ func (s *Server) GetDeployment(ctx context.Context, req *ctrlv1.GetDeploymentReq
 	if err != nil {
 		return nil, s.storeError(ctx, err, "reading the live deployment failed")
 	}
-	return deployspec.Info(d, states[d.ID], live == d.ID, true), nil
+	events, err := s.store.DeploymentEvents(ctx, d.ID)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the deployment's history failed")
+	}
+	out := deployspec.Info(d, states[d.ID], live == d.ID, true)
+	out.History = deployspec.History(events)
+	return out, nil
 }
 
 // ListDeployments lists an environment's deployments, newest first.

@@ -102,6 +102,16 @@ func Info(d store.Deployment, regions []store.RegionState, live, withInstances b
 	return out
 }
 
+// History is a deployment's history (store.DeploymentEvents) as the API
+// returns it.
+func History(events []store.DeploymentEvent) []*ctrlv1.DeploymentEvent {
+	out := make([]*ctrlv1.DeploymentEvent, len(events))
+	for i, e := range events {
+		out[i] = &ctrlv1.DeploymentEvent{Status: StatusEnum(e.Status), Message: e.Message, At: timestamppb.New(e.At)}
+	}
+	return out
+}
+
 // StatusEnum is a deployments.status value in the API's enum.
 func StatusEnum(s string) ctrlv1.DeploymentStatus {
 	switch s {

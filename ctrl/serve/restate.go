@@ -62,7 +62,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	}
 	log = log.Named("restate")
 	deps := WorkflowDeps(cfg, st, log)
-	deps.Hooks = hooks
+	deps.Hooks, deps.Registerer = hooks, reg
 	services := workflows.Services(deps)
 	endpoint, err := workflows.NewEndpoint(services, log)
 	if err != nil {

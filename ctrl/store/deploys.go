@@ -272,6 +272,16 @@ SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM deployment_events WHERE deploy
 	return nil
 }
 
+// NoteDeployment adds message to a deployment's history, filed under its
+// current status (no status change).
+func (t *Tx) NoteDeployment(ctx context.Context, id, message string) error {
+	status, err := t.LockDeployment(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.RecordEvent(ctx, id, status, message)
+}
+
 // DeploymentEvent is one entry of a deployment's status history.
 type DeploymentEvent struct {
 	Seq     int

@@ -278,6 +278,13 @@ type Grant struct {
 // must always be used with the same refs). An empty grantKey stamps every
 // time.
 func (s *Store) StampCommitted(ctx context.Context, refs []Ref, grantKey string) (Grant, error) {
+	return s.StampCommittedThen(ctx, refs, grantKey, nil)
+}
+
+// StampCommittedThen is StampCommitted that also runs then in the same
+// transaction when it records a new grant (not when the key was granted
+// before): what must happen exactly once with the stamp.
+func (s *Store) StampCommittedThen(ctx context.Context, refs []Ref, grantKey string, then func(ctx context.Context, tx *Tx, g Grant) error) (Grant, error) {
 	var grant Grant
 	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
 		grant = Grant{}
@@ -312,6 +319,9 @@ func (s *Store) StampCommitted(ctx context.Context, refs []Ref, grantKey string)
 			}
 		}
 		tx.touched = nil // already stamped
+		if then != nil {
+			return then(ctx, tx, grant)
+		}
 		return nil
 	})
 	if errors.Is(err, errGrantReused) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/deployspec"
@@ -37,6 +38,7 @@ var (
 	deployStopTopology  = newStep(DeployWorkflowName, "stop-topology")
 	deployToFailed      = newStep(DeployWorkflowName, "status-failed")
 	deployRejectInvalid = newStep(DeployWorkflowName, "status-reject")
+	deployStampItself   = newStep(DeployWorkflowName, "stamp-itself")
 )
 
 // DeployResult is what the workflow returns.
@@ -62,13 +64,15 @@ type deploy struct {
 	sentinel SentinelDefaults
 	timeout  time.Duration
 	hooks    Hooks
+	// bypassed counts stamps the deploy made itself (see stampVersions).
+	bypassed prometheus.Counter
 }
 
 // NewDeployWorkflow is the DeployWorkflow: Run deploys one deployment,
 // Notify (shared) ends its wait for readiness. See the package
 // documentation for the steps.
 func NewDeployWorkflow(d Deps) restate.ServiceDefinition {
-	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks}
+	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks, bypassed: d.metrics().versioningBypassed}
 	if w.timeout <= 0 {
 		w.timeout = 5 * time.Minute
 	}
@@ -209,7 +213,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	if len(refs) == 0 {
 		return Outcome{Result: ResultStopped, Message: "stopped before its topology was written"}, nil
 	}
-	if res.Versions, err = stampVersions(ctx, refs); err != nil {
+	if res.Versions, err = w.stampVersions(ctx, id, refs); err != nil {
 		return Outcome{}, err
 	}
 
@@ -426,7 +430,7 @@ func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool)
 		if err != nil {
 			return err
 		}
-		if _, err := stampVersions(ctx, refs); err != nil {
+		if _, err := w.stampVersions(ctx, id, refs); err != nil {
 			return err
 		}
 	}

@@ -34,6 +34,15 @@
 // instead: a deploy to N regions stamps N rows in one call, one Restate
 // round trip and one transaction for the lot.
 //
+// An exclusive singleton has one weakness: an invocation of it that does
+// not end (paused by Restate after its retries, or stuck) holds every Stamp
+// queued behind it. So a deploy waits for the VersioningService at most a
+// minute; then it cancels its queued call and stamps its rows itself, in a
+// step of its own with its own grant key (still exactly once, still in
+// version order: the database lock orders versions), notes that in the
+// deployment's history (`ctrl deploy get`) and counts it in
+// krane_ctrl_versioning_bypassed_total.
+//
 // # DeployWorkflow
 //
 // A Restate workflow keyed by the deployment id. Run:

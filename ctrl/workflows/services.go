@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/store"
@@ -24,8 +25,32 @@ type Deps struct {
 	// SentinelDeployTimeout is how long a SentinelService.Deploy waits for
 	// the cluster when its request does not say (sentinel.deploy_timeout).
 	SentinelDeployTimeout time.Duration
+	// Registerer receives the services' metrics; nil registers none.
+	Registerer prometheus.Registerer
 	// Hooks are for tests.
 	Hooks Hooks
+
+	m *metrics
+}
+
+// metrics are the services' own metrics (the Notifier has its own).
+type metrics struct {
+	versioningBypassed prometheus.Counter
+}
+
+// metrics returns the services' metrics, registering them on first use.
+// Services builds every service from one Deps, so they share them.
+func (d *Deps) metrics() *metrics {
+	if d.m == nil {
+		d.m = &metrics{versioningBypassed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "krane_ctrl_versioning_bypassed_total",
+			Help: "Deploys that stamped their rows themselves because the VersioningService did not answer in time: one of its invocations is paused or stuck (see `restate invocations ls`).",
+		})}
+		if d.Registerer != nil {
+			d.Registerer.MustRegister(d.m.versioningBypassed)
+		}
+	}
+	return d.m
 }
 
 // SentinelDefaults configure new sentinels (ctrl config sentinel.default_*).
@@ -45,6 +70,9 @@ type Hooks struct {
 	// restate.RunContext. An error it returns fails the body as if the
 	// process had died there: Restate runs the body again.
 	AfterStep func(ctx context.Context, step string) error
+	// VersioningWait replaces how long a deploy waits for the
+	// VersioningService (0: versioningWait).
+	VersioningWait time.Duration
 	// SkipReadyRecheck leaves out SentinelService.Deploy's database check
 	// after it stored its awakeable: the lost wake-up that check prevents.
 	// Exists only to prove the tests catch it.
@@ -61,6 +89,7 @@ func (h Hooks) after(ctx context.Context, step string) error {
 // Services are every Restate service ctrl serves, in registration order. A
 // new service is a file with its constructor and a line here.
 func Services(d Deps) []restate.ServiceDefinition {
+	d.metrics()
 	return []restate.ServiceDefinition{
 		NewVersioningService(d),
 		NewDeployWorkflow(d),

@@ -377,8 +377,12 @@ type DeploymentInfo struct {
 	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt      *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	ShutdownSignal string                 `protobuf:"bytes,22,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The deployment's history, oldest first (GetDeployment only): every
+	// status change, and what the deploy noted on the way (e.g. that it
+	// stamped its rows itself because the VersioningService did not answer).
+	History       []*DeploymentEvent `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeploymentInfo) Reset() {
@@ -565,6 +569,74 @@ func (x *DeploymentInfo) GetShutdownSignal() string {
 	return ""
 }
 
+func (x *DeploymentInfo) GetHistory() []*DeploymentEvent {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+type DeploymentEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The status the entry is filed under.
+	Status        DeploymentStatus       `protobuf:"varint,1,opt,name=status,proto3,enum=krane.ctrl.v1.DeploymentStatus" json:"status,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentEvent) Reset() {
+	*x = DeploymentEvent{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentEvent) ProtoMessage() {}
+
+func (x *DeploymentEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentEvent.ProtoReflect.Descriptor instead.
+func (*DeploymentEvent) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeploymentEvent) GetStatus() DeploymentStatus {
+	if x != nil {
+		return x.Status
+	}
+	return DeploymentStatus_DEPLOYMENT_STATUS_UNSPECIFIED
+}
+
+func (x *DeploymentEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DeploymentEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 type RegionStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Region          string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -581,7 +653,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +665,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +678,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{4}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegionStatus) GetRegion() string {
@@ -672,7 +744,7 @@ type InstanceInfo struct {
 
 func (x *InstanceInfo) Reset() {
 	*x = InstanceInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +756,7 @@ func (x *InstanceInfo) String() string {
 func (*InstanceInfo) ProtoMessage() {}
 
 func (x *InstanceInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +769,7 @@ func (x *InstanceInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceInfo.ProtoReflect.Descriptor instead.
 func (*InstanceInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{5}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *InstanceInfo) GetK8SName() string {
@@ -753,7 +825,7 @@ type ListDeploymentsRequest struct {
 
 func (x *ListDeploymentsRequest) Reset() {
 	*x = ListDeploymentsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +837,7 @@ func (x *ListDeploymentsRequest) String() string {
 func (*ListDeploymentsRequest) ProtoMessage() {}
 
 func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +850,7 @@ func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{6}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDeploymentsRequest) GetEnvironmentId() string {
@@ -812,7 +884,7 @@ type ListDeploymentsResponse struct {
 
 func (x *ListDeploymentsResponse) Reset() {
 	*x = ListDeploymentsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +896,7 @@ func (x *ListDeploymentsResponse) String() string {
 func (*ListDeploymentsResponse) ProtoMessage() {}
 
 func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +909,7 @@ func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{7}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListDeploymentsResponse) GetDeployments() []*DeploymentInfo {
@@ -867,7 +939,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +951,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +964,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{8}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RollbackRequest) GetEnvironmentId() string {
@@ -925,7 +997,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1009,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1022,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{9}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PromoteRequest) GetDeploymentId() string {
@@ -968,7 +1040,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1052,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1065,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{10}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{11}
 }
 
 type StopDeploymentRequest struct {
@@ -1005,7 +1077,7 @@ type StopDeploymentRequest struct {
 
 func (x *StopDeploymentRequest) Reset() {
 	*x = StopDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1089,7 @@ func (x *StopDeploymentRequest) String() string {
 func (*StopDeploymentRequest) ProtoMessage() {}
 
 func (x *StopDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1102,7 @@ func (x *StopDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*StopDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{11}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StopDeploymentRequest) GetDeploymentId() string {
@@ -1048,7 +1120,7 @@ type StopDeploymentResponse struct {
 
 func (x *StopDeploymentResponse) Reset() {
 	*x = StopDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1132,7 @@ func (x *StopDeploymentResponse) String() string {
 func (*StopDeploymentResponse) ProtoMessage() {}
 
 func (x *StopDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1145,7 @@ func (x *StopDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*StopDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
 }
 
 type ScaleDeploymentRequest struct {
@@ -1087,7 +1159,7 @@ type ScaleDeploymentRequest struct {
 
 func (x *ScaleDeploymentRequest) Reset() {
 	*x = ScaleDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1171,7 @@ func (x *ScaleDeploymentRequest) String() string {
 func (*ScaleDeploymentRequest) ProtoMessage() {}
 
 func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1184,7 @@ func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*ScaleDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ScaleDeploymentRequest) GetDeploymentId() string {
@@ -1139,7 +1211,7 @@ type ScaleDeploymentResponse struct {
 
 func (x *ScaleDeploymentResponse) Reset() {
 	*x = ScaleDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1223,7 @@ func (x *ScaleDeploymentResponse) String() string {
 func (*ScaleDeploymentResponse) ProtoMessage() {}
 
 func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1236,7 @@ func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*ScaleDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ScaleDeploymentResponse) GetPreviousReplicas() int32 {
@@ -1199,7 +1271,7 @@ type DeploySentinelRequest struct {
 
 func (x *DeploySentinelRequest) Reset() {
 	*x = DeploySentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1283,7 @@ func (x *DeploySentinelRequest) String() string {
 func (*DeploySentinelRequest) ProtoMessage() {}
 
 func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1296,7 @@ func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelRequest.ProtoReflect.Descriptor instead.
 func (*DeploySentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeploySentinelRequest) GetSentinelId() string {
@@ -1291,7 +1363,7 @@ type DeploySentinelResponse struct {
 
 func (x *DeploySentinelResponse) Reset() {
 	*x = DeploySentinelResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1375,7 @@ func (x *DeploySentinelResponse) String() string {
 func (*DeploySentinelResponse) ProtoMessage() {}
 
 func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1388,7 @@ func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelResponse.ProtoReflect.Descriptor instead.
 func (*DeploySentinelResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeploySentinelResponse) GetSentinel() *SentinelInfo {
@@ -1356,7 +1428,7 @@ type GetSentinelRequest struct {
 
 func (x *GetSentinelRequest) Reset() {
 	*x = GetSentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1440,7 @@ func (x *GetSentinelRequest) String() string {
 func (*GetSentinelRequest) ProtoMessage() {}
 
 func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1453,7 @@ func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSentinelRequest.ProtoReflect.Descriptor instead.
 func (*GetSentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSentinelRequest) GetSentinelId() string {
@@ -1427,7 +1499,7 @@ type SentinelInfo struct {
 
 func (x *SentinelInfo) Reset() {
 	*x = SentinelInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1511,7 @@ func (x *SentinelInfo) String() string {
 func (*SentinelInfo) ProtoMessage() {}
 
 func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1524,7 @@ func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelInfo.ProtoReflect.Descriptor instead.
 func (*SentinelInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SentinelInfo) GetId() string {
@@ -1635,7 +1707,7 @@ type ListSentinelsRequest struct {
 
 func (x *ListSentinelsRequest) Reset() {
 	*x = ListSentinelsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1719,7 @@ func (x *ListSentinelsRequest) String() string {
 func (*ListSentinelsRequest) ProtoMessage() {}
 
 func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1732,7 @@ func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*ListSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSentinelsRequest) GetRegion() string {
@@ -1701,7 +1773,7 @@ type ListSentinelsResponse struct {
 
 func (x *ListSentinelsResponse) Reset() {
 	*x = ListSentinelsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1785,7 @@ func (x *ListSentinelsResponse) String() string {
 func (*ListSentinelsResponse) ProtoMessage() {}
 
 func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1798,7 @@ func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsResponse.ProtoReflect.Descriptor instead.
 func (*ListSentinelsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSentinelsResponse) GetSentinels() []*SentinelInfo {
@@ -1760,7 +1832,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1844,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1857,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StartRolloutRequest) GetImage() string {
@@ -1831,7 +1903,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1915,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1928,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
 }
 
 type ResumeRolloutRequest struct {
@@ -1869,7 +1941,7 @@ type ResumeRolloutRequest struct {
 
 func (x *ResumeRolloutRequest) Reset() {
 	*x = ResumeRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +1953,7 @@ func (x *ResumeRolloutRequest) String() string {
 func (*ResumeRolloutRequest) ProtoMessage() {}
 
 func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +1966,7 @@ func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeRolloutRequest) GetRetryFailed() bool {
@@ -1912,7 +1984,7 @@ type CancelRolloutRequest struct {
 
 func (x *CancelRolloutRequest) Reset() {
 	*x = CancelRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +1996,7 @@ func (x *CancelRolloutRequest) String() string {
 func (*CancelRolloutRequest) ProtoMessage() {}
 
 func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2009,7 @@ func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
 }
 
 type RollbackAllRequest struct {
@@ -1948,7 +2020,7 @@ type RollbackAllRequest struct {
 
 func (x *RollbackAllRequest) Reset() {
 	*x = RollbackAllRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2032,7 @@ func (x *RollbackAllRequest) String() string {
 func (*RollbackAllRequest) ProtoMessage() {}
 
 func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2045,7 @@ func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllRequest.ProtoReflect.Descriptor instead.
 func (*RollbackAllRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
 }
 
 type RollbackAllResponse struct {
@@ -1987,7 +2059,7 @@ type RollbackAllResponse struct {
 
 func (x *RollbackAllResponse) Reset() {
 	*x = RollbackAllResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2071,7 @@ func (x *RollbackAllResponse) String() string {
 func (*RollbackAllResponse) ProtoMessage() {}
 
 func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2084,7 @@ func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllResponse.ProtoReflect.Descriptor instead.
 func (*RollbackAllResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RollbackAllResponse) GetReverted() int32 {
@@ -2064,7 +2136,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2148,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2161,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RolloutStatus) GetState() string {
@@ -2219,7 +2291,7 @@ type Wave struct {
 
 func (x *Wave) Reset() {
 	*x = Wave{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2303,7 @@ func (x *Wave) String() string {
 func (*Wave) ProtoMessage() {}
 
 func (x *Wave) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2316,7 @@ func (x *Wave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Wave.ProtoReflect.Descriptor instead.
 func (*Wave) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Wave) GetIndex() int32 {
@@ -2325,7 +2397,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x18CreateDeploymentResponse\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\";\n" +
 	"\x14GetDeploymentRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\x95\a\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\xcf\a\n" +
 	"\x0eDeploymentInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x1d\n" +
@@ -2353,10 +2425,15 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"created_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
-	"\x0fshutdown_signal\x18\x16 \x01(\tR\x0eshutdownSignal\x1a:\n" +
+	"\x0fshutdown_signal\x18\x16 \x01(\tR\x0eshutdownSignal\x128\n" +
+	"\ahistory\x18\x17 \x03(\v2\x1e.krane.ctrl.v1.DeploymentEventR\ahistory\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x0fDeploymentEvent\x127\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x1f.krane.ctrl.v1.DeploymentStatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xff\x01\n" +
 	"\fRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12)\n" +
 	"\x10desired_replicas\x18\x02 \x01(\x05R\x0fdesiredReplicas\x12\x18\n" +
@@ -2539,100 +2616,104 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
 	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
 	(*CreateDeploymentResponse)(nil), // 2: krane.ctrl.v1.CreateDeploymentResponse
 	(*GetDeploymentRequest)(nil),     // 3: krane.ctrl.v1.GetDeploymentRequest
 	(*DeploymentInfo)(nil),           // 4: krane.ctrl.v1.DeploymentInfo
-	(*RegionStatus)(nil),             // 5: krane.ctrl.v1.RegionStatus
-	(*InstanceInfo)(nil),             // 6: krane.ctrl.v1.InstanceInfo
-	(*ListDeploymentsRequest)(nil),   // 7: krane.ctrl.v1.ListDeploymentsRequest
-	(*ListDeploymentsResponse)(nil),  // 8: krane.ctrl.v1.ListDeploymentsResponse
-	(*RollbackRequest)(nil),          // 9: krane.ctrl.v1.RollbackRequest
-	(*PromoteRequest)(nil),           // 10: krane.ctrl.v1.PromoteRequest
-	(*PromoteResponse)(nil),          // 11: krane.ctrl.v1.PromoteResponse
-	(*StopDeploymentRequest)(nil),    // 12: krane.ctrl.v1.StopDeploymentRequest
-	(*StopDeploymentResponse)(nil),   // 13: krane.ctrl.v1.StopDeploymentResponse
-	(*ScaleDeploymentRequest)(nil),   // 14: krane.ctrl.v1.ScaleDeploymentRequest
-	(*ScaleDeploymentResponse)(nil),  // 15: krane.ctrl.v1.ScaleDeploymentResponse
-	(*DeploySentinelRequest)(nil),    // 16: krane.ctrl.v1.DeploySentinelRequest
-	(*DeploySentinelResponse)(nil),   // 17: krane.ctrl.v1.DeploySentinelResponse
-	(*GetSentinelRequest)(nil),       // 18: krane.ctrl.v1.GetSentinelRequest
-	(*SentinelInfo)(nil),             // 19: krane.ctrl.v1.SentinelInfo
-	(*ListSentinelsRequest)(nil),     // 20: krane.ctrl.v1.ListSentinelsRequest
-	(*ListSentinelsResponse)(nil),    // 21: krane.ctrl.v1.ListSentinelsResponse
-	(*StartRolloutRequest)(nil),      // 22: krane.ctrl.v1.StartRolloutRequest
-	(*GetRolloutStatusRequest)(nil),  // 23: krane.ctrl.v1.GetRolloutStatusRequest
-	(*ResumeRolloutRequest)(nil),     // 24: krane.ctrl.v1.ResumeRolloutRequest
-	(*CancelRolloutRequest)(nil),     // 25: krane.ctrl.v1.CancelRolloutRequest
-	(*RollbackAllRequest)(nil),       // 26: krane.ctrl.v1.RollbackAllRequest
-	(*RollbackAllResponse)(nil),      // 27: krane.ctrl.v1.RollbackAllResponse
-	(*RolloutStatus)(nil),            // 28: krane.ctrl.v1.RolloutStatus
-	(*Wave)(nil),                     // 29: krane.ctrl.v1.Wave
-	nil,                              // 30: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 31: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 32: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	(*v1.Healthcheck)(nil),           // 33: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 34: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 35: krane.cluster.v1.Health
+	(*DeploymentEvent)(nil),          // 5: krane.ctrl.v1.DeploymentEvent
+	(*RegionStatus)(nil),             // 6: krane.ctrl.v1.RegionStatus
+	(*InstanceInfo)(nil),             // 7: krane.ctrl.v1.InstanceInfo
+	(*ListDeploymentsRequest)(nil),   // 8: krane.ctrl.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),  // 9: krane.ctrl.v1.ListDeploymentsResponse
+	(*RollbackRequest)(nil),          // 10: krane.ctrl.v1.RollbackRequest
+	(*PromoteRequest)(nil),           // 11: krane.ctrl.v1.PromoteRequest
+	(*PromoteResponse)(nil),          // 12: krane.ctrl.v1.PromoteResponse
+	(*StopDeploymentRequest)(nil),    // 13: krane.ctrl.v1.StopDeploymentRequest
+	(*StopDeploymentResponse)(nil),   // 14: krane.ctrl.v1.StopDeploymentResponse
+	(*ScaleDeploymentRequest)(nil),   // 15: krane.ctrl.v1.ScaleDeploymentRequest
+	(*ScaleDeploymentResponse)(nil),  // 16: krane.ctrl.v1.ScaleDeploymentResponse
+	(*DeploySentinelRequest)(nil),    // 17: krane.ctrl.v1.DeploySentinelRequest
+	(*DeploySentinelResponse)(nil),   // 18: krane.ctrl.v1.DeploySentinelResponse
+	(*GetSentinelRequest)(nil),       // 19: krane.ctrl.v1.GetSentinelRequest
+	(*SentinelInfo)(nil),             // 20: krane.ctrl.v1.SentinelInfo
+	(*ListSentinelsRequest)(nil),     // 21: krane.ctrl.v1.ListSentinelsRequest
+	(*ListSentinelsResponse)(nil),    // 22: krane.ctrl.v1.ListSentinelsResponse
+	(*StartRolloutRequest)(nil),      // 23: krane.ctrl.v1.StartRolloutRequest
+	(*GetRolloutStatusRequest)(nil),  // 24: krane.ctrl.v1.GetRolloutStatusRequest
+	(*ResumeRolloutRequest)(nil),     // 25: krane.ctrl.v1.ResumeRolloutRequest
+	(*CancelRolloutRequest)(nil),     // 26: krane.ctrl.v1.CancelRolloutRequest
+	(*RollbackAllRequest)(nil),       // 27: krane.ctrl.v1.RollbackAllRequest
+	(*RollbackAllResponse)(nil),      // 28: krane.ctrl.v1.RollbackAllResponse
+	(*RolloutStatus)(nil),            // 29: krane.ctrl.v1.RolloutStatus
+	(*Wave)(nil),                     // 30: krane.ctrl.v1.Wave
+	nil,                              // 31: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                              // 32: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                              // 33: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	(*v1.Healthcheck)(nil),           // 34: krane.cluster.v1.Healthcheck
+	(*timestamppb.Timestamp)(nil),    // 35: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 36: krane.cluster.v1.Health
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	30, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	31, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	33, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	31, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	32, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	34, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	32, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	33, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	5,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	34, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	34, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
-	6,  // 9: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
-	4,  // 10: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
-	19, // 11: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	35, // 12: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	34, // 13: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
-	19, // 14: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
-	28, // 15: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
-	29, // 16: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	34, // 17: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	34, // 18: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	1,  // 19: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 20: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	7,  // 21: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	9,  // 22: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	10, // 23: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	12, // 24: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	14, // 25: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	16, // 26: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	18, // 27: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	20, // 28: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	22, // 29: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	23, // 30: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	24, // 31: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	25, // 32: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	26, // 33: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	2,  // 34: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 35: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	8,  // 36: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 37: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	11, // 38: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	13, // 39: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	15, // 40: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	17, // 41: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	19, // 42: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	21, // 43: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	28, // 44: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 45: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 46: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 47: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	27, // 48: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	34, // [34:49] is the sub-list for method output_type
-	19, // [19:34] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	33, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	34, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	6,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
+	35, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	35, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 9: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
+	0,  // 10: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
+	35, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
+	7,  // 12: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
+	4,  // 13: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
+	20, // 14: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	36, // 15: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	35, // 16: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	20, // 17: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
+	29, // 18: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
+	30, // 19: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
+	35, // 20: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	35, // 21: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	1,  // 22: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	3,  // 23: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	8,  // 24: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	10, // 25: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	11, // 26: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	13, // 27: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	15, // 28: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	17, // 29: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	19, // 30: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	21, // 31: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	23, // 32: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	24, // 33: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	25, // 34: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	26, // 35: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	27, // 36: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	2,  // 37: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 38: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	9,  // 39: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 40: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	12, // 41: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	14, // 42: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	16, // 43: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	18, // 44: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	20, // 45: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	22, // 46: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	29, // 47: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	29, // 48: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	29, // 49: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	29, // 50: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 51: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	37, // [37:52] is the sub-list for method output_type
+	22, // [22:37] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_krane_ctrl_v1_ctrl_proto_init() }
@@ -2646,7 +2727,7 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
