@@ -658,22 +658,39 @@ ORDER BY d.created_at DESC, d.id DESC LIMIT 1`, d.EnvironmentID, created, create
 	return id, nil
 }
 
-// DeploymentsInStatus returns up to limit ids of deployments in status
-// that have not changed since before, oldest change first.
-func (s *Store) DeploymentsInStatus(ctx context.Context, status string, before time.Time, limit int) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT id FROM deployments WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?",
-		status, before.UnixMilli(), limit)
+// Updated is a row's id and when it last changed (unix milliseconds): a
+// position in a list ordered by (updated_at, id), for keyset paging that
+// reaches every row however many never change.
+type Updated struct {
+	ID string
+	At int64
+}
+
+// Before orders positions: by change time, then id.
+func (u Updated) Before(v Updated) bool { return u.At < v.At || (u.At == v.At && u.ID < v.ID) }
+
+// DeploymentsInStatus returns up to limit deployments in status that have
+// not changed since before, after the position after (the zero value starts
+// at the oldest), oldest change first.
+func (s *Store) DeploymentsInStatus(ctx context.Context, status string, before time.Time, after Updated, limit int) ([]Updated, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, updated_at FROM deployments WHERE status = ? AND updated_at < ?
+  AND (updated_at > ? OR (updated_at = ? AND id > ?)) ORDER BY updated_at, id LIMIT ?`,
+		status, before.UnixMilli(), after.At, after.At, after.ID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: list %s deployments: %w", status, err)
 	}
+	return scanUpdated(rows)
+}
+
+func scanUpdated(rows *sql.Rows) ([]Updated, error) {
 	defer rows.Close()
-	var out []string
+	var out []Updated
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var u Updated
+		if err := rows.Scan(&u.ID, &u.At); err != nil {
 			return nil, err
 		}
-		out = append(out, id)
+		out = append(out, u)
 	}
 	return out, rows.Err()
 }

@@ -194,21 +194,14 @@ func (s *Store) RunningSentinels(ctx context.Context, after string, limit int) (
 	return out, rows.Err()
 }
 
-// SentinelsDeploying returns up to limit ids of sentinels whose deploy is
-// in progress, least recently changed first.
-func (s *Store) SentinelsDeploying(ctx context.Context, limit int) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT id FROM sentinels WHERE deploy_status = 'progressing' ORDER BY updated_at LIMIT ?", limit)
+// SentinelsDeploying returns up to limit sentinels whose deploy is in
+// progress, after the position after (the zero value starts at the least
+// recently changed), least recently changed first.
+func (s *Store) SentinelsDeploying(ctx context.Context, after Updated, limit int) ([]Updated, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, updated_at FROM sentinels WHERE deploy_status = 'progressing'
+  AND (updated_at > ? OR (updated_at = ? AND id > ?)) ORDER BY updated_at, id LIMIT ?`, after.At, after.At, after.ID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: list deploying sentinels: %w", err)
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return scanUpdated(rows)
 }

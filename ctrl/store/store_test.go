@@ -326,3 +326,33 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 		t.Fatalf("report from another region: %v, want ErrNotFound", err)
 	}
 }
+
+// TestStalledConnectionFails: a connection to a server that stopped
+// answering (no byte flows, no RST) fails a call that has no deadline of its
+// own after the read timeout, instead of hanging it.
+func TestStalledConnectionFails(t *testing.T) {
+	my := testenv.SharedMySQL(t)
+	dsn := my.Database(t, t.Name())
+	proxy, err := testenv.NewProxy(my.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	s, err := store.Open(context.Background(), testenv.WithAddr(dsn, proxy.Addr()), store.PoolOptions{ReadTimeout: time.Second, WriteTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	proxy.Stall()
+	defer proxy.Restore()
+	done := make(chan error, 1)
+	go func() { _, err := s.Head(context.Background()); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a read on a stalled connection succeeded")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a read on a stalled connection without a deadline hung for 60s")
+	}
+}

@@ -181,6 +181,17 @@ func (m *MySQL) DSN(db string) string {
 	return cfg.FormatDSN()
 }
 
+// WithAddr is dsn with its server address replaced by addr (a Proxy's, to
+// put network faults between a client and the server).
+func WithAddr(dsn, addr string) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		panic(fmt.Sprintf("testenv: %q is not a DSN: %v", dsn, err))
+	}
+	cfg.Addr = addr
+	return cfg.FormatDSN()
+}
+
 func (m *MySQL) ping(ctx context.Context) error {
 	db, err := sql.Open("mysql", m.baseDSN.FormatDSN())
 	if err != nil {
