@@ -49,7 +49,7 @@ func startCtrlWithRestate(t *testing.T) *serve.Server {
 	cfg.GRPC.Addr, cfg.HTTP.Addr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Watch.PollInterval = 20 * time.Millisecond
 	cfg.Log.Level, cfg.Log.Format = "warn", "text"
-	cfg.Restate.IngressURL, cfg.Restate.AdminURL = r.IngressURL(), r.AdminURL()
+	cfg.Restate.IngressURL, cfg.Restate.AdminURL, cfg.Restate.IdentityKeys = r.IngressURL(), r.AdminURL(), r.IdentityKey()
 	cfg.Restate.Endpoint.Listen = "127.0.0.1:0"
 	cfg.Sentinel.DefaultImage = sentinelV1
 	ctx, cancel := context.WithCancel(context.Background())

@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/restatedev/sdk-go/ingress"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -42,7 +41,7 @@ import (
 // Options configure a Server.
 type Options struct {
 	Store   *store.Store
-	Ingress *ingress.Client
+	Ingress *workflows.Ingress
 	Log     hclog.Logger
 	// DefaultTimeout is deploy.timeout: a deploy's wait when its request
 	// says none (stored with the deployment).
@@ -56,7 +55,7 @@ type Options struct {
 type Server struct {
 	ctrlv1.UnimplementedDeploymentServiceServer
 	store   *store.Store
-	ingress *ingress.Client
+	ingress *workflows.Ingress
 	log     hclog.Logger
 	timeout time.Duration
 	vault   *vault.Source

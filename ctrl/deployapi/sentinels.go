@@ -24,9 +24,10 @@ import (
 // SentinelOptions configure the sentinel and rollout APIs.
 type SentinelOptions struct {
 	Store *store.Store
-	// IngressURL is Restate's ingress.
-	IngressURL string
-	Log        hclog.Logger
+	// Ingress answers within 30 s; Waiting has no overall timeout (the
+	// caller's deadline bounds it), for deploys that wait minutes.
+	Ingress, Waiting *workflows.Ingress
+	Log              hclog.Logger
 }
 
 // Sentinels serves krane.ctrl.v1.SentinelService (one sentinel: deploy,
@@ -37,7 +38,7 @@ type Sentinels struct {
 	store *store.Store
 	// ingress answers within 30 s; waiting has no overall timeout (the
 	// caller's deadline bounds it) for deploys that wait minutes.
-	ingress, waiting *ingress.Client
+	ingress, waiting *workflows.Ingress
 	log              hclog.Logger
 }
 
@@ -46,7 +47,7 @@ func NewSentinels(o SentinelOptions) *Sentinels {
 	if o.Log == nil {
 		o.Log = hclog.NewNullLogger()
 	}
-	return &Sentinels{store: o.Store, ingress: workflows.NewIngressClient(o.IngressURL), waiting: workflows.NewWaitingIngressClient(o.IngressURL),
+	return &Sentinels{store: o.Store, ingress: o.Ingress, waiting: o.Waiting,
 		log: o.Log.Named("sentinelapi")}
 }
 

@@ -76,7 +76,7 @@ func NewDeployWorkflow(d Deps) restate.ServiceDefinition {
 	if w.timeout <= 0 {
 		w.timeout = 5 * time.Minute
 	}
-	return restate.NewWorkflow(DeployWorkflowName, RetryPolicy()).
+	return restate.NewWorkflow(DeployWorkflowName, RetryPolicy(), private()).
 		Handler("Run", restate.NewWorkflowHandler(w.run)).
 		Handler("Notify", restate.NewWorkflowSharedHandler(w.notify))
 }

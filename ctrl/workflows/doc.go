@@ -126,6 +126,17 @@
 // are posted to Slack in order, in a Run with bounded retries; a webhook
 // failure never fails the rollout.
 //
+// # Who may call: CtrlIngress and request identity
+//
+// Every service above is private to Restate's ingress: only other handlers
+// call it. ctrl's own calls from outside Restate (the operators' APIs, the
+// Notifier) go through CtrlIngress.Call, the one public handler, which
+// forwards to the private handler a call names after checking its
+// signature, an HMAC with a key every ctrl replica shares through the
+// database (see GatewayName). And with restate.identity_keys the endpoint
+// answers only requests Restate signed, so nobody reaches the handlers by
+// going around Restate either.
+//
 // # Failures
 //
 // See RetryPolicy: infrastructure errors are retried for about two hours,

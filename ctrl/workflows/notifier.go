@@ -8,7 +8,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/restatedev/sdk-go/ingress"
 
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
@@ -18,7 +17,7 @@ import (
 // NotifierOptions configure a Notifier. Zero values take the defaults.
 type NotifierOptions struct {
 	Store   *store.Store
-	Ingress *ingress.Client
+	Ingress *Ingress
 	Log     hclog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer

@@ -92,11 +92,11 @@ func TestDeployStatusStepRunTwiceStillDeploys(t *testing.T) {
 }
 
 // deployResult waits for a deploy workflow's result.
-func deployResult(t *testing.T, rs *testenv.Restate, id string) workflows.DeployResult {
+func deployResult(t *testing.T, env *ctrltest.Env, id string) workflows.DeployResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	res, err := workflows.DeployOutcome(ctx, workflows.NewWaitingIngressClient(rs.IngressURL()), id)
+	res, err := workflows.DeployOutcome(ctx, env.Ingress(t, true), id)
 	if err != nil {
 		t.Fatalf("the result of deploy %s: %v", id, err)
 	}
@@ -114,7 +114,7 @@ func TestDeploySentinelsStepRunTwiceReportsTheSentinels(t *testing.T) {
 	ctrltest.WaitStatus(t, w.api, id, 60*time.Second, network)
 	w.clusters["eu"].ReportRunning(t, id, 1)
 	w.clusters["us"].ReportRunning(t, id, 1)
-	res := deployResult(t, rs, id)
+	res := deployResult(t, w.env, id)
 	sens := sentinels(t, w.env.Store.DB(), "env-rerun-sentinels")
 	want := []string{sens["eu"].ID, sens["us"].ID}
 	slices.Sort(want)
@@ -136,7 +136,7 @@ func TestSentinelWriteStepRunTwiceReportsTheChange(t *testing.T) {
 	id := env.CreateSentinels(t, "eu", "sen-rerun", "registry.test/sentinel:1", 1)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c := workflows.NewWaitingIngressClient(rs.IngressURL())
+	c := env.Ingress(t, true)
 	inv, err := workflows.StartSentinelDeploy(ctx, c, id, workflows.SentinelDeployRequest{Image: "registry.test/sentinel:2", TimeoutSeconds: 60})
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +175,7 @@ func TestDeployFoundFinishedByOthersReportsItsStatus(t *testing.T) {
 	w := newWorld(t, ctrltest.Options{Restate: rs, Deps: serve.Deps{WorkflowHooks: workflows.Hooks{AfterStep: hook}}}, "eu")
 	st.Store(w.env.Store)
 	id := w.create(t, &ctrlv1.CreateDeploymentRequest{EnvironmentId: "env-gone", Image: "registry.test/app:1", Replicas: 1})
-	res := deployResult(t, rs, id)
+	res := deployResult(t, w.env, id)
 	if res.Status != "failed" {
 		t.Fatalf("result %+v, want status failed (the deployment's own)", res)
 	}

@@ -273,14 +273,14 @@ type rollouts struct {
 // without waiting for one to end.
 func NewSentinelRolloutService(d Deps) restate.ServiceDefinition {
 	r := &rollouts{store: d.Store, slack: newSlackClient(), hooks: d.Hooks}
-	return restate.NewObject(RolloutServiceName, RetryPolicy()).
+	return restate.NewObject(RolloutServiceName, RetryPolicy(), private()).
 		Handler("Rollout", restate.NewObjectHandler(r.rollout)).
 		Handler("Status", restate.NewObjectSharedHandler(r.status)).
 		Handler("Resume", restate.NewObjectHandler(r.resume)).
 		Handler("Cancel", restate.NewObjectHandler(r.cancel)).
 		Handler("RollbackAll", restate.NewObjectHandler(r.rollbackAll)).
-		Handler("StartWave", restate.NewObjectHandler(r.startWave, restate.WithIngressPrivate(true))).
-		Handler("BatchDone", restate.NewObjectHandler(r.batchDone, restate.WithIngressPrivate(true)))
+		Handler("StartWave", restate.NewObjectHandler(r.startWave)).
+		Handler("BatchDone", restate.NewObjectHandler(r.batchDone))
 }
 
 // NewSentinelRolloutWorker is the service whose invocations wait for one
@@ -288,8 +288,8 @@ func NewSentinelRolloutService(d Deps) restate.ServiceDefinition {
 // the launch's idempotency key (so it joins the deploy the rollout object
 // already sent), collects the results and sends them to BatchDone.
 func NewSentinelRolloutWorker(Deps) restate.ServiceDefinition {
-	return restate.NewService(RolloutWorkerName, RetryPolicy()).
-		Handler("Run", restate.NewServiceHandler(runBatch, restate.WithIngressPrivate(true)))
+	return restate.NewService(RolloutWorkerName, RetryPolicy(), private()).
+		Handler("Run", restate.NewServiceHandler(runBatch))
 }
 
 func runBatch(ctx restate.Context, job rolloutJob) (restate.Void, error) {

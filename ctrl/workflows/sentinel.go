@@ -127,7 +127,7 @@ func NewSentinelService(d Deps) restate.ServiceDefinition {
 	if s.timeout <= 0 {
 		s.timeout = DefaultSentinelDeployTimeout
 	}
-	return restate.NewObject(SentinelServiceName, RetryPolicy()).
+	return restate.NewObject(SentinelServiceName, RetryPolicy(), private()).
 		Handler("Deploy", restate.NewObjectHandler(s.deploy)).
 		Handler("NotifyReady", restate.NewObjectSharedHandler(func(ctx restate.ObjectSharedContext, n SentinelNotice) (NotifyResult, error) {
 			n.Result = ResultReady

@@ -129,7 +129,7 @@ func TestSentinelDeploy(t *testing.T) {
 	wait(t, "the cluster to receive the new version", 10*time.Second, func() bool { got, _, _ := eu.Latest(ids[2]); return got == v })
 	begin = time.Now()
 	eu.ReportApplyError(t, ids[2], "image", "the registry refuses this image", true)
-	out, err := workflows.SentinelDeployOutcome(ctx, workflows.NewWaitingIngressClient(testenv.SharedRestate(t).IngressURL()), resp.GetInvocationId())
+	out, err := workflows.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
 	if err != nil || out.Status != "failed" || !strings.Contains(out.Message, "image: the registry refuses this image (cluster eu-1 could not apply version") {
 		t.Fatalf("deploy with a permanent apply error: %+v, %v", out, err)
 	}
@@ -156,7 +156,7 @@ func TestSentinelDeploy(t *testing.T) {
 		t.Fatalf("stopped sentinel: %v", err)
 	}
 	// Straight to Restate (no API check first): a terminal error, at once.
-	ing := workflows.NewWaitingIngressClient(testenv.SharedRestate(t).IngressURL())
+	ing := env.Ingress(t, true)
 	for _, c := range []struct {
 		id   string
 		code int
@@ -308,7 +308,7 @@ func TestSentinelDeployCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	_, err = workflows.SentinelDeployOutcome(ctx, workflows.NewWaitingIngressClient(r.IngressURL()), resp.GetInvocationId())
+	_, err = workflows.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
 	if te := restate.AsTerminalError(err); te == nil || te.Code() != 409 {
 		t.Fatalf("cancelled deploy: %v, want Restate's cancellation", err)
 	}

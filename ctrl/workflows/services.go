@@ -25,6 +25,9 @@ type Deps struct {
 	// SentinelDeployTimeout is how long a SentinelService.Deploy waits for
 	// the cluster when its request does not say (sentinel.deploy_timeout).
 	SentinelDeployTimeout time.Duration
+	// IngressKey signs ctrl's calls through Restate's ingress (see
+	// GatewayName): CtrlIngress refuses calls without its signature.
+	IngressKey []byte
 	// Registerer receives the services' metrics; nil registers none.
 	Registerer prometheus.Registerer
 	// Hooks are for tests.
@@ -96,8 +99,13 @@ func Services(d Deps) []restate.ServiceDefinition {
 		NewSentinelService(d),
 		NewSentinelRolloutService(d),
 		NewSentinelRolloutWorker(d),
+		NewGateway(d),
 	}
 }
+
+// private hides a service from Restate's ingress: only other handlers call
+// it (ctrl's own calls from outside go through CtrlIngress).
+func private() restate.ServiceDefinitionOption { return restate.WithIngressPrivate(true) }
 
 // RetryPolicy is the invocation retry policy every service of ctrl sets.
 //
@@ -131,6 +139,7 @@ func RetryPolicy() restate.ServiceDefinitionOption {
 // Terminal error codes (see RetryPolicy).
 const (
 	codeInvalid      = 400
+	codeUnauthorized = 401
 	codeNotFound     = 404
 	codePrecondition = 412
 	// codeCancelled is Restate's, on an invocation an operator cancelled.

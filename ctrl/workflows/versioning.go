@@ -58,7 +58,7 @@ type versioning struct {
 func NewVersioningService(d Deps) restate.ServiceDefinition {
 	v := &versioning{store: d.Store, hooks: d.Hooks}
 	return restate.NewObject(VersioningServiceName,
-		RetryPolicy(),
+		RetryPolicy(), private(),
 		// Calls are frequent and their results are in MySQL; an hour of
 		// journals is plenty to debug with.
 		restate.WithJournalRetention(time.Hour),

@@ -53,18 +53,19 @@ func (h *versioningHold) hook(ctx context.Context, step string) error {
 func (h *versioningHold) Release() { h.once.Do(func() { close(h.release) }) }
 
 // hold starts the held Stamp call and waits until it holds the singleton.
-func (h *versioningHold) hold(t *testing.T, st *store.Store, rs *testenv.Restate) {
+func (h *versioningHold) hold(t *testing.T, env *ctrltest.Env) {
 	t.Helper()
-	if _, err := st.WriteTx(context.Background(), func(ctx context.Context, tx *store.Tx) error {
+	if _, err := env.Store.WriteTx(context.Background(), func(ctx context.Context, tx *store.Tx) error {
 		return tx.PutResource(ctx, store.Resource{Kind: holdKind, Region: "nowhere", ID: "h1", Spec: []byte(`{}`)})
 	}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Release)
+	c := env.Ingress(t, true)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		_, _ = workflows.Stamp(ctx, workflows.NewWaitingIngressClient(rs.IngressURL()), []workflows.Ref{{Kind: holdKind, Region: "nowhere", ID: "h1"}}, "")
+		_, _ = workflows.Stamp(ctx, c, []workflows.Ref{{Kind: holdKind, Region: "nowhere", ID: "h1"}}, "")
 	}()
 	select {
 	case <-h.held:
@@ -84,7 +85,7 @@ func TestDeployDoesNotWaitForeverForAStuckVersioningService(t *testing.T) {
 	hold := newVersioningHold()
 	rs := testenv.SharedRestate(t)
 	w := newWorld(t, ctrltest.Options{Restate: rs, Deps: serve.Deps{WorkflowHooks: workflows.Hooks{AfterStep: hold.hook, VersioningWait: 2 * time.Second}}}, "eu")
-	hold.hold(t, w.env.Store, rs)
+	hold.hold(t, w.env)
 
 	id := w.create(t, &ctrlv1.CreateDeploymentRequest{EnvironmentId: "env-held", Image: "registry.test/app:1", Replicas: 1})
 	ctrltest.WaitStatus(t, w.api, id, 60*time.Second, network)
