@@ -87,7 +87,13 @@
 // Determinism: handler code outside restate.Run reads no clock, database,
 // configuration or randomness (ids come from restate.Rand), and decides
 // call order from sorted slices, never from map iteration. Each Run body is
-// idempotent because it may run twice.
+// idempotent because it may run twice, and answers the same the second
+// time: every Run of every service goes through runStep with a Step
+// declared by newStep (Steps lists them), and the crash-point suite
+// (TestCrashPoints) runs each one twice, and answers each of its commits
+// "bad connection" once, and expects the same result and database as an
+// uninterrupted run. A new step is covered by that suite as soon as a
+// scenario reaches it, and fails it until one does.
 //
 // # SentinelService: one sentinel's convergence
 //
