@@ -32,6 +32,10 @@ type Restate struct {
 	identity string
 
 	adminPort, ingressPort, nodePort int
+	// name is the node name; config, when set, is the node's configuration
+	// file (a node of a RestateCluster).
+	name, config string
+	keyFile      string
 
 	mu   sync.Mutex
 	proc *Process
@@ -58,8 +62,8 @@ func StartRestate() (*Restate, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Restate{bin: bin, dir: dir, adminPort: ports[0], ingressPort: ports[1], nodePort: ports[2]}
-	if r.identity, err = writeIdentityKey(filepath.Join(dir, identityKeyFile)); err != nil {
+	r := &Restate{bin: bin, dir: dir, adminPort: ports[0], ingressPort: ports[1], nodePort: ports[2], name: "n1", keyFile: filepath.Join(dir, identityKeyFile)}
+	if r.identity, err = writeIdentityKey(r.keyFile); err != nil {
 		return nil, err
 	}
 	if err := r.Start(); err != nil {
@@ -76,6 +80,9 @@ func (r *Restate) Start() error {
 	if r.proc != nil && !r.proc.Exited() {
 		return nil
 	}
+	if r.config != "" {
+		return r.startNode()
+	}
 	env := []string{
 		"RESTATE_LISTEN_MODE=tcp",
 		fmt.Sprintf("RESTATE_ADMIN__BIND_ADDRESS=127.0.0.1:%d", r.adminPort),
@@ -86,7 +93,7 @@ func (r *Restate) Start() error {
 		"RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE=256MB",
 		"RESTATE_DISABLE_TELEMETRY=true",
 		"RESTATE_LOG_DISABLE_ANSI_CODES=true",
-		"RESTATE_WORKER__INVOKER__REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE=" + filepath.Join(r.dir, identityKeyFile),
+		"RESTATE_WORKER__INVOKER__REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE=" + r.keyFile,
 	}
 	p, err := StartProcess(r.dir, "restate-server", r.bin, []string{"--base-dir", r.dir, "--node-name", "n1", "--no-logo"}, env)
 	if err != nil {
