@@ -331,14 +331,8 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 // answering (no byte flows, no RST) fails a call that has no deadline of its
 // own after the read timeout, instead of hanging it.
 func TestStalledConnectionFails(t *testing.T) {
-	my := testenv.SharedMySQL(t)
-	dsn := my.Database(t, t.Name())
-	proxy, err := testenv.NewProxy(my.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	s, err := store.Open(context.Background(), testenv.WithAddr(dsn, proxy.Addr()), store.PoolOptions{ReadTimeout: time.Second, WriteTimeout: time.Second})
+	dsn, proxy := testenv.SharedMySQL(t).DatabaseBehindProxy(t, t.Name())
+	s, err := store.Open(context.Background(), dsn, store.PoolOptions{ReadTimeout: time.Second, WriteTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

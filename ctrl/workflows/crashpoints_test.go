@@ -418,32 +418,6 @@ func dbState(t *testing.T, db *sql.DB, r *crashRun) string {
 	return strings.Join(out, "\n")
 }
 
-// holdAsync starts the held Stamp call (see versioningHold) and returns a
-// channel closed when it has ended.
-func (h *versioningHold) holdAsync(t *testing.T, env *ctrltest.Env) chan struct{} {
-	t.Helper()
-	if _, err := env.Store.WriteTx(context.Background(), func(ctx context.Context, tx *store.Tx) error {
-		return tx.PutResource(ctx, store.Resource{Kind: holdKind, Region: "nowhere", ID: "h1", Spec: []byte(`{}`)})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Release)
-	c := env.Ingress(t, true)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		_, _ = workflows.Stamp(ctx, c, []workflows.Ref{{Kind: holdKind, Region: "nowhere", ID: "h1"}}, "")
-	}()
-	select {
-	case <-h.held:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the held Stamp call never ran")
-	}
-	return done
-}
-
 // TestCrashPoints is the crash-point suite (see the top of this file).
 func TestCrashPoints(t *testing.T) {
 	declared := map[string]bool{}

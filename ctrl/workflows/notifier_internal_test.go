@@ -67,14 +67,8 @@ func TestResyncReachesEveryRowPastStuckOnes(t *testing.T) {
 // (connections open, no byte flowing: a network partition), a resync pass
 // ends within its per-call deadlines instead of hanging the Notifier.
 func TestResyncDatabaseCallsHaveDeadlines(t *testing.T) {
-	my := testenv.SharedMySQL(t)
-	dsn := my.Database(t, t.Name())
-	proxy, err := testenv.NewProxy(my.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	st := openTestStore(t, testenv.WithAddr(dsn, proxy.Addr()), store.PoolOptions{})
+	dsn, proxy := testenv.SharedMySQL(t).DatabaseBehindProxy(t, t.Name())
+	st := openTestStore(t, dsn, store.PoolOptions{})
 	createInStatus(t, st, "dep-net-", store.StatusNetwork, time.Now().Add(-time.Hour), 2)
 	n := NewNotifier(NotifierOptions{Store: st, DBTimeout: 500 * time.Millisecond})
 	proxy.Stall()

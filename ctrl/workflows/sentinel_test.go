@@ -47,23 +47,36 @@ func waitConverged(t *testing.T, st *store.Store, ids ...string) {
 
 func sentinelMetric(t *testing.T, env *ctrltest.Env, result string) float64 {
 	t.Helper()
-	mfs, err := env.Server.Registry().Gather()
+	v, err := metricValue(env, "krane_ctrl_sentinel_notifications_total", "result", result)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return v
+}
+
+// metricValue sums the series of a metric in a ctrl's registry, those
+// whose label has value when label is set.
+func metricValue(env *ctrltest.Env, name, label, value string) (float64, error) {
+	mfs, err := env.Server.Registry().Gather()
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
 	for _, mf := range mfs {
-		if mf.GetName() != "krane_ctrl_sentinel_notifications_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			match := label == ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
+				match = match || (l.GetName() == label && l.GetValue() == value)
+			}
+			if match {
+				sum += m.GetCounter().GetValue()
 			}
 		}
 	}
-	return 0
+	return sum, nil
 }
 
 func TestSentinelDeploy(t *testing.T) {
@@ -268,23 +281,8 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 }
 
 func sentinelMetricNoT(env *ctrltest.Env, result string) float64 {
-	mfs, err := env.Server.Registry().Gather()
-	if err != nil {
-		return 0
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "krane_ctrl_sentinel_notifications_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := metricValue(env, "krane_ctrl_sentinel_notifications_total", "result", result)
+	return v
 }
 
 // A Deploy cancelled in Restate records why, clears its awakeable, and the
