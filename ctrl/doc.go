@@ -7,6 +7,9 @@
 //   - clusterapi: the ClusterService agents talk to (watch streams, reports,
 //     heartbeats) and the per-process head poller;
 //   - auth: API tokens and the gRPC interceptors that check every call;
+//   - deployspec: the deployment domain model (the spec a deploy carries,
+//     its validation, ids and names) and its conversions between the API,
+//     the store and the cluster types;
 //   - workflows: the Restate services (VersioningService, DeployWorkflow),
 //     their endpoint and registration, and the Notifier that wakes deploys
 //     when clusters report;

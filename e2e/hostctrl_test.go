@@ -190,7 +190,7 @@ func TestHostAgainstCtrl(t *testing.T) {
 	// A bad object is parked by the host and its reason lands in ctrl.
 	putConfigMap(t, st, "eu", "bad", "kube-system", "x", "1", false)
 	waitFor(t, 20*time.Second, "apply error in ctrl", func() error {
-		errs, err := st.ApplyErrors(ctx, cmKind, "bad")
+		errs, err := st.ApplyErrors(ctx, cmKind, "eu", "bad")
 		if err != nil || len(errs) != 1 || errs[0].Field != "namespace" || !errs[0].Permanent {
 			return fmt.Errorf("apply errors %+v, %v", errs, err)
 		}

@@ -86,6 +86,7 @@ func TestSecretsEndToEnd(t *testing.T) {
 	cfg.Watch.PollInterval = 20 * time.Millisecond
 	cfg.Log.Level, cfg.Log.Format = "trace", "text"
 	cfg.Restate.IngressURL, cfg.Restate.AdminURL, cfg.Restate.Endpoint.Listen = restate.IngressURL(), restate.AdminURL(), "127.0.0.1:0"
+	cfg.Restate.IdentityKeys = restate.IdentityKey()
 	cfg.Sentinel.DefaultImage = "registry.example/krane/sentinel:1.0.0"
 	cfg.Vault.KeyringFile = keyring
 	sctx, cancel := context.WithCancel(ctx)

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -46,7 +47,7 @@ func startCtrlWithRestate(t *testing.T) *serve.Server {
 	cfg.GRPC.Addr, cfg.HTTP.Addr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Watch.PollInterval = 20 * time.Millisecond
 	cfg.Log.Level, cfg.Log.Format = "warn", "text"
-	cfg.Restate.IngressURL, cfg.Restate.AdminURL = r.IngressURL(), r.AdminURL()
+	cfg.Restate.IngressURL, cfg.Restate.AdminURL, cfg.Restate.IdentityKeys = r.IngressURL(), r.AdminURL(), r.IdentityKey()
 	cfg.Restate.Endpoint.Listen = "127.0.0.1:0"
 	cfg.Sentinel.DefaultImage = sentinelV1
 	ctx, cancel := context.WithCancel(context.Background())
@@ -143,7 +144,7 @@ func TestSentinelRolloutOnRealCluster(t *testing.T) {
 	const id = "sen_e2e_rollout"
 	if _, err := st.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
 		return tx.PutSentinel(ctx, store.Sentinel{ID: id, Region: "eu", WorkspaceID: "ws1", ProjectID: "p1", AppID: "a1", EnvironmentID: "env-e2e",
-			K8sName: workflows.K8sName(id), Image: sentinelV1, Replicas: 2, CPUMillicores: 100, MemoryMiB: 128})
+			K8sName: deployspec.K8sName(id), Image: sentinelV1, Replicas: 2, CPUMillicores: 100, MemoryMiB: 128})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func TestSentinelRolloutOnRealCluster(t *testing.T) {
 		t.Fatalf("a rollout is already %s on this Restate", s)
 	}
 	cluster := kubeenv.Shared(t)
-	name := workflows.K8sName(id)
+	name := deployspec.K8sName(id)
 	tl := &timeline{begin: time.Now(), seen: map[string]bool{}}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})

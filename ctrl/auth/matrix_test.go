@@ -168,8 +168,9 @@ const deadRestate = "http://127.0.0.1:1"
 // production handler behind the production interceptors.
 func startWithOperatorAPIs(t *testing.T, o ctrltest.Options) *ctrltest.Env {
 	o.Deps.RegisterServices = func(gs *grpc.Server, st *store.Store) error {
-		deployapi.New(deployapi.Options{Store: st, Ingress: workflows.NewIngressClient(deadRestate)}).Register(gs)
-		deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, IngressURL: deadRestate}).Register(gs)
+		dead := workflows.NewIngressClient(deadRestate, []byte("no key"))
+		deployapi.New(deployapi.Options{Store: st, Ingress: dead}).Register(gs)
+		deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: dead, Waiting: dead}).Register(gs)
 		return nil
 	}
 	return ctrltest.Start(t, o)

@@ -324,6 +324,20 @@ func (d *deployCmd) get() *cobra.Command {
 	return cmd
 }
 
+// printHistory lists a deployment's history, oldest first.
+func printHistory(out io.Writer, events []*ctrlv1.DeploymentEvent) {
+	if len(events) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "AT\tSTATUS\tNOTE")
+	for _, e := range events {
+		fmt.Fprintf(w, "%s\t%s\t%s\n", e.GetAt().AsTime().Format(time.RFC3339), statusName(e.GetStatus()), e.GetMessage())
+	}
+	w.Flush()
+}
+
 func printDeployment(out io.Writer, d *ctrlv1.DeploymentInfo) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "Deployment:\t%s\n", d.GetId())
@@ -346,6 +360,7 @@ func printDeployment(out io.Writer, d *ctrlv1.DeploymentInfo) {
 	}
 	fmt.Fprintf(w, "Created:\t%s\n", d.GetCreatedAt().AsTime().Format(time.RFC3339))
 	w.Flush()
+	printHistory(out, d.GetHistory())
 	if len(d.GetRegions()) == 0 {
 		return
 	}

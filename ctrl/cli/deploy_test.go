@@ -116,6 +116,10 @@ func TestDeployCreateWaitShowsProgressPerRegionAndExitsZeroWhenReady(t *testing.
 	if code != 0 || !strings.Contains(out, "Status:       ready") || !strings.Contains(out, "Env:          LOG") || !strings.Contains(out, ctrltest.K8sName(id)+"-eu-0  running") {
 		t.Fatalf("deploy get: %d\n%s%s", code, out, errOut)
 	}
+	// The history, oldest first, with what the deploy noted.
+	if !regexp.MustCompile(`(?s)\S+\s+pending\s+created by .*\S+\s+deploying\s.*\S+\s+network\s.*\S+\s+ready\s+promoted: the environment's live deployment`).MatchString(out) {
+		t.Fatalf("deploy get shows no history:\n%s", out)
+	}
 	code, out, _ = run(t, "deploy", "list", "--environment", "prod", "-o", "json")
 	var list struct {
 		Deployments []struct {

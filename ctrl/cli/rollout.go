@@ -176,7 +176,7 @@ func (r *rolloutCmd) resume() *cobra.Command {
 func (r *rolloutCmd) cancel() *cobra.Command {
 	return &cobra.Command{
 		Use:   "cancel",
-		Short: "Cancel the rollout: no further wave starts (deploys in flight finish; nothing is reverted)",
+		Short: "Cancel the rollout: no further wave starts (deploys in flight finish; nothing is reverted); a rollback that does not end is cancelled too",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return r.run(cmd, "cancel the rollout", false, 0, func(ctx context.Context, api ctrlv1.RolloutServiceClient) (*ctrlv1.RolloutStatus, error) {

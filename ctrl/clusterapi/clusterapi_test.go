@@ -56,6 +56,25 @@ func putDeployment(t testing.TB, s *store.Store, id, region, image string, repli
 	return stamped[len(stamped)-1].Version
 }
 
+// stampUntil stamps an object again until its version is at least v, and
+// returns its version: reports must name versions ctrl issued.
+func stampUntil(t testing.TB, s *store.Store, kind, region, id string, v uint64) uint64 {
+	t.Helper()
+	for {
+		g, err := s.StampCommitted(context.Background(), []store.Ref{{Kind: kind, Region: region, ID: id}}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Last >= v {
+			return g.Last
+		}
+	}
+}
+
+// pastTime is a time of day in the past, whole seconds: reports observed
+// at it and up to an hour later are not in ctrl's future.
+func pastTime() time.Time { return time.Now().Add(-2 * time.Hour).Truncate(time.Second).UTC() }
+
 // recv reads the next event, failing the test after a timeout.
 func recv[T any](t testing.TB, next func() (T, error)) T {
 	t.Helper()
@@ -276,7 +295,9 @@ func TestStaleReportsDoNotOverwriteNewerOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli := env.Cluster(t, env.ClusterToken(t, "eu", "eu-1"))
-	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	t0 := pastTime()
+	stampUntil(t, env.Store, kinds.Deployment, "eu", "d1", 5)
+	stampUntil(t, env.Store, kinds.Sentinel, "eu", "s1", 3)
 
 	reportDeployment := func(v uint64, at time.Time, pods ...string) bool {
 		t.Helper()
@@ -445,7 +466,9 @@ func TestGenericAndCiliumReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli := env.Cluster(t, env.ClusterToken(t, "eu", "eu-1"))
-	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	t0 := pastTime()
+	stampUntil(t, env.Store, genericKind, "eu", "cm1", 2)
+	stampUntil(t, env.Store, kinds.CiliumNetworkPolicy, "eu", "p1", 2)
 	report := func(kind, id string, v uint64, at time.Time, msg proto.Message) bool {
 		t.Helper()
 		a, err := anypb.New(msg)

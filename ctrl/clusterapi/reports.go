@@ -70,7 +70,8 @@ type decodedReport struct {
 	kind, id string
 	obs      store.Observation
 	msg      proto.Message // the status of a built-in kind
-	raw      *anypb.Any    // the status of a generic kind
+	raw      *anypb.Any    // the status as sent
+	doc      []byte        // the status of a generic kind, as JSON
 }
 
 // reportAll judges every report. A report refused on its own gets its code
@@ -129,18 +130,50 @@ func result(accepted bool, err error) (*clusterv1.ReportStatusResult, error) {
 	}
 }
 
-// decodeReport validates a report and records its apply error, if any.
-// done is true when the report was only an apply error (now recorded).
+// decodeReport checks every field of a report and records its apply
+// error, if any; nothing is stored for a report refused by a check. done
+// is true when the report was only an apply error (now recorded).
 func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clusterv1.ReportStatusRequest) (decodedReport, bool, error) {
 	d := decodedReport{kind: req.GetKind(), id: req.GetId(), obs: observation(req.GetObservedVersion(), req.GetObservedAt()), raw: req.GetStatus()}
 	if err := checkKind(d.kind); err != nil {
 		return d, false, err
 	}
 	if d.id == "" {
-		return d, false, status.Error(codes.InvalidArgument, "an object id is required")
+		return d, false, invalidField("id", "an object id is required")
 	}
-	if ae := req.GetApplyError(); ae != nil {
-		if err := s.store.ReportApplyError(ctx, d.kind, who.Region, who.ClusterID, d.id, ae); err != nil {
+	invalid := func(err error) (decodedReport, bool, error) {
+		s.m.reports.WithLabelValues(s.kindLabel(d.kind), "invalid").Inc()
+		return d, false, err
+	}
+	if err := checkLen("id", d.id, MaxReportIDBytes); err != nil {
+		return invalid(err)
+	}
+	if err := checkObservedAt("observed_at", req.GetObservedAt(), time.Now()); err != nil {
+		return invalid(err)
+	}
+	ae := req.GetApplyError()
+	if err := checkApplyError(ae); err != nil {
+		return invalid(err)
+	}
+	if ae == nil || req.GetStatus() != nil {
+		if err := s.decodeStatus(&d); err != nil {
+			return invalid(err)
+		}
+	}
+	if ae != nil {
+		err := s.store.ReportApplyError(ctx, d.kind, who.Region, who.ClusterID, d.id, ae, d.obs.Version)
+		var ahead *store.VersionAheadError
+		switch {
+		case errors.As(err, &ahead):
+			field, v := "observed_version", d.obs.Version
+			if ae.GetVersion() > ahead.Current {
+				field, v = "apply_error.version", ae.GetVersion()
+			}
+			return invalid(invalidField(field, "%d is above version %d of %s %q: ctrl never issued it", v, ahead.Current, d.kind, d.id))
+		case errors.Is(err, store.ErrNotFound):
+			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "not_found").Inc()
+			return d, false, errorf(codes.NotFound, "no %s %q in region %q: a cluster reports apply errors only on its region's objects", d.kind, d.id, who.Region)
+		case err != nil:
 			return d, false, storeError(ctx, err, "recording the apply error failed")
 		}
 		if ae.GetMessage() != "" {
@@ -154,6 +187,12 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 			return d, true, nil
 		}
 	}
+	return d, false, nil
+}
+
+// decodeStatus unpacks and checks a report's status: a built-in kind's
+// message into d.msg, a generic kind's into its JSON document (d.doc).
+func (s *Server) decodeStatus(d *decodedReport) error {
 	switch d.kind {
 	case kinds.Deployment:
 		d.msg = &clusterv1.DeploymentStatus{}
@@ -162,35 +201,37 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 	case kinds.CiliumNetworkPolicy:
 		d.msg = &clusterv1.CiliumNetworkPolicyStatus{}
 	default:
-		return d, false, nil
+		doc, err := statusJSON(d.raw)
+		if err != nil {
+			return invalidField("status", "the status of %s %q: %v", d.kind, d.id, err)
+		}
+		if err := checkLen("status", string(doc), MaxGenericStatusBytes); err != nil {
+			return err
+		}
+		d.doc = doc
+		return nil
 	}
-	if req.GetStatus() == nil || req.GetStatus().UnmarshalTo(d.msg) != nil {
-		s.m.reports.WithLabelValues(d.kind, "invalid").Inc()
-		return d, false, errorf(codes.InvalidArgument, "the status of a %s must be a %s", d.kind, d.msg.ProtoReflect().Descriptor().FullName())
+	if d.raw == nil || d.raw.UnmarshalTo(d.msg) != nil {
+		return invalidField("status", "the status of a %s must be a %s", d.kind, d.msg.ProtoReflect().Descriptor().FullName())
 	}
-	if err := s.checkStatusNames(&d); err != nil {
-		s.m.reports.WithLabelValues(d.kind, "invalid").Inc()
-		return d, false, err
+	if err := checkStatusNames(d); err != nil {
+		return err
 	}
-	return d, false, nil
+	return checkStatus("status", d.msg)
 }
 
 // checkStatusNames fills a built-in status's object id from the report
 // and refuses one that names another object.
-func (s *Server) checkStatusNames(d *decodedReport) error {
+func checkStatusNames(d *decodedReport) error {
 	var named *string
+	var field string
 	switch st := d.msg.(type) {
 	case *clusterv1.DeploymentStatus:
-		named = &st.DeploymentId
-		for _, in := range st.GetInstances() {
-			if in.GetK8SName() == "" {
-				return errorf(codes.InvalidArgument, "the report on deployment %q lists an instance without k8s_name (the pod's name)", d.id)
-			}
-		}
+		named, field = &st.DeploymentId, "status.deployment_id"
 	case *clusterv1.SentinelStatus:
-		named = &st.SentinelId
+		named, field = &st.SentinelId, "status.sentinel_id"
 	case *clusterv1.CiliumNetworkPolicyStatus:
-		named = &st.Id
+		named, field = &st.Id, "status.id"
 	default:
 		return nil
 	}
@@ -198,7 +239,7 @@ func (s *Server) checkStatusNames(d *decodedReport) error {
 		*named = d.id
 	}
 	if *named != d.id {
-		return errorf(codes.InvalidArgument, "the report is for %s %q but its status names %q", d.kind, d.id, *named)
+		return invalidField(field, "the report is for %s %q but its status names %q", d.kind, d.id, *named)
 	}
 	return nil
 }
@@ -235,8 +276,15 @@ func (s *Server) reportTyped(ctx context.Context, kind, id string, version uint6
 		return false, err
 	}
 	d := decodedReport{kind: kind, id: id, obs: observation(version, at), msg: st}
-	if err := s.checkStatusNames(&d); err != nil {
-		return false, err
+	for _, check := range []func() error{
+		func() error { return checkObservedAt("observed_at", at, time.Now()) },
+		func() error { return checkStatusNames(&d) },
+		func() error { return checkStatus("status", st) },
+	} {
+		if err := check(); err != nil {
+			s.m.reports.WithLabelValues(kind, "invalid").Inc()
+			return false, err
+		}
 	}
 	return s.report(ctx, who, d)
 }
@@ -249,16 +297,11 @@ func (s *Server) report(ctx context.Context, who auth.Identity, d decodedReport)
 	case *clusterv1.DeploymentStatus:
 		accepted, err = s.store.ReportDeployment(ctx, who.Region, who.ClusterID, d.obs, st)
 	case *clusterv1.SentinelStatus:
-		accepted, err = s.store.ReportSentinel(ctx, who.Region, d.obs, st)
+		accepted, err = s.store.ReportSentinel(ctx, who.Region, who.ClusterID, d.obs, st)
 	case *clusterv1.CiliumNetworkPolicyStatus:
-		accepted, err = s.store.ReportCiliumNetworkPolicy(ctx, who.Region, d.obs, st)
+		accepted, err = s.store.ReportCiliumNetworkPolicy(ctx, who.Region, who.ClusterID, d.obs, st)
 	default:
-		doc, jerr := statusJSON(d.raw)
-		if jerr != nil {
-			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "invalid").Inc()
-			return false, errorf(codes.InvalidArgument, "the status of %s %q: %v", d.kind, d.id, jerr)
-		}
-		accepted, err = s.store.ReportResource(ctx, d.kind, who.Region, d.id, d.obs, doc)
+		accepted, err = s.store.ReportResource(ctx, d.kind, who.Region, who.ClusterID, d.id, d.obs, d.doc)
 	}
 	return s.outcome(ctx, who, d, accepted, err)
 }
@@ -267,7 +310,11 @@ func (s *Server) report(ctx context.Context, who auth.Identity, d decodedReport)
 // report's listeners when it was accepted.
 func (s *Server) outcome(ctx context.Context, who auth.Identity, d decodedReport, accepted bool, err error) (bool, error) {
 	label := s.kindLabel(d.kind)
+	var ahead *store.VersionAheadError
 	switch {
+	case errors.As(err, &ahead):
+		s.m.reports.WithLabelValues(label, "invalid").Inc()
+		return false, invalidField("observed_version", "%d is above version %d of %s %q: ctrl never issued it", d.obs.Version, ahead.Current, d.kind, d.id)
 	case errors.Is(err, store.ErrNotFound):
 		s.m.reports.WithLabelValues(label, "not_found").Inc()
 		return false, errorf(codes.NotFound, "no %s %q in region %q", d.kind, d.id, who.Region)

@@ -26,13 +26,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/restatedev/sdk-go/ingress"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -42,7 +41,7 @@ import (
 // Options configure a Server.
 type Options struct {
 	Store   *store.Store
-	Ingress *ingress.Client
+	Ingress *workflows.Ingress
 	Log     hclog.Logger
 	// DefaultTimeout is deploy.timeout: a deploy's wait when its request
 	// says none (stored with the deployment).
@@ -56,7 +55,7 @@ type Options struct {
 type Server struct {
 	ctrlv1.UnimplementedDeploymentServiceServer
 	store   *store.Store
-	ingress *ingress.Client
+	ingress *workflows.Ingress
 	log     hclog.Logger
 	timeout time.Duration
 	vault   *vault.Source
@@ -76,14 +75,6 @@ func New(o Options) *Server {
 // Register adds the service to gs.
 func (s *Server) Register(gs *grpc.Server) { ctrlv1.RegisterDeploymentServiceServer(gs, s) }
 
-// Defaults of a deployment's size when a request leaves them 0.
-const (
-	DefaultReplicas      = 1
-	DefaultCPUMillicores = 250
-	DefaultMemoryMiB     = 256
-	DefaultPort          = 8080
-)
-
 // CreateDeployment records a pending deployment and starts its workflow.
 func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploymentRequest) (*ctrlv1.CreateDeploymentResponse, error) {
 	if resp, err := s.replay(ctx, req.GetIdempotencyKey()); resp != nil || err != nil {
@@ -94,20 +85,14 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 		return nil, status.Error(codes.FailedPrecondition, "secret_env: this ctrl has no vault keyring (vault.keyring_file), so it cannot seal secrets; "+
 			"an operator creates one with `ctrl vault init`")
 	}
-	if t := req.GetTimeoutSeconds(); t < 0 || t > workflows.MaxTimeout {
-		return nil, invalid(&workflows.FieldError{Field: "timeout_seconds", Reason: fmt.Sprintf("%d is out of range 0..%d (0: ctrl's deploy.timeout)", t, workflows.MaxTimeout)})
+	if t := req.GetTimeoutSeconds(); t < 0 || t > deployspec.MaxTimeout {
+		return nil, invalid(&deployspec.FieldError{Field: "timeout_seconds", Reason: fmt.Sprintf("%d is out of range 0..%d (0: ctrl's deploy.timeout)", t, deployspec.MaxTimeout)})
 	}
-	if err := workflows.ValidRegions("regions", req.GetRegions()); err != nil {
+	if err := deployspec.ValidRegions("regions", req.GetRegions()); err != nil {
 		return nil, invalid(err)
 	}
-	id := workflows.NewDeploymentID()
-	spec := workflows.Spec{
-		ID: id, WorkspaceID: req.GetWorkspaceId(), ProjectID: req.GetProjectId(), EnvironmentID: req.GetEnvironmentId(), AppID: req.GetAppId(),
-		K8sName: workflows.K8sName(id), K8sNamespace: workflows.Namespace(req.GetWorkspaceId()),
-		Image: req.GetImage(), Replicas: or(req.GetReplicas(), DefaultReplicas), CPUMillicores: or(req.GetCpuMillicores(), DefaultCPUMillicores),
-		MemoryMiB: or(req.GetMemoryMib(), DefaultMemoryMiB), EnvVars: req.GetEnvVars(), Healthcheck: workflows.HealthcheckFromProto(req.GetHealthcheck()),
-		Port: or(req.GetPort(), DefaultPort), Command: req.GetCommand(), ShutdownSignal: req.GetShutdownSignal(),
-	}
+	id := deployspec.NewDeploymentID()
+	spec := deployspec.FromCreateRequest(id, req)
 	if err := spec.Validate(); err != nil {
 		return nil, invalid(err)
 	}
@@ -115,7 +100,7 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 		return nil, invalid(err)
 	}
 	secretKeys := slices.Sorted(maps.Keys(secrets))
-	if err := workflows.ValidSecretEnvKeys("secret_env", secretKeys, spec.EnvVars); err != nil {
+	if err := deployspec.ValidSecretEnvKeys("secret_env", secretKeys, spec.EnvVars); err != nil {
 		return nil, invalid(err)
 	}
 	if err := s.checkRegions(ctx, req.GetRegions()); err != nil {
@@ -126,7 +111,7 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 	if len(secrets) > 0 {
 		blob, err := s.vault.Seal(id, secrets)
 		if err != nil {
-			return nil, invalid(&workflows.FieldError{Field: "secret_env", Reason: err.Error()})
+			return nil, invalid(&deployspec.FieldError{Field: "secret_env", Reason: err.Error()})
 		}
 		spec.EncryptedEnv, spec.SecretEnvKeys = blob, secretKeys
 	}
@@ -138,17 +123,10 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 func checkSecretValues(secrets map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(secrets)) {
 		if strings.ContainsRune(secrets[k], 0) {
-			return &workflows.FieldError{Field: "secret_env", Reason: fmt.Sprintf("the value of %s contains a NUL byte, which no process environment can hold", k)}
+			return &deployspec.FieldError{Field: "secret_env", Reason: fmt.Sprintf("the value of %s contains a NUL byte, which no process environment can hold", k)}
 		}
 	}
 	return nil
-}
-
-func or[T int32 | int64](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // replay answers a request whose idempotency key was used before: the
@@ -159,7 +137,7 @@ func (s *Server) replay(ctx context.Context, key string) (*ctrlv1.CreateDeployme
 		return nil, nil
 	}
 	if len(key) > 128 {
-		return nil, invalid(&workflows.FieldError{Field: "idempotency_key", Reason: "at most 128 characters"})
+		return nil, invalid(&deployspec.FieldError{Field: "idempotency_key", Reason: "at most 128 characters"})
 	}
 	id, err := s.store.DeploymentByIdempotencyKey(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
@@ -179,7 +157,7 @@ func (s *Server) ensureStarted(ctx context.Context, id string) (*ctrlv1.CreateDe
 		return nil, s.storeError(ctx, err, "reading the deployment failed")
 	}
 	if stored.Status == store.StatusPending {
-		req := workflows.DeployRequest{Deployment: workflows.SpecFromStore(stored), Regions: stored.Regions, TimeoutSeconds: stored.TimeoutSeconds}
+		req := workflows.DeployRequest{Deployment: deployspec.FromStore(stored), Regions: stored.Regions, TimeoutSeconds: stored.TimeoutSeconds}
 		if err := s.start(ctx, req); err != nil {
 			return nil, err
 		}
@@ -189,7 +167,7 @@ func (s *Server) ensureStarted(ctx context.Context, id string) (*ctrlv1.CreateDe
 
 // create writes the pending row and starts the workflow. A key used
 // concurrently returns the deployment of whichever call won.
-func (s *Server) create(ctx context.Context, spec workflows.Spec, regions []string, timeout int32, key, note string) (*ctrlv1.CreateDeploymentResponse, error) {
+func (s *Server) create(ctx context.Context, spec deployspec.Spec, regions []string, timeout int32, key, note string) (*ctrlv1.CreateDeploymentResponse, error) {
 	if timeout == 0 {
 		timeout = int32(s.timeout / time.Second)
 	}
@@ -251,24 +229,30 @@ func (s *Server) GetDeployment(ctx context.Context, req *ctrlv1.GetDeploymentReq
 	if err != nil {
 		return nil, s.storeError(ctx, err, "reading the live deployment failed")
 	}
-	return info(d, states[d.ID], live == d.ID, true), nil
+	events, err := s.store.DeploymentEvents(ctx, d.ID)
+	if err != nil {
+		return nil, s.storeError(ctx, err, "reading the deployment's history failed")
+	}
+	out := deployspec.Info(d, states[d.ID], live == d.ID, true)
+	out.History = deployspec.History(events)
+	return out, nil
 }
 
 // ListDeployments lists an environment's deployments, newest first.
 func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeploymentsRequest) (*ctrlv1.ListDeploymentsResponse, error) {
-	if err := workflows.ValidName("environment_id", req.GetEnvironmentId()); err != nil {
+	if err := deployspec.ValidName("environment_id", req.GetEnvironmentId()); err != nil {
 		return nil, invalid(err)
 	}
 	size := int(req.GetPageSize())
 	switch {
 	case size < 0 || size > 100:
-		return nil, invalid(&workflows.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..100 (0: 20)", size)})
+		return nil, invalid(&deployspec.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..100 (0: 20)", size)})
 	case size == 0:
 		size = 20
 	}
 	cursor, err := decodePageToken(req.GetPageToken())
 	if err != nil {
-		return nil, invalid(&workflows.FieldError{Field: "page_token", Reason: "not a token from a previous ListDeployments answer"})
+		return nil, invalid(&deployspec.FieldError{Field: "page_token", Reason: "not a token from a previous ListDeployments answer"})
 	}
 	list, err := s.store.ListDeployments(ctx, req.GetEnvironmentId(), cursor, size+1)
 	if err != nil {
@@ -293,7 +277,7 @@ func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeployment
 		return nil, s.storeError(ctx, err, "reading the live deployment failed")
 	}
 	for _, d := range list {
-		resp.Deployments = append(resp.Deployments, info(d, states[d.ID], live == d.ID, false))
+		resp.Deployments = append(resp.Deployments, deployspec.Info(d, states[d.ID], live == d.ID, false))
 	}
 	return resp, nil
 }
@@ -306,7 +290,7 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 	if resp, err := s.replay(ctx, req.GetIdempotencyKey()); resp != nil || err != nil {
 		return resp, err
 	}
-	if err := workflows.ValidName("environment_id", env); err != nil {
+	if err := deployspec.ValidName("environment_id", env); err != nil {
 		return nil, invalid(err)
 	}
 	live, err := s.store.LiveDeployment(ctx, env)
@@ -335,7 +319,7 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 		return nil, err
 	}
 	if target.EnvironmentID != env {
-		return nil, invalid(&workflows.FieldError{Field: "target_deployment_id", Reason: fmt.Sprintf("deployment %s belongs to environment %s, not %s", target.ID, target.EnvironmentID, env)})
+		return nil, invalid(&deployspec.FieldError{Field: "target_deployment_id", Reason: fmt.Sprintf("deployment %s belongs to environment %s, not %s", target.ID, target.EnvironmentID, env)})
 	}
 	if target.ID == live {
 		return nil, status.Errorf(codes.FailedPrecondition, "deployment %s is already live in environment %s; there is nothing to roll back", target.ID, env)
@@ -361,9 +345,9 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 	if err := s.checkRegions(ctx, regions); err != nil {
 		return nil, err
 	}
-	id := workflows.NewDeploymentID()
-	spec := workflows.SpecFromStore(target)
-	spec.ID, spec.K8sName, spec.RolledBackFrom = id, workflows.K8sName(id), live
+	id := deployspec.NewDeploymentID()
+	spec := deployspec.FromStore(target)
+	spec.ID, spec.K8sName, spec.RolledBackFrom = id, deployspec.K8sName(id), live
 	if len(target.EncryptedEnv) > 0 {
 		// A blob opens only for the deployment it was sealed for.
 		if spec.EncryptedEnv, err = s.reseal(target, id); err != nil {
@@ -480,8 +464,8 @@ func (s *Server) StopDeployment(ctx context.Context, req *ctrlv1.StopDeploymentR
 // Only a deployment that runs (ready, or network while it becomes ready)
 // can be scaled; a deploy still rolling out would race its own workflow.
 func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymentRequest) (*ctrlv1.ScaleDeploymentResponse, error) {
-	if n := req.GetReplicas(); n < 1 || n > workflows.MaxReplicas {
-		return nil, invalid(&workflows.FieldError{Field: "replicas", Reason: fmt.Sprintf("%d is out of range 1..%d per region (to run none, stop the deployment)", n, workflows.MaxReplicas)})
+	if n := req.GetReplicas(); n < 1 || n > deployspec.MaxReplicas {
+		return nil, invalid(&deployspec.FieldError{Field: "replicas", Reason: fmt.Sprintf("%d is out of range 1..%d per region (to run none, stop the deployment)", n, deployspec.MaxReplicas)})
 	}
 	d, err := s.deployment(ctx, "deployment_id", req.GetDeploymentId())
 	if err != nil {
@@ -516,7 +500,7 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 // deployment reads one deployment named by a request field.
 func (s *Server) deployment(ctx context.Context, field, id string) (store.Deployment, error) {
 	if id == "" || len(id) > 64 {
-		return store.Deployment{}, invalid(&workflows.FieldError{Field: field, Reason: "a deployment id (dep_...) is required"})
+		return store.Deployment{}, invalid(&deployspec.FieldError{Field: field, Reason: "a deployment id (dep_...) is required"})
 	}
 	d, err := s.store.GetDeployment(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -526,47 +510,6 @@ func (s *Server) deployment(ctx context.Context, field, id string) (store.Deploy
 		return store.Deployment{}, s.storeError(ctx, err, "reading the deployment failed")
 	}
 	return d, nil
-}
-
-// info is the API view of a deployment; instances only when withInstances.
-func info(d store.Deployment, regions []store.RegionState, live, withInstances bool) *ctrlv1.DeploymentInfo {
-	out := &ctrlv1.DeploymentInfo{
-		Id: d.ID, WorkspaceId: d.WorkspaceID, ProjectId: d.ProjectID, EnvironmentId: d.EnvironmentID, AppId: d.AppID,
-		Image: d.Image, Status: statusEnum(d.Status), Error: d.Error, Replicas: d.Replicas, CpuMillicores: d.CPUMillicores,
-		MemoryMib: d.MemoryMiB, Port: d.Port, Command: d.Command, EnvVars: d.EnvVars, SecretEnvKeys: d.SecretEnvKeys, Healthcheck: d.Healthcheck,
-		Live: live, RolledBackFrom: d.RolledBackFrom, ShutdownSignal: d.ShutdownSignal,
-		CreatedAt: timestamppb.New(d.CreatedAt), UpdatedAt: timestamppb.New(d.UpdatedAt),
-	}
-	for _, r := range regions {
-		rs := &ctrlv1.RegionStatus{Region: r.Region, DesiredReplicas: r.DesiredReplicas, DesiredStatus: r.DesiredStatus,
-			Running: r.Running, Pending: r.Pending, Failed: r.Failed}
-		if withInstances {
-			for _, in := range r.Instances {
-				rs.Instances = append(rs.Instances, &ctrlv1.InstanceInfo{K8SName: in.K8sName, Address: in.Address, Status: in.Status,
-					Reason: in.Reason, Message: in.Message, ClusterId: in.ClusterID})
-			}
-		}
-		out.Regions = append(out.Regions, rs)
-	}
-	return out
-}
-
-func statusEnum(s string) ctrlv1.DeploymentStatus {
-	switch s {
-	case store.StatusPending:
-		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_PENDING
-	case store.StatusDeploying:
-		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_DEPLOYING
-	case store.StatusNetwork:
-		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_NETWORK
-	case store.StatusReady:
-		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY
-	case store.StatusFailed:
-		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED
-	case store.StatusStopped:
-		return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_STOPPED
-	}
-	return ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_UNSPECIFIED
 }
 
 // Page tokens are "<created_at ms>/<id>", base64url: opaque to clients.

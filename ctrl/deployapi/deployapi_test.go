@@ -182,7 +182,7 @@ func TestStopDuringDeployEndsTheWorkflowAtOnce(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	res, err := workflows.DeployOutcome(wctx, workflows.NewIngressClient(r.IngressURL()), id)
+	res, err := workflows.DeployOutcome(wctx, env.Ingress(t, false), id)
 	if err != nil || res.Status != "stopped" {
 		t.Fatalf("workflow result %+v, %v; want stopped well before its 600 s timeout", res, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -22,9 +23,10 @@ import (
 // SentinelOptions configure the sentinel and rollout APIs.
 type SentinelOptions struct {
 	Store *store.Store
-	// IngressURL is Restate's ingress.
-	IngressURL string
-	Log        hclog.Logger
+	// Ingress answers within 30 s; Waiting has no overall timeout (the
+	// caller's deadline bounds it), for deploys that wait minutes.
+	Ingress, Waiting *workflows.Ingress
+	Log              hclog.Logger
 }
 
 // Sentinels serves krane.ctrl.v1.SentinelService (one sentinel: deploy,
@@ -35,7 +37,7 @@ type Sentinels struct {
 	store *store.Store
 	// ingress answers within 30 s; waiting has no overall timeout (the
 	// caller's deadline bounds it) for deploys that wait minutes.
-	ingress, waiting *ingress.Client
+	ingress, waiting *workflows.Ingress
 	log              hclog.Logger
 }
 
@@ -44,7 +46,7 @@ func NewSentinels(o SentinelOptions) *Sentinels {
 	if o.Log == nil {
 		o.Log = hclog.NewNullLogger()
 	}
-	return &Sentinels{store: o.Store, ingress: workflows.NewIngressClient(o.IngressURL), waiting: workflows.NewWaitingIngressClient(o.IngressURL),
+	return &Sentinels{store: o.Store, ingress: o.Ingress, waiting: o.Waiting,
 		log: o.Log.Named("sentinelapi")}
 }
 
@@ -122,12 +124,12 @@ func (s *Sentinels) GetSentinel(ctx context.Context, req *ctrlv1.GetSentinelRequ
 // environment.
 func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinelsRequest) (*ctrlv1.ListSentinelsResponse, error) {
 	if r := req.GetRegion(); r != "" {
-		if err := workflows.ValidRegions("region", []string{r}); err != nil {
+		if err := deployspec.ValidRegions("region", []string{r}); err != nil {
 			return nil, invalid(err)
 		}
 	}
 	if e := req.GetEnvironmentId(); e != "" {
-		if err := workflows.ValidName("environment_id", e); err != nil {
+		if err := deployspec.ValidName("environment_id", e); err != nil {
 			return nil, invalid(err)
 		}
 	}
@@ -150,7 +152,7 @@ func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinels
 // sentinel reads one sentinel named by the request.
 func (s *Sentinels) sentinel(ctx context.Context, id string) (store.SentinelRow, error) {
 	if id == "" || len(id) > 64 {
-		return store.SentinelRow{}, invalid(&workflows.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
+		return store.SentinelRow{}, invalid(&deployspec.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
 	}
 	row, err := s.store.GetSentinel(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {

@@ -45,7 +45,7 @@ func TestListClustersShowsHeartbeatsLagAndApplyErrors(t *testing.T) {
 	}
 	v2 := putPolicy(t, env.Store, "pol-2", "eu") // after the heartbeat: eu-1 is behind on it
 	if err := env.Store.ReportApplyError(ctx, kinds.CiliumNetworkPolicy, "eu", "eu-1", "pol-2",
-		&clusterv1.ApplyError{Version: v2, Message: "bad policy", Permanent: true}); err != nil {
+		&clusterv1.ApplyError{Version: v2, Message: "bad policy", Permanent: true}, v2); err != nil {
 		t.Fatal(err)
 	}
 

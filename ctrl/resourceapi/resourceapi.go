@@ -25,9 +25,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/kinds"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 	"krane.dev/sdk"
@@ -172,7 +172,7 @@ func (s *Server) check(ctx context.Context, i int, r *ctrlv1.Resource, schemas m
 	if len(c.regions) == 0 {
 		return c, fieldError(at+".regions", "at least one region is required")
 	}
-	if err := workflows.ValidRegions(at+".regions", c.regions); err != nil {
+	if err := deployspec.ValidRegions(at+".regions", c.regions); err != nil {
 		return c, status.Error(codes.InvalidArgument, err.Error())
 	}
 	schema, ok := schemas[c.kind]
@@ -291,7 +291,7 @@ func (s *Server) DeleteResource(ctx context.Context, req *ctrlv1.DeleteResourceR
 	if err := s.checkRef(ctx, req.GetKind(), req.GetId()); err != nil {
 		return nil, err
 	}
-	if err := workflows.ValidRegions("regions", req.GetRegions()); err != nil {
+	if err := deployspec.ValidRegions("regions", req.GetRegions()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	var plan []store.RegionChange
@@ -340,7 +340,7 @@ func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesReq
 		return nil, err
 	}
 	if r := req.GetRegion(); r != "" {
-		if err := workflows.ValidRegions("region", []string{r}); err != nil {
+		if err := deployspec.ValidRegions("region", []string{r}); err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 	}

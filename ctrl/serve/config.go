@@ -17,6 +17,8 @@ import (
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
+
+	"krane.dev/ctrl/workflows"
 )
 
 // Config is ctrl's configuration. Every key can be set in the YAML file
@@ -65,6 +67,22 @@ type RestateConfig struct {
 	AdminURL        string                `koanf:"admin_url"`
 	Endpoint        RestateEndpointConfig `koanf:"endpoint"`
 	RegisterOnStart bool                  `koanf:"register_on_start"`
+	// IdentityKeys are the public keys (publickeyv1_..., comma separated)
+	// whose signature every request to the endpoint must carry: Restate's
+	// request identity. AllowUnsigned turns the check off.
+	IdentityKeys  string `koanf:"identity_keys"`
+	AllowUnsigned bool   `koanf:"allow_unsigned"`
+}
+
+// IdentityKeyList is IdentityKeys as a list.
+func (c RestateConfig) IdentityKeyList() []string {
+	var out []string
+	for _, k := range strings.Split(c.IdentityKeys, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 type RestateEndpointConfig struct {
@@ -169,6 +187,8 @@ var settings = []setting{
 	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2; keep it on a private network)"},
 	{"restate.endpoint.url", "", "URL Restate calls the endpoint at; default http://<listen host, or this hostname>:<port>"},
 	{"restate.register_on_start", true, "register the endpoint with Restate when ctrl starts (idempotent; retried in the background)"},
+	{"restate.identity_keys", "", "public keys (publickeyv1_..., comma separated) Restate signs its requests to the endpoint with (restate-server's worker.invoker.request-identity-private-key-pem-file); the endpoint refuses requests without such a signature"},
+	{"restate.allow_unsigned", false, "serve the endpoint without restate.identity_keys, answering unsigned requests: only where nothing but Restate can reach restate.endpoint.listen"},
 	{"deploy.timeout", 5 * time.Minute, "how long a deploy waits for every region to run when its request does not say"},
 	{"deploy.resync_interval", 30 * time.Second, "how often deploys in progress are checked again (lost wake-ups, workflows that never started, overdue deploys)"},
 	{"sentinel.default_image", "", "image of the sentinel a deploy creates for an environment that has none (required with restate.ingress_url)"},
@@ -384,6 +404,17 @@ func (c Config) validateRestate() []error {
 	}
 	if _, _, err := net.SplitHostPort(r.Endpoint.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("restate.endpoint.listen %q is not host:port", r.Endpoint.Listen))
+	}
+	keys := r.IdentityKeyList()
+	if len(keys) == 0 && !r.AllowUnsigned {
+		errs = append(errs, errors.New("restate.identity_keys is required: the public key Restate signs its requests to ctrl's endpoint with "+
+			"(restate-server: worker.invoker.request-identity-private-key-pem-file; see docs/operating.md); "+
+			"without it anyone who reaches restate.endpoint.listen runs ctrl's handlers. Set restate.allow_unsigned=true only where nothing but Restate reaches it"))
+	}
+	for _, k := range keys {
+		if err := workflows.CheckIdentityKey(k); err != nil {
+			errs = append(errs, fmt.Errorf("restate.identity_keys: %w", err))
+		}
 	}
 	if c.Deploy.Timeout <= 0 || c.Deploy.Timeout > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("deploy.timeout %s is out of range (0, 24h]", c.Deploy.Timeout))

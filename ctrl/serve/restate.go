@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"krane.dev/ctrl/deployapi"
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -56,14 +57,18 @@ func EndpointURL(cfg Config, listening string) (string, error) {
 // It returns before registration succeeds: ctrl serves clusters whether or
 // not Restate is up.
 func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.Store, gs *grpc.Server, reg prometheus.Registerer, hooks workflows.Hooks, keys *vault.Source) (*restateStack, error) {
-	if err := workflows.ValidImage("sentinel.default_image", cfg.Sentinel.DefaultImage); err != nil {
+	if err := deployspec.ValidImage("sentinel.default_image", cfg.Sentinel.DefaultImage); err != nil {
 		return nil, err
 	}
 	log = log.Named("restate")
+	key, err := st.CtrlKey(ctx, store.RestateIngressKey)
+	if err != nil {
+		return nil, fmt.Errorf("the key that signs ctrl's calls through Restate's ingress: %w", err)
+	}
 	deps := WorkflowDeps(cfg, st, log)
-	deps.Hooks = hooks
+	deps.Hooks, deps.Registerer, deps.IngressKey = hooks, reg, key
 	services := workflows.Services(deps)
-	endpoint, err := workflows.NewEndpoint(services, log)
+	endpoint, err := workflows.NewEndpoint(services, log, cfg.Restate.IdentityKeyList())
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +81,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		lis.Close()
 		return nil, err
 	}
-	ingress := workflows.NewIngressClient(cfg.Restate.IngressURL)
+	ingress := workflows.NewIngressClient(cfg.Restate.IngressURL, key)
 	r := &restateStack{
 		endpoint: endpoint, lis: lis, url: url, registered: make(chan struct{}),
 		notifier: workflows.NewNotifier(workflows.NotifierOptions{
@@ -88,7 +93,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	// ctrl/auth already requires an operator token for every service but
 	// the ClusterService.
 	deployapi.New(deployapi.Options{Store: st, Ingress: ingress, Log: log, DefaultTimeout: cfg.Deploy.Timeout, Vault: keys}).Register(gs)
-	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, IngressURL: cfg.Restate.IngressURL, Log: log}).Register(gs)
+	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: workflows.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log}).Register(gs)
 
 	r.wg.Go(func() {
 		if err := endpoint.Serve(lis); err != nil {

@@ -27,6 +27,7 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
+	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -207,10 +208,14 @@ func TestStartRejectsBadTLSFilesClearly(t *testing.T) {
 	}
 }
 
+// identityKey is a well-formed request identity public key.
+var identityKey = workflows.IdentityKey(make([]byte, 32))
+
 func TestRestateConfigKeysAndValidation(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "ctrl.yaml")
-	yaml := "db:\n  dsn: x\nrestate:\n  ingress_url: http://restate:8080\n  admin_url: http://restate:9070\n  endpoint:\n    url: http://ctrl-0.ctrl:9080\nsentinel:\n  default_image: registry.example.com/sentinel:1\n"
+	yaml := "db:\n  dsn: x\nrestate:\n  ingress_url: http://restate:8080\n  admin_url: http://restate:9070\n  endpoint:\n    url: http://ctrl-0.ctrl:9080\n" +
+		"  identity_keys: " + identityKey + "\nsentinel:\n  default_image: registry.example.com/sentinel:1\n"
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -242,8 +247,25 @@ func TestRestateConfigKeysAndValidation(t *testing.T) {
 			t.Errorf("Validate = %v; want it to say %q", err, want)
 		}
 	}
+	// Restate's request identity: required, and well formed.
+	cfg.Restate.AdminURL, cfg.Sentinel.DefaultImage, cfg.Restate.IngressURL = "http://restate:9070", "registry.example.com/sentinel:1", "http://restate:8080"
+	if got := cfg.Restate.IdentityKeyList(); len(got) != 1 || got[0] != identityKey {
+		t.Fatalf("identity keys %v, want [%s]", got, identityKey)
+	}
+	cfg.Restate.IdentityKeys = ""
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "restate.identity_keys is required") {
+		t.Errorf("Validate without identity keys = %v; want restate.identity_keys required", err)
+	}
+	cfg.Restate.AllowUnsigned = true
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate without identity keys but restate.allow_unsigned: %v", err)
+	}
+	cfg.Restate.IdentityKeys = identityKey + ", publickeyv1_nope"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "publickeyv1_nope") {
+		t.Errorf("Validate with a malformed identity key = %v; want it named", err)
+	}
 	// Without an ingress URL, Restate is off and needs nothing.
-	cfg.Restate.IngressURL = ""
+	cfg.Restate.IngressURL, cfg.Restate.AdminURL = "", ""
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("Restate off: %v", err)
 	}

@@ -272,6 +272,16 @@ SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM deployment_events WHERE deploy
 	return nil
 }
 
+// NoteDeployment adds message to a deployment's history, filed under its
+// current status (no status change).
+func (t *Tx) NoteDeployment(ctx context.Context, id, message string) error {
+	status, err := t.LockDeployment(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.RecordEvent(ctx, id, status, message)
+}
+
 // DeploymentEvent is one entry of a deployment's status history.
 type DeploymentEvent struct {
 	Seq     int
@@ -301,23 +311,26 @@ func (s *Store) DeploymentEvents(ctx context.Context, id string) ([]DeploymentEv
 }
 
 // StopTopology marks every topology row of a deployment stopped (a soft
-// delete). With touch the rows get new versions when the transaction
-// commits; without, the caller stamps the returned refs after the commit
-// (StampCommitted). It returns every row's ref, changed or not, so a step
-// run twice returns the same refs.
+// delete), and deletes the ingress policies that let its environment reach
+// it. With touch the rows get new versions when the transaction commits;
+// without, the caller stamps the returned refs after the commit
+// (StampCommitted). It returns the ref of every topology row and of every
+// ingress policy of the deployment, deleted now or before, so a step run
+// twice returns the same refs: the second run finds the deletes committed
+// and must still hand them to the stamp that follows.
 func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) ([]Ref, error) {
 	rows, err := t.Query(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? ORDER BY region FOR UPDATE", deploymentID)
 	if err != nil {
 		return nil, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
 	}
-	var refs []Ref
+	var regions []string
 	for rows.Next() {
 		var region string
 		if err := rows.Scan(&region); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		refs = append(refs, Ref{Kind: kinds.Deployment, Region: region, ID: deploymentID})
+		regions = append(regions, region)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -327,17 +340,29 @@ func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) 
 		nowMillis(), deploymentID); err != nil {
 		return nil, fmt.Errorf("store: stop topology of deployment %s: %w", deploymentID, err)
 	}
-	// The ingress policies that let the environment reach the deployment go
-	// with it (only those that exist: their refs are stamped next).
-	for _, r := range slices.Clone(refs) {
-		id := IngressPolicyID(deploymentID, r.Region)
-		res, err := t.Exec(ctx, "UPDATE cilium_network_policies SET deleted = TRUE, updated_at = ? WHERE id = ? AND region = ? AND deleted = FALSE", nowMillis(), id, r.Region)
+	refs := make([]Ref, 0, 2*len(regions))
+	for _, region := range regions {
+		refs = append(refs, Ref{Kind: kinds.Deployment, Region: region, ID: deploymentID})
+	}
+	// The ingress policies go with the deployment: every one that exists
+	// (a deployment written before they existed has none), deleted now or
+	// by an earlier run of the caller's step.
+	for _, region := range regions {
+		id := IngressPolicyID(deploymentID, region)
+		var deleted bool
+		err := t.QueryRow(ctx, "SELECT deleted FROM cilium_network_policies WHERE id = ? AND region = ? FOR UPDATE", id, region).Scan(&deleted)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
 		if err != nil {
-			return nil, fmt.Errorf("store: delete ingress policy of deployment %s in %s: %w", deploymentID, r.Region, err)
+			return nil, fmt.Errorf("store: read ingress policy of deployment %s in %s: %w", deploymentID, region, err)
 		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			refs = append(refs, Ref{Kind: kinds.CiliumNetworkPolicy, Region: r.Region, ID: id})
+		if !deleted {
+			if _, err := t.Exec(ctx, "UPDATE cilium_network_policies SET deleted = TRUE, updated_at = ? WHERE id = ? AND region = ?", nowMillis(), id, region); err != nil {
+				return nil, fmt.Errorf("store: delete ingress policy of deployment %s in %s: %w", deploymentID, region, err)
+			}
 		}
+		refs = append(refs, Ref{Kind: kinds.CiliumNetworkPolicy, Region: region, ID: id})
 	}
 	if touch {
 		for _, r := range refs {
@@ -524,29 +549,33 @@ ORDER BY c.region`, nowMillis())
 	return out, rows.Err()
 }
 
-// EnsureSentinels makes sure the environment of each candidate has a
-// running sentinel in the candidate's region, all in one transaction:
+// EnsureSentinels makes sure, for the deploy of deployment, that the
+// environment of each candidate has a running sentinel in the candidate's
+// region, all in one transaction:
 //   - none: the candidate is inserted and versioned in the same
 //     transaction;
 //   - a stopped one: it is set running again, keeping its image and size;
 //   - a running one: nothing changes (a deploy never upgrades a sentinel).
 //
-// It returns the ids it inserted or restarted. Running it again changes
-// nothing, so it is safe in a step that may run twice.
-func (s *Store) EnsureSentinels(ctx context.Context, candidates []Sentinel) ([]string, error) {
-	var changed []string
+// It returns the ids it inserted or restarted for this deployment
+// (sentinels.ensured_by), in candidate order. Running it again changes
+// nothing and returns the same ids, so it is safe in a step that may run
+// twice.
+func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candidates []Sentinel) ([]string, error) {
+	var ensured []string
 	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
-		changed = nil
+		ensured = nil
 		for _, c := range candidates {
 			var id, state string
-			err := tx.QueryRow(ctx, "SELECT id, desired_state FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
-				c.EnvironmentID, c.Region).Scan(&id, &state)
+			var by sql.NullString
+			err := tx.QueryRow(ctx, "SELECT id, desired_state, ensured_by FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
+				c.EnvironmentID, c.Region).Scan(&id, &state, &by)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				if err := tx.PutSentinel(ctx, c); err != nil {
 					return err
 				}
-				changed = append(changed, c.ID)
+				id = c.ID
 			case err != nil:
 				return fmt.Errorf("store: read sentinel of environment %s in %s: %w", c.EnvironmentID, c.Region, err)
 			case state != "running":
@@ -554,12 +583,20 @@ func (s *Store) EnsureSentinels(ctx context.Context, candidates []Sentinel) ([]s
 					return fmt.Errorf("store: restart sentinel %s: %w", id, err)
 				}
 				tx.Touch(kinds.Sentinel, c.Region, id)
-				changed = append(changed, id)
+			case by.String == deploymentID:
+				ensured = append(ensured, id) // an earlier run of this deploy's step
+				continue
+			default:
+				continue
 			}
+			if _, err := tx.Exec(ctx, "UPDATE sentinels SET ensured_by = ? WHERE id = ?", deploymentID, id); err != nil {
+				return fmt.Errorf("store: record which deploy ensured sentinel %s: %w", id, err)
+			}
+			ensured = append(ensured, id)
 		}
 		return nil
 	})
-	return changed, err
+	return ensured, err
 }
 
 // LiveDeployment returns an environment's live deployment ("" when none),
@@ -621,22 +658,39 @@ ORDER BY d.created_at DESC, d.id DESC LIMIT 1`, d.EnvironmentID, created, create
 	return id, nil
 }
 
-// DeploymentsInStatus returns up to limit ids of deployments in status
-// that have not changed since before, oldest change first.
-func (s *Store) DeploymentsInStatus(ctx context.Context, status string, before time.Time, limit int) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT id FROM deployments WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?",
-		status, before.UnixMilli(), limit)
+// Updated is a row's id and when it last changed (unix milliseconds): a
+// position in a list ordered by (updated_at, id), for keyset paging that
+// reaches every row however many never change.
+type Updated struct {
+	ID string
+	At int64
+}
+
+// Before orders positions: by change time, then id.
+func (u Updated) Before(v Updated) bool { return u.At < v.At || (u.At == v.At && u.ID < v.ID) }
+
+// DeploymentsInStatus returns up to limit deployments in status that have
+// not changed since before, after the position after (the zero value starts
+// at the oldest), oldest change first.
+func (s *Store) DeploymentsInStatus(ctx context.Context, status string, before time.Time, after Updated, limit int) ([]Updated, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, updated_at FROM deployments WHERE status = ? AND updated_at < ?
+  AND (updated_at > ? OR (updated_at = ? AND id > ?)) ORDER BY updated_at, id LIMIT ?`,
+		status, before.UnixMilli(), after.At, after.At, after.ID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: list %s deployments: %w", status, err)
 	}
+	return scanUpdated(rows)
+}
+
+func scanUpdated(rows *sql.Rows) ([]Updated, error) {
 	defer rows.Close()
-	var out []string
+	var out []Updated
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var u Updated
+		if err := rows.Scan(&u.ID, &u.At); err != nil {
 			return nil, err
 		}
-		out = append(out, id)
+		out = append(out, u)
 	}
 	return out, rows.Err()
 }

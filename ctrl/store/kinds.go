@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -73,6 +74,16 @@ type kindDef struct {
 }
 
 type scanner interface{ Scan(dest ...any) error }
+
+// rowVersionSQL reads one row's version by its key (keyArgs), locking the
+// row (FOR UPDATE) when lock is set.
+func (d *kindDef) rowVersionSQL(lock bool) string {
+	q := "SELECT version FROM " + d.table + " WHERE " + strings.Join(d.keyCols, " = ? AND ") + " = ?"
+	if lock {
+		q += " FOR UPDATE"
+	}
+	return q
+}
 
 var builtinKinds = map[string]*kindDef{
 	kinds.Deployment: {

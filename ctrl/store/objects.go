@@ -458,7 +458,7 @@ func (s *Store) GetObject(ctx context.Context, kind, id string) (Object, error) 
 		return Object{}, fmt.Errorf("store: %s %s: %w", kind, id, ErrNotFound)
 	}
 	o := Object{Kind: kind, ID: id, Regions: rows}
-	errs, err := s.ApplyErrors(ctx, kind, id)
+	errs, err := s.applyErrorsOf(ctx, kind, []string{id})
 	if err != nil {
 		return Object{}, err
 	}

@@ -162,10 +162,10 @@ func TestObjectStatusAndErrors(t *testing.T) {
 	s := openStore(t)
 	ctx := context.Background()
 	_, v := putObject(t, s, quota, "st", `{"cpu":"1"}`, "eu")
-	if _, err := s.ReportResource(ctx, quota, "eu", "st", store.Observation{Version: v["eu"]}, []byte(`{"used":"0"}`)); err != nil {
+	if _, err := s.ReportResource(ctx, quota, "eu", "eu-1", "st", store.Observation{Version: v["eu"]}, []byte(`{"used":"0"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ReportApplyError(ctx, quota, "eu", "eu-1", "st", &clusterv1.ApplyError{Version: v["eu"], Message: "cpu: not a quantity", Field: "cpu", Permanent: true}); err != nil {
+	if err := s.ReportApplyError(ctx, quota, "eu", "eu-1", "st", &clusterv1.ApplyError{Version: v["eu"], Message: "cpu: not a quantity", Field: "cpu", Permanent: true}, v["eu"]); err != nil {
 		t.Fatal(err)
 	}
 	o, err := s.GetObject(ctx, quota, "st")

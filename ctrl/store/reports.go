@@ -2,39 +2,122 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
+	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
-// Observation orders status reports: by the desired version the cluster had
-// applied, then by when it looked. A report older than the stored one is
-// ignored, so a delayed report never overwrites a newer one.
+// Observation orders status reports of one cluster on one object: by the
+// desired version the cluster had applied, then by when it looked. A report
+// older than the cluster's last accepted one is ignored, so a delayed
+// report never overwrites a newer one. Reports of different clusters are
+// not ordered against each other (their clocks differ): each cluster's
+// last report is guarded on its own (report_guards).
 type Observation struct {
 	Version uint64
 	At      time.Time
 }
 
-// guardSQL is true when the report (?, ?, ?) = (version, version, at_ns) is
-// not older than the stored one. Equal reports are accepted (a resend is
-// harmless and makes the call idempotent).
-const guardSQL = "(report_observed_version < ? OR (report_observed_version = ? AND report_observed_at_ns <= ?))"
+// ReportReorderWindow is how long after a report is accepted a report of
+// the same cluster observed earlier at the same version is still taken for
+// a copy delayed in flight, and dropped. Past it, the earlier observation
+// time comes from a clock behind the last one (a new leader of the
+// cluster), and the report is accepted. A report is applied within its
+// call's deadline (seconds), so a delayed copy never arrives this late.
+const ReportReorderWindow = time.Minute
 
-func (o Observation) guardArgs() []any {
-	return []any{o.Version, o.Version, o.At.UnixNano()}
+// guard is the last report accepted from one cluster on one object.
+type guard struct {
+	version          uint64
+	atNs, receivedNs int64
 }
 
-func (o Observation) newerThanOrEqual(version uint64, atNs int64) bool {
-	return o.Version > version || (o.Version == version && o.At.UnixNano() >= atNs)
+// admits reports whether a report observed as o, arriving at nowNs, is not
+// older than the guarded one. Equal reports are admitted (a resend is
+// harmless and makes the call idempotent).
+func (g guard) admits(o Observation, nowNs int64) bool {
+	switch {
+	case o.Version != g.version:
+		return o.Version > g.version
+	case o.At.UnixNano() >= g.atNs:
+		return true
+	}
+	return nowNs-g.receivedNs > ReportReorderWindow.Nanoseconds()
+}
+
+// now is the clock of the report guards.
+func (s *Store) now() time.Time {
+	if h := s.testHooks(); h.Now != nil {
+		return h.Now()
+	}
+	return time.Now()
+}
+
+// readGuards locks and reads the guards of one cluster on ids of a kind in
+// a region (absent ids have none: every report is admitted).
+func (t *Tx) readGuards(ctx context.Context, kind, region, clusterID string, ids []string) (map[string]guard, error) {
+	args := []any{kind, region, clusterID}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	rows, err := t.Query(ctx, `SELECT id, observed_version, observed_at_ns, received_at_ns FROM report_guards
+WHERE kind = ? AND region = ? AND cluster_id = ? AND id IN (`+placeholders(len(ids))+") ORDER BY id FOR UPDATE", args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read report guards of cluster %s in %s: %w", clusterID, region, err)
+	}
+	defer rows.Close()
+	out := make(map[string]guard, len(ids))
+	for rows.Next() {
+		var id string
+		var g guard
+		if err := rows.Scan(&id, &g.version, &g.atNs, &g.receivedNs); err != nil {
+			return nil, fmt.Errorf("store: read report guards of cluster %s in %s: %w", clusterID, region, err)
+		}
+		out[id] = g
+	}
+	return out, rows.Err()
+}
+
+// guardedReport is a report to record in report_guards.
+type guardedReport struct {
+	id  string
+	obs Observation
+}
+
+// writeGuards records accepted reports as their cluster's latest.
+func (t *Tx) writeGuards(ctx context.Context, kind, region, clusterID string, reps []guardedReport, nowNs int64) error {
+	if len(reps) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	args := make([]any, 0, 7*len(reps))
+	b.WriteString("INSERT INTO report_guards (kind, region, id, cluster_id, observed_version, observed_at_ns, received_at_ns) VALUES ")
+	for i, r := range reps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?, ?, ?)")
+		args = append(args, kind, region, r.id, clusterID, r.obs.Version, r.obs.At.UnixNano(), nowNs)
+	}
+	b.WriteString(` ON DUPLICATE KEY UPDATE observed_version = VALUES(observed_version), observed_at_ns = VALUES(observed_at_ns),
+  received_at_ns = VALUES(received_at_ns)`)
+	if _, err := t.Exec(ctx, b.String(), args...); err != nil {
+		return fmt.Errorf("store: write report guards of cluster %s in %s: %w", clusterID, region, err)
+	}
+	return nil
 }
 
 // ReportDeployment records a cluster's report on one deployment in region:
 // its instances (a full snapshot for that cluster: instances it no longer
 // lists are removed) and the replica summary. It returns accepted=false,
-// and changes nothing, when the report is older than the stored one;
-// ErrNotFound when the deployment has no topology in region.
+// and changes nothing, when the report is older than the cluster's last
+// accepted one; ErrNotFound when the deployment has no topology in region.
 func (s *Store) ReportDeployment(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.DeploymentStatus) (bool, error) {
 	res, err := s.ReportDeployments(ctx, region, clusterID, []DeploymentReport{{Obs: obs, Status: st}})
 	if err != nil {
@@ -51,7 +134,7 @@ type DeploymentReport struct {
 
 // ReportResult answers one report of a batch: Err is ErrNotFound when the
 // object has no row in the region; Accepted is false when the report was
-// older than the stored one.
+// older than the cluster's last accepted one.
 type ReportResult struct {
 	Accepted bool
 	Err      error
@@ -80,7 +163,7 @@ func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string,
 		}
 		group := reps[start:end]
 		_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
-			return reportDeploymentGroup(ctx, tx, region, clusterID, group, results[start:end])
+			return reportDeploymentGroup(ctx, tx, region, clusterID, group, results[start:end], s.now().UnixNano())
 		})
 		if err != nil {
 			return nil, err
@@ -94,48 +177,65 @@ func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string,
 // topology rows, keep the reports not older than what is stored, then
 // upsert their instances, remove the instances they no longer list, and
 // write their summaries.
-func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, results []ReportResult) error {
+func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, results []ReportResult, nowNs int64) error {
 	ids := make([]any, 0, len(reps)+1)
 	ids = append(ids, region)
 	for _, r := range reps {
 		ids = append(ids, r.Status.GetDeploymentId())
 	}
-	rows, err := tx.Query(ctx, "SELECT deployment_id, report_observed_version, report_observed_at_ns FROM deployment_topology WHERE region = ? AND deployment_id IN ("+
+	rows, err := tx.Query(ctx, "SELECT deployment_id, version FROM deployment_topology WHERE region = ? AND deployment_id IN ("+
 		placeholders(len(reps))+") ORDER BY deployment_id FOR UPDATE", ids...)
 	if err != nil {
-		return fmt.Errorf("store: lock report guards of %d deployments in %s: %w", len(reps), region, err)
+		return fmt.Errorf("store: lock %d deployments in %s for their reports: %w", len(reps), region, err)
 	}
-	type guard struct {
-		version uint64
-		atNs    int64
-	}
-	stored := make(map[string]guard, len(reps))
+	current := make(map[string]uint64, len(reps)) // each row's version
 	for rows.Next() {
 		var id string
-		var g guard
-		if err := rows.Scan(&id, &g.version, &g.atNs); err != nil {
+		var v uint64
+		if err := rows.Scan(&id, &v); err != nil {
 			rows.Close()
-			return fmt.Errorf("store: read report guards in %s: %w", region, err)
+			return fmt.Errorf("store: read deployments in %s for their reports: %w", region, err)
 		}
-		stored[id] = g
+		current[id] = v
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("store: read report guards in %s: %w", region, err)
+		return fmt.Errorf("store: read deployments in %s for their reports: %w", region, err)
 	}
+	known := make([]string, 0, len(current))
+	for id := range current {
+		known = append(known, id)
+	}
+	slices.Sort(known)
+	var guards map[string]guard
+	if len(known) > 0 {
+		if guards, err = tx.readGuards(ctx, kinds.Deployment, region, clusterID, known); err != nil {
+			return err
+		}
+	}
+	now := nowNs
 	var take []int
+	var taken []guardedReport
 	for i, r := range reps {
-		g, ok := stored[r.Status.GetDeploymentId()]
+		id := r.Status.GetDeploymentId()
+		cur, ok := current[id]
+		g, guarded := guards[id]
 		results[i] = ReportResult{}
 		switch {
 		case !ok:
 			results[i].Err = ErrNotFound
-		case r.Obs.newerThanOrEqual(g.version, g.atNs):
+		case r.Obs.Version > cur:
+			results[i].Err = &VersionAheadError{Ref: Ref{Kind: kinds.Deployment, Region: region, ID: id}, Reported: r.Obs.Version, Current: cur}
+		case !guarded || g.admits(r.Obs, now):
 			take = append(take, i)
+			taken = append(taken, guardedReport{id: id, obs: r.Obs})
 		}
 	}
 	if len(take) == 0 {
 		return nil
+	}
+	if err := tx.writeGuards(ctx, kinds.Deployment, region, clusterID, taken, now); err != nil {
+		return err
 	}
 	if err := upsertInstances(ctx, tx, region, clusterID, reps, take); err != nil {
 		return err
@@ -300,54 +400,73 @@ func healthName(h clusterv1.Health) string {
 	}
 }
 
-// ReportSentinel records a sentinel's actual state with one guarded UPDATE.
-// accepted=false when the report is older than the stored one; ErrNotFound
-// when there is no such sentinel in region.
-func (s *Store) ReportSentinel(ctx context.Context, region string, obs Observation, st *clusterv1.SentinelStatus) (bool, error) {
+// ReportSentinel records a cluster's report on a sentinel's actual state.
+// accepted=false when the report is older than the cluster's last one;
+// ErrNotFound when there is no such sentinel in region; a
+// *VersionAheadError when its version is above the sentinel's.
+func (s *Store) ReportSentinel(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.SentinelStatus) (bool, error) {
 	args := []any{st.GetRunningImage(), st.GetAvailableReplicas(), st.GetUpdatedReplicas(), st.GetReadyReplicas(),
-		st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason(), st.GetDeleted(), obs.Version, obs.At.UnixNano(),
-		st.GetSentinelId(), region}
-	return s.guardedReport(ctx, "sentinels", `UPDATE sentinels SET running_image = ?, available_replicas = ?, updated_replicas = ?,
+		st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason(), st.GetDeleted(), obs.Version, obs.At.UnixNano()}
+	return s.report(ctx, Ref{Kind: kinds.Sentinel, Region: region, ID: st.GetSentinelId()}, clusterID, obs, `UPDATE sentinels SET running_image = ?, available_replicas = ?, updated_replicas = ?,
   ready_replicas = ?, observed_generation = ?, health = ?, health_reason = ?, reported_deleted = ?,
   report_observed_version = ?, report_observed_at_ns = ?
-WHERE id = ? AND region = ? AND `+guardSQL, append(args, obs.guardArgs()...),
-		"SELECT COUNT(*) FROM sentinels WHERE id = ? AND region = ?", st.GetSentinelId(), region)
+WHERE id = ? AND region = ?`, args)
 }
 
 // ReportCiliumNetworkPolicy records whether a policy was applied.
-func (s *Store) ReportCiliumNetworkPolicy(ctx context.Context, region string, obs Observation, st *clusterv1.CiliumNetworkPolicyStatus) (bool, error) {
-	args := []any{st.GetApplied(), nullString(st.GetMessage()), st.GetDeleted(), obs.Version, obs.At.UnixNano(), st.GetId(), region}
-	return s.guardedReport(ctx, "cilium_network_policies", `UPDATE cilium_network_policies SET status_applied = ?, status_message = ?,
+func (s *Store) ReportCiliumNetworkPolicy(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.CiliumNetworkPolicyStatus) (bool, error) {
+	args := []any{st.GetApplied(), nullString(st.GetMessage()), st.GetDeleted(), obs.Version, obs.At.UnixNano()}
+	return s.report(ctx, Ref{Kind: kinds.CiliumNetworkPolicy, Region: region, ID: st.GetId()}, clusterID, obs, `UPDATE cilium_network_policies SET status_applied = ?, status_message = ?,
   reported_deleted = ?, report_observed_version = ?, report_observed_at_ns = ?
-WHERE id = ? AND region = ? AND `+guardSQL, append(args, obs.guardArgs()...),
-		"SELECT COUNT(*) FROM cilium_network_policies WHERE id = ? AND region = ?", st.GetId(), region)
+WHERE id = ? AND region = ?`, args)
 }
 
 // ReportResource records the status (a JSON document) of a generic
 // resource.
-func (s *Store) ReportResource(ctx context.Context, kind, region, id string, obs Observation, statusJSON []byte) (bool, error) {
-	args := []any{string(statusJSON), obs.Version, obs.At.UnixNano(), kind, region, id}
-	return s.guardedReport(ctx, "resources", `UPDATE resources SET status = ?, report_observed_version = ?, report_observed_at_ns = ?
-WHERE kind = ? AND region = ? AND id = ? AND `+guardSQL, append(args, obs.guardArgs()...),
-		"SELECT COUNT(*) FROM resources WHERE kind = ? AND region = ? AND id = ?", kind, region, id)
+func (s *Store) ReportResource(ctx context.Context, kind, region, clusterID, id string, obs Observation, statusJSON []byte) (bool, error) {
+	args := []any{string(statusJSON), obs.Version, obs.At.UnixNano()}
+	return s.report(ctx, Ref{Kind: kind, Region: region, ID: id}, clusterID, obs, `UPDATE resources SET status = ?, report_observed_version = ?, report_observed_at_ns = ?
+WHERE kind = ? AND region = ? AND id = ?`, args)
 }
 
-// guardedReport runs a guarded UPDATE; when it matches nothing, exists
-// tells a stale report (false, nil) from a missing object (ErrNotFound).
-func (s *Store) guardedReport(ctx context.Context, table, update string, args []any, exists string, existsArgs ...any) (bool, error) {
-	res, err := s.db.ExecContext(ctx, update, args...)
+// report records one cluster's report on the object r in one
+// transaction: lock the object's row (ErrNotFound when there is none; a
+// *VersionAheadError when the report's version is above the row's), judge
+// the report against the cluster's guard, and when it is not older run
+// update (whose WHERE clause is the object's key columns, in keyArgs order)
+// and record the guard.
+func (s *Store) report(ctx context.Context, r Ref, clusterID string, obs Observation, update string, args []any) (bool, error) {
+	def := lookupKind(r.Kind)
+	var accepted bool
+	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		accepted = false
+		var cur uint64
+		err := tx.QueryRow(ctx, def.rowVersionSQL(true), def.keyArgs(r)...).Scan(&cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("store: lock %s for a report: %w", r, err)
+		}
+		if obs.Version > cur {
+			return &VersionAheadError{Ref: r, Reported: obs.Version, Current: cur}
+		}
+		guards, err := tx.readGuards(ctx, r.Kind, r.Region, clusterID, []string{r.ID})
+		if err != nil {
+			return err
+		}
+		now := s.now().UnixNano()
+		if g, ok := guards[r.ID]; ok && !g.admits(obs, now) {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, update, append(args, def.keyArgs(r)...)...); err != nil {
+			return fmt.Errorf("store: write report on %s: %w", r, err)
+		}
+		accepted = true
+		return tx.writeGuards(ctx, r.Kind, r.Region, clusterID, []guardedReport{{id: r.ID, obs: obs}}, now)
+	})
 	if err != nil {
-		return false, fmt.Errorf("store: write report to %s: %w", table, err)
+		return false, err
 	}
-	if n, err := res.RowsAffected(); err == nil && n > 0 {
-		return true, nil
-	}
-	var count int
-	if err := s.db.QueryRowContext(ctx, exists, existsArgs...).Scan(&count); err != nil {
-		return false, fmt.Errorf("store: check report target in %s: %w", table, err)
-	}
-	if count == 0 {
-		return false, ErrNotFound
-	}
-	return false, nil
+	return accepted, nil
 }

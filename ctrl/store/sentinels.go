@@ -35,10 +35,12 @@ type SentinelRow struct {
 	HealthReason          string
 	ReportedDeleted       bool
 	ReportObservedVersion uint64
-	// The last SentinelService.Deploy.
+	// The last SentinelService.Deploy, and whether it changed the
+	// configuration.
 	DeployStatus  string
 	DeployRequest string
 	DeployMessage string
+	DeployChanged bool
 
 	CreatedAt, UpdatedAt time.Time
 }
@@ -46,7 +48,7 @@ type SentinelRow struct {
 const sentinelColumns = `id, region, workspace_id, project_id, app_id, environment_id, k8s_name, image, replicas,
   cpu_millicores, memory_mib, desired_state, version, running_image, available_replicas, updated_replicas,
   ready_replicas, observed_generation, health, health_reason, reported_deleted, report_observed_version,
-  deploy_status, deploy_request, deploy_message, created_at, updated_at`
+  deploy_status, deploy_request, deploy_message, deploy_changed, created_at, updated_at`
 
 func scanSentinelRow(s scanner) (SentinelRow, error) {
 	var (
@@ -57,7 +59,7 @@ func scanSentinelRow(s scanner) (SentinelRow, error) {
 	err := s.Scan(&r.ID, &r.Region, &r.WorkspaceID, &r.ProjectID, &r.AppID, &r.EnvironmentID, &r.K8sName, &r.Image, &r.Replicas,
 		&r.CPUMillicores, &r.MemoryMiB, &r.DesiredState, &r.Version, &r.RunningImage, &r.AvailableReplicas, &r.UpdatedReplicas,
 		&r.ReadyReplicas, &r.ObservedGeneration, &r.Health, &r.HealthReason, &r.ReportedDeleted, &r.ReportObservedVersion,
-		&r.DeployStatus, &r.DeployRequest, &msg, &created, &updated)
+		&r.DeployStatus, &r.DeployRequest, &msg, &r.DeployChanged, &created, &updated)
 	r.DeployMessage = msg.String
 	r.CreatedAt, r.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
 	return r, err
@@ -91,11 +93,11 @@ func (t *Tx) LockSentinel(ctx context.Context, id string) (SentinelRow, error) {
 }
 
 // SetSentinelDeploy records that request owns the sentinel's deploy, now in
-// status (progressing, or ready when nothing had to change), and clears the
-// previous deploy's message.
-func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string) error {
-	res, err := t.Exec(ctx, "UPDATE sentinels SET deploy_status = ?, deploy_request = ?, deploy_message = NULL, updated_at = ? WHERE id = ?",
-		status, request, nowMillis(), id)
+// status (progressing, or ready when nothing had to change), whether it
+// changed the configuration, and clears the previous deploy's message.
+func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string, changed bool) error {
+	res, err := t.Exec(ctx, "UPDATE sentinels SET deploy_status = ?, deploy_request = ?, deploy_message = NULL, deploy_changed = ?, updated_at = ? WHERE id = ?",
+		status, request, changed, nowMillis(), id)
 	if err != nil {
 		return fmt.Errorf("store: start deploy of sentinel %s: %w", id, err)
 	}
@@ -110,24 +112,28 @@ func (t *Tx) SetSentinelDeploy(ctx context.Context, id, request, status string) 
 // returns whether it changed the row and the deploy status afterwards. A
 // repeated call (a retried step) changes nothing and reports the status it
 // finds.
-func (s *Store) FinishSentinelDeploy(ctx context.Context, id, request, status, message string) (bool, string, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE sentinels SET deploy_status = ?, deploy_message = ?, updated_at = ?
+func (s *Store) FinishSentinelDeploy(ctx context.Context, id, request, status, message string) (changed bool, current string, err error) {
+	_, err = s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.Exec(ctx, `UPDATE sentinels SET deploy_status = ?, deploy_message = ?, updated_at = ?
 WHERE id = ? AND deploy_request = ? AND deploy_status = 'progressing'`, status, nullString(message), nowMillis(), id, request)
-	if err != nil {
-		return false, "", fmt.Errorf("store: finish deploy of sentinel %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n > 0 {
-		return true, status, nil
-	}
-	var cur string
-	err = s.db.QueryRowContext(ctx, "SELECT deploy_status FROM sentinels WHERE id = ?", id).Scan(&cur)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, "", ErrNotFound
-	}
-	if err != nil {
-		return false, "", fmt.Errorf("store: read deploy status of sentinel %s: %w", id, err)
-	}
-	return false, cur, nil
+		if err != nil {
+			return fmt.Errorf("store: finish deploy of sentinel %s: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			changed, current = true, status
+			return nil
+		}
+		changed = false
+		err = tx.QueryRow(ctx, "SELECT deploy_status FROM sentinels WHERE id = ?", id).Scan(&current)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("store: read deploy status of sentinel %s: %w", id, err)
+		}
+		return nil
+	})
+	return changed, current, err
 }
 
 // SentinelFilter narrows ListSentinels; empty fields match everything.
@@ -188,21 +194,14 @@ func (s *Store) RunningSentinels(ctx context.Context, after string, limit int) (
 	return out, rows.Err()
 }
 
-// SentinelsDeploying returns up to limit ids of sentinels whose deploy is
-// in progress, least recently changed first.
-func (s *Store) SentinelsDeploying(ctx context.Context, limit int) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT id FROM sentinels WHERE deploy_status = 'progressing' ORDER BY updated_at LIMIT ?", limit)
+// SentinelsDeploying returns up to limit sentinels whose deploy is in
+// progress, after the position after (the zero value starts at the least
+// recently changed), least recently changed first.
+func (s *Store) SentinelsDeploying(ctx context.Context, after Updated, limit int) ([]Updated, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, updated_at FROM sentinels WHERE deploy_status = 'progressing'
+  AND (updated_at > ? OR (updated_at = ? AND id > ?)) ORDER BY updated_at, id LIMIT ?`, after.At, after.At, after.ID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: list deploying sentinels: %w", err)
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return scanUpdated(rows)
 }

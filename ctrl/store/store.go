@@ -36,6 +36,14 @@ type PoolOptions struct {
 	// WriteCommitters bounds the group-commit transactions in flight at
 	// once. Default 2.
 	WriteCommitters int
+	// ReadTimeout and WriteTimeout bound each network read and write on a
+	// connection whose DSN sets none (readTimeout, writeTimeout): a
+	// connection to a server that stopped answering, with no RST (a
+	// partition, a failover behind a proxy), fails instead of hanging a
+	// caller without a deadline. Default 2 minutes, above any statement
+	// ctrl runs and InnoDB's lock wait timeout; a DSN for `ctrl migrate`
+	// on large tables may set a longer readTimeout.
+	ReadTimeout, WriteTimeout time.Duration
 }
 
 // Store is ctrl's database.
@@ -51,7 +59,8 @@ type Store struct {
 // format, e.g. "user:pass@tcp(host:3306)/ctrl") and checks it is reachable.
 // It adds the connection parameters the store relies on, whatever the DSN
 // says: parseTime, clientFoundRows (an UPDATE reports matched rows, which the
-// guards use), utf8mb4 and strict SQL mode.
+// guards use), utf8mb4 and strict SQL mode; and a dial, read and write
+// timeout unless the DSN sets its own.
 func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -71,6 +80,12 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 	cfg.Params["sql_mode"] = "'STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = or(pool.ReadTimeout, 2*time.Minute)
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = or(pool.WriteTimeout, 2*time.Minute)
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
@@ -126,6 +141,15 @@ func placeholders(n int) string {
 }
 
 func nowMillis() int64 { return time.Now().UnixMilli() }
+
+// or is v, or def when v is zero.
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
 
 // isRetryable reports MySQL errors after which the whole transaction may
 // simply be run again: deadlock (1213) and lock wait timeout (1205).

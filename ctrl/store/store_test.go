@@ -303,9 +303,12 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := s.StampCommitted(ctx, []store.Ref{{Kind: kinds.Sentinel, Region: "eu", ID: "s1"}}, ""); err != nil { // version 2
+		t.Fatal(err)
+	}
 	t0 := time.Unix(1000, 0)
 	report := func(v uint64, at time.Time, image string) bool {
-		ok, err := s.ReportSentinel(ctx, "eu", store.Observation{Version: v, At: at}, &clusterv1.SentinelStatus{SentinelId: "s1", RunningImage: image, AvailableReplicas: 3})
+		ok, err := s.ReportSentinel(ctx, "eu", "eu-1", store.Observation{Version: v, At: at}, &clusterv1.SentinelStatus{SentinelId: "s1", RunningImage: image, AvailableReplicas: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,7 +327,7 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	if err := s.DB().QueryRowContext(ctx, "SELECT running_image FROM sentinels WHERE id = 's1'").Scan(&img); err != nil || img != "new" {
 		t.Fatalf("running_image = %q, %v; want new", img, err)
 	}
-	if _, err := s.ReportSentinel(ctx, "us", store.Observation{Version: 9, At: t0}, &clusterv1.SentinelStatus{SentinelId: "s1"}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.ReportSentinel(ctx, "us", "us-1", store.Observation{Version: 9, At: t0}, &clusterv1.SentinelStatus{SentinelId: "s1"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("report from another region: %v, want ErrNotFound", err)
 	}
 }
@@ -357,5 +360,29 @@ func TestPoolKeepsConnectionsAfterABurst(t *testing.T) {
 	st := s.DB().Stats()
 	if st.MaxIdleClosed != 0 || st.Idle < burst {
 		t.Fatalf("after a burst of %d connections: %d idle, %d closed for the idle limit; want all kept", burst, st.Idle, st.MaxIdleClosed)
+	}
+}
+
+// TestStalledConnectionFails: a connection to a server that stopped
+// answering (no byte flows, no RST) fails a call that has no deadline of its
+// own after the read timeout, instead of hanging it.
+func TestStalledConnectionFails(t *testing.T) {
+	dsn, proxy := testenv.SharedMySQL(t).DatabaseBehindProxy(t, t.Name())
+	s, err := store.Open(context.Background(), dsn, store.PoolOptions{ReadTimeout: time.Second, WriteTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	proxy.Stall()
+	defer proxy.Restore()
+	done := make(chan error, 1)
+	go func() { _, err := s.Head(context.Background()); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a read on a stalled connection succeeded")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a read on a stalled connection without a deadline hung for 60s")
 	}
 }

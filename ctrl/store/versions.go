@@ -61,6 +61,14 @@ type TestHooks struct {
 	// AfterStamp runs after the versions are assigned and before COMMIT,
 	// inside the transaction (to widen the window between the two).
 	AfterStamp func(ctx context.Context, stamped []Stamped)
+	// AfterCommit runs after a write transaction (WriteTx, StampCommitted)
+	// committed. An error it returns is what the call returns, as
+	// "store: commit: <err>": a commit whose answer was lost (the
+	// connection broke after the server committed). Exists to prove the
+	// callers survive an ambiguous commit.
+	AfterCommit func(ctx context.Context) error
+	// Now is the clock of the report guards (time.Now when nil).
+	Now func() time.Time
 	// UnsafeAllocator takes versions from a separate autocommit increment of
 	// version_seq instead of holding its lock until commit: the reference
 	// platform's bug, under which a lower version can commit after a higher
@@ -157,6 +165,11 @@ func (s *Store) writeTxOnce(ctx context.Context, fn func(ctx context.Context, tx
 	}
 	if err := sqlTx.Commit(); err != nil {
 		return nil, fmt.Errorf("store: commit: %w", err)
+	}
+	if h := s.testHooks(); h.AfterCommit != nil {
+		if err := h.AfterCommit(ctx); err != nil {
+			return nil, fmt.Errorf("store: commit: %w", err)
+		}
 	}
 	return stamped, nil
 }
@@ -453,6 +466,13 @@ type Grant struct {
 // must always be used with the same refs). An empty grantKey stamps every
 // time.
 func (s *Store) StampCommitted(ctx context.Context, refs []Ref, grantKey string) (Grant, error) {
+	return s.StampCommittedThen(ctx, refs, grantKey, nil)
+}
+
+// StampCommittedThen is StampCommitted that also runs then in the same
+// transaction when it records a new grant (not when the key was granted
+// before): what must happen exactly once with the stamp.
+func (s *Store) StampCommittedThen(ctx context.Context, refs []Ref, grantKey string, then func(ctx context.Context, tx *Tx, g Grant) error) (Grant, error) {
 	var grant Grant
 	// Solo: it stamps inside fn, and in a group commit the writes batched
 	// after it would then lock rows while holding version_seq.
@@ -489,6 +509,9 @@ func (s *Store) StampCommitted(ctx context.Context, refs []Ref, grantKey string)
 			}
 		}
 		tx.touched = nil // already stamped
+		if then != nil {
+			return then(ctx, tx, grant)
+		}
 		return nil
 	})
 	if errors.Is(err, errGrantReused) {

@@ -2,6 +2,8 @@ package workflows
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -10,48 +12,160 @@ import (
 	"github.com/restatedev/sdk-go/ingress"
 )
 
-// NewIngressClient is a client of Restate's ingress at url with timeouts
-// and a connection pool sized for ctrl (the SDK's default client has
-// neither a timeout nor more than two idle connections per host).
-func NewIngressClient(url string) *ingress.Client {
+// Ingress is ctrl's client of Restate's ingress. Calls of ctrl's services
+// go through the CtrlIngress gateway, signed with the ingress key (see
+// GatewayName); attaching to an invocation, to read its result, goes to the
+// ingress directly.
+type Ingress struct {
+	c   *ingress.Client
+	key []byte
+}
+
+// NewIngressClient is a client of Restate's ingress at url, signing with
+// key, with timeouts and a connection pool sized for ctrl (the SDK's
+// default client has neither a timeout nor more than two idle connections
+// per host).
+func NewIngressClient(url string, key []byte) *Ingress {
+	return newIngress(url, key, 256, 30*time.Second)
+}
+
+// NewWaitingIngressClient is like NewIngressClient without the overall
+// timeout, for calls that wait for an invocation to end (bound them with a
+// deadline on the context).
+func NewWaitingIngressClient(url string, key []byte) *Ingress {
+	return newIngress(url, key, 64, 0)
+}
+
+func newIngress(url string, key []byte, conns int, timeout time.Duration) *Ingress {
+	// At most conns connections: a burst of calls waits for one instead of
+	// opening a connection each (a thousand at once outrun the dial
+	// timeout on a busy machine).
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        256,
-		MaxIdleConnsPerHost: 256,
+		MaxIdleConns:        conns,
+		MaxIdleConnsPerHost: conns,
+		MaxConnsPerHost:     conns,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return ingress.NewClient(url, ingress.WithHttpClient(&http.Client{Transport: tr, Timeout: 30 * time.Second}))
+	return &Ingress{c: ingress.NewClient(url, ingress.WithHttpClient(&http.Client{Transport: tr, Timeout: timeout})), key: key}
+}
+
+// call starts a private handler's invocation through CtrlIngress.Call and
+// returns its id; unless send, it then waits for the invocation (attached
+// through the ingress) and decodes its output into out.
+func (c *Ingress) call(ctx context.Context, service, key, handler string, input any, idempotencyKey string, send bool, out any) (string, error) {
+	gc := gatewayCall{Service: service, Key: key, Handler: handler, IdempotencyKey: idempotencyKey, At: time.Now().UnixMilli()}
+	if input != nil {
+		raw, err := json.Marshal(input)
+		if err != nil {
+			return "", fmt.Errorf("encode the input of %s/%s: %w", service, handler, err)
+		}
+		gc.Input = raw
+	}
+	body, err := json.Marshal(gc)
+	if err != nil {
+		return "", err
+	}
+	res, err := ingress.Service[json.RawMessage, gatewayResult](c.c, GatewayName, "Call").
+		Request(ctx, json.RawMessage(body), restate.WithHeaders(map[string]string{SignatureHeader: signBody(c.key, body)}))
+	if err != nil || send {
+		return res.InvocationID, err
+	}
+	output, err := ingress.InvocationById[json.RawMessage](c.c, res.InvocationID).Attach(ctx)
+	if err != nil {
+		return res.InvocationID, err
+	}
+	if out != nil && len(output) > 0 {
+		if err := json.Unmarshal(output, out); err != nil {
+			return res.InvocationID, fmt.Errorf("decode the answer of %s/%s: %w", service, handler, err)
+		}
+	}
+	return res.InvocationID, nil
 }
 
 // StartDeploy starts the deploy workflow of req.Deployment.ID and returns
 // its invocation id. Starting it again is harmless: Restate answers with the
 // invocation it already has for that workflow id.
-func StartDeploy(ctx context.Context, c *ingress.Client, req DeployRequest) (string, error) {
-	h, err := ingress.Workflow[DeployRequest, DeployResult](c, DeployWorkflowName, req.Deployment.ID, "Run").Send(ctx, req)
-	if err != nil {
-		return "", err
-	}
-	return h.Id(), nil
+func StartDeploy(ctx context.Context, c *Ingress, req DeployRequest) (string, error) {
+	return c.call(ctx, DeployWorkflowName, req.Deployment.ID, "Run", req, "", true, nil)
 }
 
 // DeployOutcome waits for a deploy workflow's result.
-func DeployOutcome(ctx context.Context, c *ingress.Client, deploymentID string) (DeployResult, error) {
-	return ingress.WorkflowHandle[DeployResult](c, DeployWorkflowName, deploymentID).Attach(ctx)
+func DeployOutcome(ctx context.Context, c *Ingress, deploymentID string) (DeployResult, error) {
+	return ingress.WorkflowHandle[DeployResult](c.c, DeployWorkflowName, deploymentID).Attach(ctx)
 }
 
 // NotifyDeploy hands a decided outcome to a deploy workflow.
-func NotifyDeploy(ctx context.Context, c *ingress.Client, deploymentID string, o Outcome) error {
-	_, err := ingress.WorkflowSend[Outcome](c, DeployWorkflowName, deploymentID, "Notify").Send(ctx, o)
+func NotifyDeploy(ctx context.Context, c *Ingress, deploymentID string, o Outcome) error {
+	_, err := c.call(ctx, DeployWorkflowName, deploymentID, "Notify", o, "", true, nil)
 	return err
 }
 
 // Stamp calls VersioningService.Stamp from outside Restate. A retry with
 // the same idempotency key returns the same versions; without a key, every
 // call stamps anew.
-func Stamp(ctx context.Context, c *ingress.Client, refs []Ref, idempotencyKey string) (StampResponse, error) {
-	var opts []ingress.RequestOption
-	if idempotencyKey != "" {
-		opts = append(opts, restate.WithIdempotencyKey(idempotencyKey))
+func Stamp(ctx context.Context, c *Ingress, refs []Ref, idempotencyKey string) (StampResponse, error) {
+	var resp StampResponse
+	_, err := c.call(ctx, VersioningServiceName, VersioningKey, "Stamp", StampRequest{Refs: refs}, idempotencyKey, false, &resp)
+	return resp, err
+}
+
+// StartSentinelDeploy starts SentinelService.Deploy on a sentinel and
+// returns its invocation id (which becomes the row's deploy_request).
+// Deploys of one sentinel run one after another.
+func StartSentinelDeploy(ctx context.Context, c *Ingress, id string, req SentinelDeployRequest) (string, error) {
+	return c.call(ctx, SentinelServiceName, id, "Deploy", req, "", true, nil)
+}
+
+// SentinelDeployOutcome waits for a sentinel deploy started with
+// StartSentinelDeploy. Use a client without an overall timeout (and a
+// deadline on ctx): a deploy may wait for its cluster for minutes.
+func SentinelDeployOutcome(ctx context.Context, c *Ingress, invocationID string) (SentinelDeployResult, error) {
+	return ingress.InvocationById[SentinelDeployResult](c.c, invocationID).Attach(ctx)
+}
+
+// NotifySentinel hands a decided outcome to the sentinel's deploy that
+// owns n.Request.
+func NotifySentinel(ctx context.Context, c *Ingress, id string, n SentinelNotice) (NotifyResult, error) {
+	handler := "NotifyReady"
+	if n.Result != ResultReady {
+		handler = "NotifyFailed"
 	}
-	return ingress.Object[StampRequest, StampResponse](c, VersioningServiceName, VersioningKey, "Stamp").Request(ctx, StampRequest{Refs: refs}, opts...)
+	var res NotifyResult
+	_, err := c.call(ctx, SentinelServiceName, id, handler, n, "", false, &res)
+	return res, err
+}
+
+// StartRollout calls SentinelRolloutService.Rollout.
+func StartRollout(ctx context.Context, c *Ingress, req RolloutRequest) (RolloutStatus, error) {
+	return c.rollout(ctx, "Rollout", req)
+}
+
+// GetRolloutStatus calls SentinelRolloutService.Status (a shared handler:
+// it answers while a wave is in flight).
+func GetRolloutStatus(ctx context.Context, c *Ingress) (RolloutStatus, error) {
+	return c.rollout(ctx, "Status", nil)
+}
+
+// ResumeRollout calls SentinelRolloutService.Resume.
+func ResumeRollout(ctx context.Context, c *Ingress, req ResumeRequest) (RolloutStatus, error) {
+	return c.rollout(ctx, "Resume", req)
+}
+
+// CancelRollout calls SentinelRolloutService.Cancel.
+func CancelRollout(ctx context.Context, c *Ingress) (RolloutStatus, error) {
+	return c.rollout(ctx, "Cancel", nil)
+}
+
+// StartRollbackAll calls SentinelRolloutService.RollbackAll, which returns
+// once the reverts are sent (state rolling_back); Status says when they are
+// done.
+func StartRollbackAll(ctx context.Context, c *Ingress) (RolloutStatus, error) {
+	return c.rollout(ctx, "RollbackAll", nil)
+}
+
+func (c *Ingress) rollout(ctx context.Context, handler string, input any) (RolloutStatus, error) {
+	var st RolloutStatus
+	_, err := c.call(ctx, RolloutServiceName, RolloutKey, handler, input, "", false, &st)
+	return st, err
 }

@@ -61,12 +61,13 @@ func TestDeploySurvivesRestateKillAndCtrlRestart(t *testing.T) {
 	steps := &stepLog{}
 	inStamp := make(chan struct{}, 1)
 	startCtrl := func(crashInStamp bool) *world {
-		hooks := workflows.Hooks{AfterStep: func(ctx context.Context, step string) {
+		hooks := workflows.Hooks{AfterStep: func(ctx context.Context, step string) error {
 			n := steps.add(step)
 			if crashInStamp && step == "VersioningService.stamp" && n == 1 {
 				inStamp <- struct{}{}
 				<-ctx.Done() // hold the step open until its stream dies
 			}
+			return nil
 		}}
 		return newWorld(t, ctrltest.Options{
 			DSN: dsn, Restate: rs, RestateListen: listen, Deps: serve.Deps{WorkflowHooks: hooks},

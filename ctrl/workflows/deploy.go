@@ -8,8 +8,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -20,6 +22,24 @@ const DeployWorkflowName = "DeployWorkflow"
 
 // outcomePromise is the workflow promise Notify resolves.
 const outcomePromise = "outcome"
+
+// The deploy's steps (see run and the package documentation).
+var (
+	deployCreate        = newStep(DeployWorkflowName, "create")
+	deployRegions       = newStep(DeployWorkflowName, "regions")
+	deployTimeout       = newStep(DeployWorkflowName, "timeout")
+	deployToDeploying   = newStep(DeployWorkflowName, "status-deploying")
+	deployTopology      = newStep(DeployWorkflowName, "topology")
+	deploySentinels     = newStep(DeployWorkflowName, "sentinels")
+	deployToNetwork     = newStep(DeployWorkflowName, "status-network")
+	deployCheck         = newStep(DeployWorkflowName, "check")
+	deployFinalCheck    = newStep(DeployWorkflowName, "final-check")
+	deployReady         = newStep(DeployWorkflowName, "ready")
+	deployStopTopology  = newStep(DeployWorkflowName, "stop-topology")
+	deployToFailed      = newStep(DeployWorkflowName, "status-failed")
+	deployRejectInvalid = newStep(DeployWorkflowName, "status-reject")
+	deployStampItself   = newStep(DeployWorkflowName, "stamp-itself")
+)
 
 // DeployResult is what the workflow returns.
 type DeployResult struct {
@@ -44,17 +64,19 @@ type deploy struct {
 	sentinel SentinelDefaults
 	timeout  time.Duration
 	hooks    Hooks
+	// bypassed counts stamps the deploy made itself (see stampVersions).
+	bypassed prometheus.Counter
 }
 
 // NewDeployWorkflow is the DeployWorkflow: Run deploys one deployment,
 // Notify (shared) ends its wait for readiness. See the package
 // documentation for the steps.
 func NewDeployWorkflow(d Deps) restate.ServiceDefinition {
-	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks}
+	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks, bypassed: d.metrics().versioningBypassed}
 	if w.timeout <= 0 {
 		w.timeout = 5 * time.Minute
 	}
-	return restate.NewWorkflow(DeployWorkflowName, RetryPolicy()).
+	return restate.NewWorkflow(DeployWorkflowName, RetryPolicy(), private()).
 		Handler("Run", restate.NewWorkflowHandler(w.run)).
 		Handler("Notify", restate.NewWorkflowSharedHandler(w.notify))
 }
@@ -92,7 +114,7 @@ func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResu
 		// The API created the row before starting the workflow: record why
 		// the deploy went nowhere.
 		msg := "invalid deploy request: " + err.Error()
-		if _, _, terr := w.transition(ctx, "reject", id, store.InProgress, store.StatusFailed, msg); terr != nil {
+		if _, _, terr := w.transition(ctx, deployRejectInvalid, id, store.InProgress, store.StatusFailed, msg); terr != nil {
 			return res, terr
 		}
 		return res, restate.ToTerminalError(errors.New(msg), restate.WithErrorCode(codeInvalid))
@@ -129,7 +151,7 @@ func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResu
 	case ResultStopped:
 		res.Status, res.Error = store.StatusStopped, outcome.Message
 	default: // not ours to change any more
-		res.Status, res.Error = p.status, outcome.Message
+		res.Status, res.Error = outcome.Status, outcome.Message
 	}
 	return res, nil
 }
@@ -137,7 +159,6 @@ func (w *deploy) run(ctx restate.WorkflowContext, req DeployRequest) (DeployResu
 // progress is what the failure path needs to know.
 type progress struct {
 	topologyWritten bool
-	status          string
 }
 
 // deploy runs the steps up to the wait and returns the outcome.
@@ -147,7 +168,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	if note == "" {
 		note = "created by the deploy workflow"
 	}
-	status, err := run(ctx, w.hooks, "create", func(rc restate.RunContext) (string, error) {
+	status, err := runStep(ctx, w.hooks, deployCreate, func(rc restate.RunContext) (string, error) {
 		d := req.Deployment.Store()
 		d.Regions, d.TimeoutSeconds = req.Regions, req.TimeoutSeconds
 		return w.store.EnsureDeployment(rc, d, note)
@@ -156,18 +177,17 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{}, err
 	}
 	if status != store.StatusPending {
-		p.status = status
-		return Outcome{Result: ResultGone, Message: "the deployment was already " + status + "; nothing to do"}, nil
+		return Outcome{Result: ResultGone, Status: status, Message: "the deployment was already " + status + "; nothing to do"}, nil
 	}
 
-	regions, err := run(ctx, w.hooks, "regions", func(rc restate.RunContext) ([]string, error) {
+	regions, err := runStep(ctx, w.hooks, deployRegions, func(rc restate.RunContext) ([]string, error) {
 		return w.targetRegions(rc, req.Regions)
 	})
 	if err != nil {
 		return Outcome{}, err
 	}
 	res.Regions = regions
-	timeout, err := run(ctx, w.hooks, "timeout", func(restate.RunContext) (time.Duration, error) {
+	timeout, err := runStep(ctx, w.hooks, deployTimeout, func(restate.RunContext) (time.Duration, error) {
 		if req.TimeoutSeconds > 0 {
 			return time.Duration(req.TimeoutSeconds) * time.Second, nil
 		}
@@ -177,25 +197,23 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		return Outcome{}, err
 	}
 
-	if ok, cur, err := w.transition(ctx, "deploying", id, []string{store.StatusPending}, store.StatusDeploying, ""); err != nil || !ok {
-		p.status = cur
-		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
+	if ok, cur, err := w.transition(ctx, deployToDeploying, id, []string{store.StatusPending}, store.StatusDeploying, ""); err != nil || !ok {
+		return Outcome{Result: ResultGone, Status: cur, Message: "the deployment is " + cur}, err
 	}
 
 	// Topology: content first (one transaction, no versions), then one
 	// VersioningService call for every region.
 	p.topologyWritten = true
-	refs, err := run(ctx, w.hooks, "topology", func(rc restate.RunContext) ([]store.Ref, error) {
+	refs, err := runStep(ctx, w.hooks, deployTopology, func(rc restate.RunContext) ([]store.Ref, error) {
 		return w.writeTopology(rc, req.Deployment, regions)
 	})
 	if err != nil {
 		return Outcome{}, err
 	}
 	if len(refs) == 0 {
-		p.status = store.StatusStopped
 		return Outcome{Result: ResultStopped, Message: "stopped before its topology was written"}, nil
 	}
-	if res.Versions, err = stampVersions(ctx, refs); err != nil {
+	if res.Versions, err = w.stampVersions(ctx, id, refs); err != nil {
 		return Outcome{}, err
 	}
 
@@ -208,27 +226,26 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		for j := range b {
 			b[j] = byte(rnd.Uint32())
 		}
-		sid := newID("sen_", b)
+		sid := deployspec.NewID("sen_", b)
 		s := req.Deployment
 		candidates[i] = store.Sentinel{
 			ID: sid, Region: region, WorkspaceID: s.WorkspaceID, ProjectID: s.ProjectID, AppID: s.AppID, EnvironmentID: s.EnvironmentID,
-			K8sName: K8sName(sid), Image: w.sentinel.Image, Replicas: w.sentinel.Replicas,
+			K8sName: deployspec.K8sName(sid), Image: w.sentinel.Image, Replicas: w.sentinel.Replicas,
 			CPUMillicores: w.sentinel.CPUMillicores, MemoryMiB: w.sentinel.MemoryMiB,
 		}
 	}
-	if res.Sentinels, err = run(ctx, w.hooks, "sentinels", func(rc restate.RunContext) ([]string, error) {
+	if res.Sentinels, err = runStep(ctx, w.hooks, deploySentinels, func(rc restate.RunContext) ([]string, error) {
 		if w.sentinel.Image == "" {
 			return nil, restate.ToTerminalError(errors.New("ctrl has no sentinel.default_image configured: it cannot create the environment's sentinels"),
 				restate.WithErrorCode(codePrecondition))
 		}
-		return w.store.EnsureSentinels(rc, candidates)
+		return w.store.EnsureSentinels(rc, id, candidates)
 	}); err != nil {
 		return Outcome{}, err
 	}
 
-	if ok, cur, err := w.transition(ctx, "network", id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
-		p.status = cur
-		return Outcome{Result: ResultGone, Message: "the deployment is " + cur}, err
+	if ok, cur, err := w.transition(ctx, deployToNetwork, id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
+		return Outcome{Result: ResultGone, Status: cur, Message: "the deployment is " + cur}, err
 	}
 	return w.await(ctx, id, timeout)
 }
@@ -240,7 +257,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 // check at the deadline decides with whatever the clusters reported.
 func (w *deploy) await(ctx restate.WorkflowContext, id string, timeout time.Duration) (Outcome, error) {
 	promise := restate.Promise[Outcome](ctx, outcomePromise)
-	now, err := run(ctx, w.hooks, "check", func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
+	now, err := runStep(ctx, w.hooks, deployCheck, func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
 	if err != nil || now.Decided() {
 		return now, err
 	}
@@ -250,7 +267,7 @@ func (w *deploy) await(ctx restate.WorkflowContext, id string, timeout time.Dura
 		return Outcome{}, err // cancelled
 	}
 	if first == timer {
-		final, err := run(ctx, w.hooks, "final-check", func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
+		final, err := runStep(ctx, w.hooks, deployFinalCheck, func(rc restate.RunContext) (Outcome, error) { return w.evaluate(rc, id) })
 		if err != nil || final.Decided() {
 			return final, err
 		}
@@ -271,7 +288,7 @@ func (w *deploy) evaluate(ctx context.Context, id string) (Outcome, error) {
 		return Outcome{Result: ResultStopped}, nil
 	case store.StatusDeploying, store.StatusNetwork:
 	default:
-		return Outcome{Result: ResultGone, Message: "the deployment is " + d.Status}, nil
+		return Outcome{Result: ResultGone, Status: d.Status, Message: "the deployment is " + d.Status}, nil
 	}
 	states, err := w.store.RegionStates(ctx, id)
 	if err != nil {
@@ -305,7 +322,7 @@ func (w *deploy) targetRegions(ctx context.Context, requested []string) ([]strin
 // sentinels (its routing layer, in namespace "sentinel") reach the
 // deployment's pods on their port, in one region. Nothing else may reach
 // them: a policy with an ingress section puts the pods in default-deny.
-func IngressPolicy(s Spec, region string) store.CiliumNetworkPolicy {
+func IngressPolicy(s deployspec.Spec, region string) store.CiliumNetworkPolicy {
 	port := s.Port
 	if port == 0 {
 		port = 8080
@@ -331,7 +348,7 @@ func IngressPolicy(s Spec, region string) store.CiliumNetworkPolicy {
 // provided the deployment is still deploying (an operator may have stopped
 // it; the row lock orders the two). It returns every region's ref, the same
 // on every run, or none when the deployment is no longer deploying.
-func (w *deploy) writeTopology(ctx context.Context, s Spec, regions []string) ([]store.Ref, error) {
+func (w *deploy) writeTopology(ctx context.Context, s deployspec.Spec, regions []string) ([]store.Ref, error) {
 	var refs []store.Ref
 	_, err := w.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
 		refs = nil
@@ -361,12 +378,12 @@ func (w *deploy) writeTopology(ctx context.Context, s Spec, regions []string) ([
 // (its point is to replace the live one). Any other ready deployment waits
 // for an explicit Promote: a deploy never replaces what serves traffic by
 // itself. It returns whether it promoted and the status afterwards.
-func (w *deploy) markReady(ctx restate.WorkflowContext, s Spec) (bool, string, error) {
+func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool, string, error) {
 	type result struct {
 		Promoted bool   `json:"promoted"`
 		Status   string `json:"status"`
 	}
-	r, err := run(ctx, w.hooks, "ready", func(rc restate.RunContext) (result, error) {
+	r, err := runStep(ctx, w.hooks, deployReady, func(rc restate.RunContext) (result, error) {
 		var r result
 		_, err := w.store.WriteTx(rc, func(ctx context.Context, tx *store.Tx) error {
 			r = result{}
@@ -401,7 +418,7 @@ func (w *deploy) markReady(ctx restate.WorkflowContext, s Spec) (bool, string, e
 // succeed: a failed deploy must not keep running.
 func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool) error {
 	if cleanup {
-		refs, err := run(ctx, w.hooks, "stop-topology", func(rc restate.RunContext) ([]store.Ref, error) {
+		refs, err := runStep(ctx, w.hooks, deployStopTopology, func(rc restate.RunContext) ([]store.Ref, error) {
 			var refs []store.Ref
 			_, err := w.store.WriteTx(rc, func(ctx context.Context, tx *store.Tx) error {
 				var err error
@@ -413,40 +430,33 @@ func (w *deploy) fail(ctx restate.WorkflowContext, id, msg string, cleanup bool)
 		if err != nil {
 			return err
 		}
-		if _, err := stampVersions(ctx, refs); err != nil {
+		if _, err := w.stampVersions(ctx, id, refs); err != nil {
 			return err
 		}
 	}
-	_, _, err := w.transition(ctx, "failed", id, store.InProgress, store.StatusFailed, msg)
+	_, _, err := w.transition(ctx, deployToFailed, id, store.InProgress, store.StatusFailed, msg)
 	return err
 }
 
-// transition is a compare-and-set of the deployment's status in a Run; a
-// deployment that does not exist counts as "not changed".
-func (w *deploy) transition(ctx restate.WorkflowContext, step, id string, from []string, to, msg string) (bool, string, error) {
+// transition is a compare-and-set of the deployment's status in a Run. It
+// reports whether the deployment is at status to now: moved by this step,
+// or by an earlier run of it (the body ran twice, and the second run found
+// the row at to already; only the deploy workflow moves a deployment to
+// deploying, network or ready, so that was its own work). A deployment
+// that does not exist counts as not moved.
+func (w *deploy) transition(ctx restate.WorkflowContext, step Step, id string, from []string, to, msg string) (bool, string, error) {
 	type result struct {
 		Changed bool   `json:"changed"`
 		Status  string `json:"status"`
 	}
-	r, err := run(ctx, w.hooks, "status-"+step, func(rc restate.RunContext) (result, error) {
+	r, err := runStep(ctx, w.hooks, step, func(rc restate.RunContext) (result, error) {
 		changed, cur, err := w.store.TransitionDeployment(rc, id, from, to, msg)
 		if errors.Is(err, store.ErrNotFound) {
 			return result{Status: "missing"}, nil
 		}
 		return result{Changed: changed, Status: cur}, err
 	})
-	return r.Changed, r.Status, err
-}
-
-// run is restate.Run with the step's name and the test hook.
-func run[T any](ctx restate.Context, hooks Hooks, step string, fn func(restate.RunContext) (T, error)) (T, error) {
-	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
-		v, err := fn(rc)
-		if err == nil {
-			hooks.after(rc, DeployWorkflowName+"."+step)
-		}
-		return v, err
-	}, restate.WithName(step))
+	return r.Changed || r.Status == to, r.Status, err
 }
 
 // MissingRegions returns the requested regions that are not in have.

@@ -34,6 +34,15 @@
 // instead: a deploy to N regions stamps N rows in one call, one Restate
 // round trip and one transaction for the lot.
 //
+// An exclusive singleton has one weakness: an invocation of it that does
+// not end (paused by Restate after its retries, or stuck) holds every Stamp
+// queued behind it. So a deploy waits for the VersioningService at most a
+// minute; then it cancels its queued call and stamps its rows itself, in a
+// step of its own with its own grant key (still exactly once, still in
+// version order: the database lock orders versions), notes that in the
+// deployment's history (`ctrl deploy get`) and counts it in
+// krane_ctrl_versioning_bypassed_total.
+//
 // # DeployWorkflow
 //
 // A Restate workflow keyed by the deployment id. Run:
@@ -70,13 +79,21 @@
 //
 // Every status change is a compare-and-set in SQL with a history entry
 // (deployment_events), so a step run twice, or a late step after an
-// operator stopped the deployment, changes nothing. StopDeployment
+// operator stopped the deployment, changes nothing. A status step run
+// twice finds the row at its target already: the workflow reads that as
+// done (its own earlier run), not as someone else's move. StopDeployment
 // notifies the workflow, which then ends without touching the row.
 //
 // Determinism: handler code outside restate.Run reads no clock, database,
 // configuration or randomness (ids come from restate.Rand), and decides
 // call order from sorted slices, never from map iteration. Each Run body is
-// idempotent because it may run twice.
+// idempotent because it may run twice, and answers the same the second
+// time: every Run of every service goes through runStep with a Step
+// declared by newStep (Steps lists them), and the crash-point suite
+// (TestCrashPoints) runs each one twice, and answers each of its commits
+// "bad connection" once, and expects the same result and database as an
+// uninterrupted run. A new step is covered by that suite as soon as a
+// scenario reaches it, and fails it until one does.
 //
 // # SentinelService: one sentinel's convergence
 //
@@ -109,9 +126,22 @@
 // wave with a failure pauses; all ready: the next wave, after bake_seconds
 // (a delayed StartWave). Resume moves past the failed wave or retries the
 // failed sentinels; RollbackAll deploys every sentinel of a wave that
-// started (failed ones included) back to its previous image. Transitions
+// started (failed ones included) back to its previous image; Cancel also
+// ends a rollback that does not end, so no stuck deploy holds the
+// singleton for good. Transitions
 // are posted to Slack in order, in a Run with bounded retries; a webhook
 // failure never fails the rollout.
+//
+// # Who may call: CtrlIngress and request identity
+//
+// Every service above is private to Restate's ingress: only other handlers
+// call it. ctrl's own calls from outside Restate (the operators' APIs, the
+// Notifier) go through CtrlIngress.Call, the one public handler, which
+// forwards to the private handler a call names after checking its
+// signature, an HMAC with a key every ctrl replica shares through the
+// database (see GatewayName). And with restate.identity_keys the endpoint
+// answers only requests Restate signed, so nobody reaches the handlers by
+// going around Restate either.
 //
 // # Failures
 //

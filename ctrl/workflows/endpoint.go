@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,25 +12,37 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/mr-tron/base58"
 	restate "github.com/restatedev/sdk-go"
 	"github.com/restatedev/sdk-go/server"
 )
 
 // Endpoint is the HTTP endpoint Restate calls to run ctrl's services: the
 // SDK's handler served with cleartext HTTP/2 (h2c), which is what Restate
-// speaks to a deployment. The SDK does not check who calls; keep the port
-// on a network only Restate reaches.
+// speaks to a deployment. With identity keys it answers only requests
+// Restate signed with one of them (Restate's request identity: a JWT signed
+// with the server's request-identity private key); anyone else gets 401,
+// registration included. Without keys it answers whoever reaches its port.
 type Endpoint struct {
 	services []restate.ServiceDefinition
 	srv      *http.Server
 }
 
-// NewEndpoint builds the endpoint for services (see Services).
-func NewEndpoint(services []restate.ServiceDefinition, log hclog.Logger) (*Endpoint, error) {
+// NewEndpoint builds the endpoint for services (see Services), checking
+// requests against identityKeys (publickeyv1_...; none: no check).
+func NewEndpoint(services []restate.ServiceDefinition, log hclog.Logger, identityKeys []string) (*Endpoint, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
+	for _, k := range identityKeys {
+		if err := CheckIdentityKey(k); err != nil {
+			return nil, err
+		}
+	}
 	r := server.NewRestate().WithLogger(slogHandler{log: log.Named("restate-sdk")}, true)
+	if len(identityKeys) > 0 {
+		r = r.WithIdentityV1(identityKeys...)
+	}
 	for _, s := range services {
 		r = r.Bind(s)
 	}
@@ -42,6 +55,28 @@ func NewEndpoint(services []restate.ServiceDefinition, log hclog.Logger) (*Endpo
 	protocols.SetHTTP1(true) // health checks and `curl /discover`
 	return &Endpoint{services: services, srv: &http.Server{Handler: h, Protocols: &protocols}}, nil
 }
+
+// identityKeyPrefix starts a v1 request identity public key; the rest is
+// the Ed25519 public key in base58.
+const identityKeyPrefix = "publickeyv1_"
+
+// CheckIdentityKey checks a request identity public key: publickeyv1_
+// and the base58 of a 32-byte Ed25519 public key.
+func CheckIdentityKey(k string) error {
+	rest, ok := strings.CutPrefix(k, identityKeyPrefix)
+	if !ok {
+		return fmt.Errorf("request identity key %q does not start with %s", k, identityKeyPrefix)
+	}
+	b, err := base58.Decode(rest)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return fmt.Errorf("request identity key %q is not %s and the base58 of a %d-byte Ed25519 public key", k, identityKeyPrefix, ed25519.PublicKeySize)
+	}
+	return nil
+}
+
+// IdentityKey is the request identity public key (publickeyv1_...) of an
+// Ed25519 key, the form restate.identity_keys takes.
+func IdentityKey(pub ed25519.PublicKey) string { return identityKeyPrefix + base58.Encode(pub) }
 
 // Handler is the endpoint's HTTP handler (to serve it elsewhere).
 func (e *Endpoint) Handler() http.Handler { return e.srv.Handler }

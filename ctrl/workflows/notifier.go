@@ -8,8 +8,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/restatedev/sdk-go/ingress"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -17,7 +17,7 @@ import (
 // NotifierOptions configure a Notifier. Zero values take the defaults.
 type NotifierOptions struct {
 	Store   *store.Store
-	Ingress *ingress.Client
+	Ingress *Ingress
 	Log     hclog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
@@ -31,6 +31,12 @@ type NotifierOptions struct {
 	// QueueSize bounds the deployments waiting for a worker, and the
 	// sentinels. Default 10000.
 	QueueSize int
+	// ResyncBatch is the page size of a resync pass's queries. Default
+	// 1000.
+	ResyncBatch int
+	// DBTimeout bounds each database call (a stalled connection must not
+	// stall the Notifier). Default 10s.
+	DBTimeout time.Duration
 }
 
 // Notifier wakes deploy workflows and sentinel deploys. It is ctrl's
@@ -69,6 +75,9 @@ type Notifier struct {
 	// overdueLogged: deployments already logged as overdue (logged once,
 	// counted in the gauge every pass). Only the resync pass touches it.
 	overdueLogged map[string]bool
+	// from: where the next resync pass starts each list (see rotate).
+	// Only the resync pass touches it.
+	from struct{ network, sentinels, orphans store.Updated }
 
 	sent, failed, dropped prometheus.Counter
 	overdue               prometheus.Gauge
@@ -77,12 +86,53 @@ type Notifier struct {
 	sentinelWoken, sentinelIdle, sentinelFailed, sentinelDropped prometheus.Counter
 }
 
-// Grace periods of the resync pass.
+// Grace periods and bounds of the resync pass.
 const (
 	orphanAfter  = time.Minute
 	overdueGrace = 5 * time.Minute
 	resyncBatch  = 1000
+	// maxOrphanStarts bounds the workflows one pass starts (each is a call
+	// to Restate); the next pass goes on from there.
+	maxOrphanStarts = 100
 )
+
+// rotate visits the rows of a paged list, starting where the previous pass
+// of it stopped (*from) and wrapping around once, until every row was seen
+// or visit returns false; then *from is where the next pass starts (at the
+// refused row). Each page is read with the per-call deadline. It returns
+// false when a page could not be read (logged).
+func (n *Notifier) rotate(ctx context.Context, what string, from *store.Updated, page func(ctx context.Context, after store.Updated) ([]store.Updated, error), visit func(store.Updated) bool) bool {
+	start, after, wrapped := *from, *from, false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, n.o.DBTimeout)
+		rows, err := page(pctx, after)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				n.log.Warn("resync: cannot list "+what+"; the next pass retries", "error", err)
+			}
+			return false
+		}
+		for _, r := range rows {
+			if wrapped && !r.Before(start) {
+				*from = store.Updated{}
+				return true
+			}
+			if !visit(r) {
+				*from = after
+				return true
+			}
+			after = r
+		}
+		if len(rows) < n.o.ResyncBatch {
+			if wrapped || start == (store.Updated{}) {
+				*from = store.Updated{}
+				return true
+			}
+			wrapped, after = true, store.Updated{}
+		}
+	}
+}
 
 // NewNotifier returns a Notifier; Run starts it.
 func NewNotifier(o NotifierOptions) *Notifier {
@@ -100,6 +150,12 @@ func NewNotifier(o NotifierOptions) *Notifier {
 	}
 	if o.QueueSize <= 0 {
 		o.QueueSize = 10000
+	}
+	if o.ResyncBatch <= 0 {
+		o.ResyncBatch = resyncBatch
+	}
+	if o.DBTimeout <= 0 {
+		o.DBTimeout = 10 * time.Second
 	}
 	notifications := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "krane_ctrl_deploy_notifications_total",
@@ -149,18 +205,20 @@ func newKeyQueue(size int, dropped func(string)) *keyQueue {
 	return &keyQueue{pending: map[string]bool{}, ch: make(chan string, size), size: size, dropped: dropped}
 }
 
-func (q *keyQueue) add(key string) {
+// add queues key; false when the queue was full and it was dropped.
+func (q *keyQueue) add(key string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.pending[key] {
-		return
+		return true
 	}
 	if len(q.pending) >= q.size {
 		q.dropped(key)
-		return
+		return false
 	}
 	q.pending[key] = true
 	q.ch <- key // never blocks: the channel holds exactly the pending keys
+	return true
 }
 
 // taken marks a key received from ch as no longer pending: a report from
@@ -215,7 +273,9 @@ func (n *Notifier) Run(ctx context.Context) {
 
 // evaluate notifies the deployment's workflow when its deploy is decided.
 func (n *Notifier) evaluate(ctx context.Context, id string) {
-	d, err := n.o.Store.GetDeployment(ctx, id)
+	dctx, cancel := context.WithTimeout(ctx, n.o.DBTimeout)
+	defer cancel()
+	d, err := n.o.Store.GetDeployment(dctx, id)
 	if err != nil {
 		if ctx.Err() == nil {
 			n.log.Warn("cannot read a reported deployment; the resync pass will retry", "deployment", id, "error", err)
@@ -225,7 +285,7 @@ func (n *Notifier) evaluate(ctx context.Context, id string) {
 	if d.Status != store.StatusDeploying && d.Status != store.StatusNetwork {
 		return
 	}
-	states, err := n.o.Store.RegionStates(ctx, id)
+	states, err := n.o.Store.RegionStates(dctx, id)
 	if err != nil {
 		n.log.Warn("cannot read a reported deployment's regions; the resync pass will retry", "deployment", id, "error", err)
 		return
@@ -257,7 +317,9 @@ func (n *Notifier) evaluate(ctx context.Context, id string) {
 
 // evaluateSentinel tells the sentinel's deploy when a report decided it.
 func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
-	row, err := n.o.Store.GetSentinel(ctx, id)
+	dctx, cancel := context.WithTimeout(ctx, n.o.DBTimeout)
+	defer cancel()
+	row, err := n.o.Store.GetSentinel(dctx, id)
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, store.ErrNotFound) {
 			n.log.Warn("cannot read a reported sentinel; the resync pass will retry", "sentinel", id, "error", err)
@@ -267,7 +329,7 @@ func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
 	if row.DeployStatus != store.SentinelProgressing {
 		return
 	}
-	errs, err := n.o.Store.ApplyErrors(ctx, kinds.Sentinel, id)
+	errs, err := n.o.Store.ApplyErrors(dctx, kinds.Sentinel, row.Region, id)
 	if err != nil {
 		n.log.Warn("cannot read a reported sentinel's apply errors; the resync pass will retry", "sentinel", id, "error", err)
 		return
@@ -302,52 +364,54 @@ func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
 	}
 }
 
-// resync is the periodic pass described on Notifier.
+// resync is the periodic pass described on Notifier. Each of its lists
+// is paged through (keyset on the time a row last changed), and the passes
+// rotate: one that stops early (the queue is full, or enough orphans were
+// started) resumes there the next time. So rows that never change (deploys
+// whose clusters never report) cannot keep the rows behind them out, and
+// every database call has a deadline: a database that stops answering
+// costs a pass, not the Notifier.
 func (n *Notifier) resync(ctx context.Context) {
 	now := time.Now()
-	network, err := n.o.Store.DeploymentsInStatus(ctx, store.StatusNetwork, now, resyncBatch)
-	if err != nil {
-		n.log.Warn("deploy resync: cannot list deployments", "error", err)
-		return
-	}
-	for _, id := range network {
-		n.deploys.add(id)
-	}
-	deploying, err := n.o.Store.SentinelsDeploying(ctx, resyncBatch)
-	if err != nil {
-		n.log.Warn("sentinel resync: cannot list deploying sentinels", "error", err)
-	}
-	for _, id := range deploying {
-		n.sentinels.add(id)
-	}
+	n.rotate(ctx, "network deployments", &n.from.network, func(ctx context.Context, after store.Updated) ([]store.Updated, error) {
+		return n.o.Store.DeploymentsInStatus(ctx, store.StatusNetwork, now, after, n.o.ResyncBatch)
+	}, func(u store.Updated) bool { return n.deploys.add(u.ID) })
+	n.rotate(ctx, "deploying sentinels", &n.from.sentinels, func(ctx context.Context, after store.Updated) ([]store.Updated, error) {
+		return n.o.Store.SentinelsDeploying(ctx, after, n.o.ResyncBatch)
+	}, func(u store.Updated) bool { return n.sentinels.add(u.ID) })
 
-	orphans, err := n.o.Store.DeploymentsInStatus(ctx, store.StatusPending, now.Add(-orphanAfter), 100)
-	if err != nil {
-		n.log.Warn("deploy resync: cannot list pending deployments", "error", err)
-		return
-	}
-	for _, id := range orphans {
-		d, err := n.o.Store.GetDeployment(ctx, id)
+	started := 0
+	n.rotate(ctx, "pending deployments", &n.from.orphans, func(ctx context.Context, after store.Updated) ([]store.Updated, error) {
+		return n.o.Store.DeploymentsInStatus(ctx, store.StatusPending, now.Add(-orphanAfter), after, n.o.ResyncBatch)
+	}, func(u store.Updated) bool {
+		if started == maxOrphanStarts {
+			return false
+		}
+		started++
+		dctx, cancel := context.WithTimeout(ctx, n.o.DBTimeout)
+		d, err := n.o.Store.GetDeployment(dctx, u.ID)
+		cancel()
 		if err != nil {
-			continue
+			return true
 		}
-		req := DeployRequest{Deployment: SpecFromStore(d), Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
+		req := DeployRequest{Deployment: deployspec.FromStore(d), Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
 		if _, err := StartDeploy(ctx, n.o.Ingress, req); err != nil {
-			n.log.Warn("deploy resync: cannot start the workflow of a pending deployment", "deployment", id, "error", err)
+			n.log.Warn("deploy resync: cannot start the workflow of a pending deployment", "deployment", u.ID, "error", err)
 		}
-	}
+		return true
+	})
 
 	overdue := map[string]bool{}
 	for _, status := range []string{store.StatusDeploying, store.StatusNetwork} {
-		ids, err := n.o.Store.DeploymentsInStatus(ctx, status, now.Add(-overdueGrace), resyncBatch)
-		if err != nil {
-			n.log.Warn("deploy resync: cannot list deployments", "error", err)
-			return
-		}
-		for _, id := range ids {
-			d, err := n.o.Store.GetDeployment(ctx, id)
+		var from store.Updated // every row: the gauge counts them all
+		ok := n.rotate(ctx, status+" deployments", &from, func(ctx context.Context, after store.Updated) ([]store.Updated, error) {
+			return n.o.Store.DeploymentsInStatus(ctx, status, now.Add(-overdueGrace), after, n.o.ResyncBatch)
+		}, func(u store.Updated) bool {
+			dctx, cancel := context.WithTimeout(ctx, n.o.DBTimeout)
+			d, err := n.o.Store.GetDeployment(dctx, u.ID)
+			cancel()
 			if err != nil {
-				continue
+				return true
 			}
 			deadline := d.UpdatedAt.Add(overdueGrace)
 			if status == store.StatusNetwork {
@@ -358,14 +422,17 @@ func (n *Notifier) resync(ctx context.Context) {
 				deadline = deadline.Add(timeout)
 			}
 			if now.After(deadline) {
-				overdue[id] = true
-				if n.overdueLogged[id] {
-					continue
+				overdue[u.ID] = true
+				if !n.overdueLogged[u.ID] {
+					n.log.Error("a deploy is overdue: its workflow is not making progress (paused or killed in Restate?); "+
+						"find it with `restate invocations ls` (workflow DeployWorkflow, key = the deployment id) and resume it",
+						"deployment", u.ID, "status", status, "since", d.UpdatedAt)
 				}
-				n.log.Error("a deploy is overdue: its workflow is not making progress (paused or killed in Restate?); "+
-					"find it with `restate invocations ls` (workflow DeployWorkflow, key = the deployment id) and resume it",
-					"deployment", id, "status", status, "since", d.UpdatedAt)
 			}
+			return true
+		})
+		if !ok {
+			return // the count would be short: keep the last one
 		}
 	}
 	n.overdue.Set(float64(len(overdue)))

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 )
 
 // TestResyncStartsOrphanedDeploysAndFlagsOverdueOnes covers the Notifier's
@@ -21,15 +21,15 @@ func TestResyncStartsOrphanedDeploysAndFlagsOverdueOnes(t *testing.T) {
 	w := newWorld(t, ctrltest.Options{Configure: func(c *serve.Config) { c.Deploy.ResyncInterval = time.Second }}, "eu")
 	st, ctx := w.env.Store, context.Background()
 	spec := func(id, env string) store.Deployment {
-		return workflows.Spec{ID: id, WorkspaceID: "ws1", ProjectID: "p", EnvironmentID: env, AppID: "a", K8sName: workflows.K8sName(id),
+		return deployspec.Spec{ID: id, WorkspaceID: "ws1", ProjectID: "p", EnvironmentID: env, AppID: "a", K8sName: deployspec.K8sName(id),
 			K8sNamespace: "ws-ws1", Image: "registry.test/app:1", Replicas: 1, CPUMillicores: 100, MemoryMiB: 64, Port: 8080}.Store()
 	}
 
-	orphan := workflows.NewDeploymentID()
+	orphan := deployspec.NewDeploymentID()
 	if _, _, err := st.CreateDeployment(ctx, spec(orphan, "env-orphan"), "recorded while Restate was away"); err != nil {
 		t.Fatal(err)
 	}
-	stuck := workflows.NewDeploymentID()
+	stuck := deployspec.NewDeploymentID()
 	if _, _, err := st.CreateDeployment(ctx, spec(stuck, "env-stuck"), ""); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,9 @@ const (
 type Outcome struct {
 	Result  string `json:"result,omitempty"`
 	Message string `json:"message,omitempty"`
+	// Status is the deployment's status when Result is gone: what the
+	// workflow found it at, and reports.
+	Status string `json:"status,omitempty"`
 }
 
 // Decided reports whether the outcome ends the wait.

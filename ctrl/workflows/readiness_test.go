@@ -1,7 +1,6 @@
 package workflows_test
 
 import (
-	"strings"
 	"testing"
 
 	"krane.dev/ctrl/store"
@@ -65,57 +64,5 @@ func TestEvaluate(t *testing.T) {
 				t.Fatalf("Evaluate = %+v\nwant result %q message %q", o, c.result, c.message)
 			}
 		})
-	}
-}
-
-func TestIDsAndNames(t *testing.T) {
-	id := workflows.NewDeploymentID()
-	if len(id) != 24 || !strings.HasPrefix(id, "dep_") || id == workflows.NewDeploymentID() {
-		t.Fatalf("deployment id %q", id)
-	}
-	if k := workflows.K8sName(id); k != "dep-"+id[4:] {
-		t.Fatalf("k8s name %q", k)
-	}
-	for in, want := range map[string]string{
-		"acme":    "ws-acme",
-		"ws_ACME": "ws-ws-acme-",
-		"":        "ws-",
-	} {
-		got := workflows.Namespace(in)
-		if !strings.HasPrefix(got, want) || len(got) > 63 {
-			t.Errorf("Namespace(%q) = %q, want a DNS label starting %q", in, got, want)
-		}
-	}
-	if workflows.Namespace("ws_a") == workflows.Namespace("ws-a") {
-		t.Fatal("two workspace ids share a namespace")
-	}
-	long := workflows.Namespace(strings.Repeat("x", 64))
-	if len(long) > 63 {
-		t.Fatalf("namespace %q is longer than 63", long)
-	}
-}
-
-func TestSpecValidationNamesTheField(t *testing.T) {
-	good := workflows.Spec{ID: "dep_x", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "e", AppID: "a", K8sName: "dep-x", K8sNamespace: "ws-ws",
-		Image: "registry.example.com:5000/team/app:1.2.3", Replicas: 1, CPUMillicores: 100, MemoryMiB: 128, Port: 8080}
-	if err := good.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	for field, mutate := range map[string]func(*workflows.Spec){
-		"image":              func(s *workflows.Spec) { s.Image = "Registry/App:latest" },
-		"replicas":           func(s *workflows.Spec) { s.Replicas = 0 },
-		"environment_id":     func(s *workflows.Spec) { s.EnvironmentID = "bad env" },
-		"env_vars":           func(s *workflows.Spec) { s.EnvVars = map[string]string{"1X": "y"} },
-		"port":               func(s *workflows.Spec) { s.Port = 70000 },
-		"shutdown_signal":    func(s *workflows.Spec) { s.ShutdownSignal = "SIGHUP" },
-		"healthcheck.path":   func(s *workflows.Spec) { s.Healthcheck = &workflows.Healthcheck{Path: "healthz"} },
-		"healthcheck.method": func(s *workflows.Spec) { s.Healthcheck = &workflows.Healthcheck{Method: "PUT", Path: "/"} },
-	} {
-		s := good
-		mutate(&s)
-		err := s.Validate()
-		if err == nil || !strings.HasPrefix(err.Error(), field+": ") {
-			t.Errorf("%s: error %v, want one naming the field", field, err)
-		}
 	}
 }

@@ -107,8 +107,9 @@ func staleness(ctx context.Context, c *http.Client, admin, id string, services [
 			Name     string `json:"name"`
 			Ty       string `json:"ty"`
 			Handlers []struct {
-				Name string `json:"name"`
-				Ty   string `json:"ty"`
+				Name   string `json:"name"`
+				Ty     string `json:"ty"`
+				Public *bool  `json:"public"`
 			} `json:"handlers"`
 		} `json:"services"`
 	}
@@ -118,7 +119,7 @@ func staleness(ctx context.Context, c *http.Client, admin, id string, services [
 	var theirs []string
 	for _, s := range dep.Services {
 		for _, h := range s.Handlers {
-			theirs = append(theirs, handlerSig(s.Name, s.Ty, h.Name, h.Ty))
+			theirs = append(theirs, handlerSig(s.Name, s.Ty, h.Name, h.Ty, h.Public != nil && !*h.Public))
 		}
 	}
 	ours := Signature(services)
@@ -147,7 +148,9 @@ func staleness(ctx context.Context, c *http.Client, admin, id string, services [
 }
 
 // Signature lists services' handlers as "Service(kind).handler(kind)",
-// sorted, in the admin API's spelling of kinds, lower-cased.
+// sorted, in the admin API's spelling of kinds, lower-cased, with
+// " private" for a handler Restate's ingress may not call (an upgrade that
+// hides handlers must reach Restate, as one that changes them).
 func Signature(services []restate.ServiceDefinition) []string {
 	var out []string
 	for _, s := range services {
@@ -156,7 +159,11 @@ func Signature(services []restate.ServiceDefinition) []string {
 			if t := h.HandlerType(); t != nil {
 				ty = string(*t)
 			}
-			out = append(out, handlerSig(s.Name(), string(s.Type()), name, ty))
+			private := s.GetOptions().IngressPrivate != nil && *s.GetOptions().IngressPrivate
+			if p := h.GetOptions().IngressPrivate; p != nil {
+				private = *p
+			}
+			out = append(out, handlerSig(s.Name(), string(s.Type()), name, ty, private))
 		}
 	}
 	slices.Sort(out)
@@ -166,13 +173,17 @@ func Signature(services []restate.ServiceDefinition) []string {
 // handlerSig normalises the SDK's "VIRTUAL_OBJECT"/"EXCLUSIVE" and the
 // admin API's "VirtualObject"/"Exclusive" to one spelling. Handlers of a
 // plain service have no kind of their own; theirs is "" on both sides.
-func handlerSig(service, serviceTy, handler, handlerTy string) string {
+func handlerSig(service, serviceTy, handler, handlerTy string, private bool) string {
 	norm := func(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
 	st, ht := norm(serviceTy), norm(handlerTy)
 	if st == "service" {
 		ht = ""
 	}
-	return fmt.Sprintf("%s(%s).%s(%s)", service, st, handler, ht)
+	sig := fmt.Sprintf("%s(%s).%s(%s)", service, st, handler, ht)
+	if private {
+		sig += " private"
+	}
+	return sig
 }
 
 func normalizeURL(u string) string { return strings.TrimRight(strings.TrimSpace(u), "/") }

@@ -29,7 +29,7 @@ type swappable struct{ h atomic.Pointer[http.Handler] }
 
 func (s *swappable) set(t *testing.T, services []restate.ServiceDefinition) {
 	t.Helper()
-	ep, err := workflows.NewEndpoint(services, nil)
+	ep, err := workflows.NewEndpoint(services, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,25 +90,28 @@ func TestRegisterIsIdempotentAndForcesOnlyWhenStale(t *testing.T) {
 	register(urlA, v2, true, workflows.RegisterForced)
 }
 
+// TestSignatureListsHandlersWithKinds: every handler is private to
+// Restate's ingress but CtrlIngress.Call, ctrl's signed way in.
 func TestSignatureListsHandlersWithKinds(t *testing.T) {
 	sig := workflows.Signature(workflows.Services(workflows.Deps{}))
 	want := []string{
-		"DeployWorkflow(workflow).Notify(shared)",
-		"DeployWorkflow(workflow).Run(workflow)",
-		"SentinelRolloutService(virtualobject).BatchDone(exclusive)",
-		"SentinelRolloutService(virtualobject).Cancel(exclusive)",
-		"SentinelRolloutService(virtualobject).Resume(exclusive)",
-		"SentinelRolloutService(virtualobject).RollbackAll(exclusive)",
-		"SentinelRolloutService(virtualobject).Rollout(exclusive)",
-		"SentinelRolloutService(virtualobject).StartWave(exclusive)",
-		"SentinelRolloutService(virtualobject).Status(shared)",
-		"SentinelRolloutWorker(service).Run()",
-		"SentinelService(virtualobject).Deploy(exclusive)",
-		"SentinelService(virtualobject).NotifyFailed(shared)",
-		"SentinelService(virtualobject).NotifyReady(shared)",
-		"VersioningService(virtualobject).Stamp(exclusive)",
+		"CtrlIngress(service).Call()",
+		"DeployWorkflow(workflow).Notify(shared) private",
+		"DeployWorkflow(workflow).Run(workflow) private",
+		"SentinelRolloutService(virtualobject).BatchDone(exclusive) private",
+		"SentinelRolloutService(virtualobject).Cancel(exclusive) private",
+		"SentinelRolloutService(virtualobject).Resume(exclusive) private",
+		"SentinelRolloutService(virtualobject).RollbackAll(exclusive) private",
+		"SentinelRolloutService(virtualobject).Rollout(exclusive) private",
+		"SentinelRolloutService(virtualobject).StartWave(exclusive) private",
+		"SentinelRolloutService(virtualobject).Status(shared) private",
+		"SentinelRolloutWorker(service).Run() private",
+		"SentinelService(virtualobject).Deploy(exclusive) private",
+		"SentinelService(virtualobject).NotifyFailed(shared) private",
+		"SentinelService(virtualobject).NotifyReady(shared) private",
+		"VersioningService(virtualobject).Stamp(exclusive) private",
 	}
-	if strings.Join(sig, " ") != strings.Join(want, " ") {
-		t.Fatalf("signature %v, want %v", sig, want)
+	if strings.Join(sig, ", ") != strings.Join(want, ", ") {
+		t.Fatalf("signature\n%s\nwant\n%s", strings.Join(sig, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 )
 
@@ -75,7 +76,7 @@ type RolloutRequest struct {
 
 // Validate checks a rollout request; the error names the field.
 func (r RolloutRequest) Validate() error {
-	if err := ValidImage("image", r.Image); err != nil {
+	if err := deployspec.ValidImage("image", r.Image); err != nil {
 		return err
 	}
 	if len(r.WavePercentages) > 0 {
@@ -86,14 +87,14 @@ func (r RolloutRequest) Validate() error {
 	if r.SlackWebhookURL != "" {
 		u, err := url.Parse(r.SlackWebhookURL)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(r.SlackWebhookURL) > 2048 {
-			return fieldErr("slack_webhook_url", "not an http(s) URL (want https://hooks.slack.com/services/...)")
+			return deployspec.Errorf("slack_webhook_url", "not an http(s) URL (want https://hooks.slack.com/services/...)")
 		}
 	}
 	if r.BakeSeconds < 0 || r.BakeSeconds > MaxBakeSeconds {
-		return fieldErr("bake_seconds", "%d is out of range 0..%d", r.BakeSeconds, MaxBakeSeconds)
+		return deployspec.Errorf("bake_seconds", "%d is out of range 0..%d", r.BakeSeconds, MaxBakeSeconds)
 	}
-	if r.DeployTimeoutSeconds < 0 || r.DeployTimeoutSeconds > MaxTimeout {
-		return fieldErr("deploy_timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.DeployTimeoutSeconds, MaxTimeout)
+	if r.DeployTimeoutSeconds < 0 || r.DeployTimeoutSeconds > deployspec.MaxTimeout {
+		return deployspec.Errorf("deploy_timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.DeployTimeoutSeconds, deployspec.MaxTimeout)
 	}
 	return nil
 }
@@ -253,9 +254,17 @@ type startWave struct {
 	Wave int    `json:"wave"`
 }
 
+// The rollout's steps.
+var (
+	rolloutListSentinels = newStep(RolloutServiceName, "list-sentinels")
+	rolloutNow           = newStep(RolloutServiceName, "now")
+	rolloutSlack         = newStep(RolloutServiceName, "slack")
+)
+
 type rollouts struct {
 	store *store.Store
 	slack *slackClient
+	hooks Hooks
 }
 
 // NewSentinelRolloutService is the SentinelRolloutService (see the package
@@ -263,15 +272,15 @@ type rollouts struct {
 // Status (shared) answers at once and Cancel takes effect between waves
 // without waiting for one to end.
 func NewSentinelRolloutService(d Deps) restate.ServiceDefinition {
-	r := &rollouts{store: d.Store, slack: newSlackClient()}
-	return restate.NewObject(RolloutServiceName, RetryPolicy()).
+	r := &rollouts{store: d.Store, slack: newSlackClient(), hooks: d.Hooks}
+	return restate.NewObject(RolloutServiceName, RetryPolicy(), private()).
 		Handler("Rollout", restate.NewObjectHandler(r.rollout)).
 		Handler("Status", restate.NewObjectSharedHandler(r.status)).
 		Handler("Resume", restate.NewObjectHandler(r.resume)).
 		Handler("Cancel", restate.NewObjectHandler(r.cancel)).
 		Handler("RollbackAll", restate.NewObjectHandler(r.rollbackAll)).
-		Handler("StartWave", restate.NewObjectHandler(r.startWave, restate.WithIngressPrivate(true))).
-		Handler("BatchDone", restate.NewObjectHandler(r.batchDone, restate.WithIngressPrivate(true)))
+		Handler("StartWave", restate.NewObjectHandler(r.startWave)).
+		Handler("BatchDone", restate.NewObjectHandler(r.batchDone))
 }
 
 // NewSentinelRolloutWorker is the service whose invocations wait for one
@@ -279,8 +288,8 @@ func NewSentinelRolloutService(d Deps) restate.ServiceDefinition {
 // the launch's idempotency key (so it joins the deploy the rollout object
 // already sent), collects the results and sends them to BatchDone.
 func NewSentinelRolloutWorker(Deps) restate.ServiceDefinition {
-	return restate.NewService(RolloutWorkerName, RetryPolicy()).
-		Handler("Run", restate.NewServiceHandler(runBatch, restate.WithIngressPrivate(true)))
+	return restate.NewService(RolloutWorkerName, RetryPolicy(), private()).
+		Handler("Run", restate.NewServiceHandler(runBatch))
 }
 
 func runBatch(ctx restate.Context, job rolloutJob) (restate.Void, error) {
@@ -322,7 +331,7 @@ func (r *rollouts) load(ctx restate.ObjectSharedContext) (*rolloutState, error) 
 
 // save stamps the state with the time and stores it.
 func (r *rollouts) save(ctx restate.ObjectContext, st *rolloutState) error {
-	now, err := restate.Run(ctx, func(restate.RunContext) (int64, error) { return time.Now().UnixMilli(), nil }, restate.WithName("now"))
+	now, err := runStep(ctx, r.hooks, rolloutNow, func(restate.RunContext) (int64, error) { return time.Now().UnixMilli(), nil })
 	if err != nil {
 		return err
 	}
@@ -376,9 +385,9 @@ func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (Rollo
 	previous := map[string]string{}
 	after, listed := "", 0
 	for {
-		page, err := restate.Run(ctx, func(rc restate.RunContext) ([]store.SentinelImage, error) {
+		page, err := runStep(ctx, r.hooks, rolloutListSentinels, func(rc restate.RunContext) ([]store.SentinelImage, error) {
 			return r.store.RunningSentinels(rc, after, rolloutPageSize)
-		}, restate.WithName("list-sentinels"))
+		})
 		if err != nil {
 			return RolloutStatus{}, err
 		}
@@ -661,14 +670,20 @@ func (r *rollouts) resume(ctx restate.ObjectContext, req ResumeRequest) (Rollout
 
 // cancel stops a rollout: no further wave starts. Deploys already sent
 // finish (their results are still recorded); sentinels keep whatever image
-// they reach.
+// they reach. A rollback that does not end (its deploys wait for clusters
+// that never report, or are paused in Restate) is cancelled too, so it
+// cannot hold the singleton for good: see cancelRollback.
 func (r *rollouts) cancel(ctx restate.ObjectContext, _ restate.Void) (RolloutStatus, error) {
 	st, err := r.load(ctx)
 	if err != nil {
 		return RolloutStatus{}, err
 	}
-	if st.State != RolloutInProgress && st.State != RolloutPaused {
-		return RolloutStatus{}, precondition("only a rollout in progress or paused can be cancelled; rollout %s is %s", orNone(st.Run), st.State)
+	switch st.State {
+	case RolloutInProgress, RolloutPaused:
+	case RolloutRollingBack:
+		return r.cancelRollback(ctx, st)
+	default:
+		return RolloutStatus{}, precondition("only a rollout in progress, paused or rolling back can be cancelled; rollout %s is %s", orNone(st.Run), st.State)
 	}
 	st.State = RolloutCancelled
 	for i := range st.Waves {
@@ -682,6 +697,27 @@ func (r *rollouts) cancel(ctx restate.ObjectContext, _ restate.Void) (RolloutSta
 	}
 	r.notify(ctx, st, fmt.Sprintf("Sentinel rollout %s cancelled at wave %d/%d: %d sentinels on %s, %d failed.",
 		st.Run, st.CurrentWave+1, len(st.Waves), len(st.SucceededIDs), st.Image, len(st.FailedIDs)))
+	if err := r.save(ctx, st); err != nil {
+		return RolloutStatus{}, err
+	}
+	return st.view(), nil
+}
+
+// cancelRollback ends a rollback before its last result is in: the
+// rollout is cancelled at once and says which touched sentinels are back,
+// which failed and how many were not reverted yet. Their deploys are not
+// stopped (they finish, or time out, on their own); results that come in
+// later are ignored, and a new rollout or RollbackAll may start.
+func (r *rollouts) cancelRollback(ctx restate.ObjectContext, st *rolloutState) (RolloutStatus, error) {
+	pending := st.RollbackTotal - st.Reverted - len(st.RollbackFailedIDs)
+	st.State = RolloutCancelled
+	st.Rollback = launchState{}
+	st.Message = fmt.Sprintf("rollback cancelled: %d of %d touched sentinels are on their previous image again, %d failed, %d not reverted yet (their deploys finish on their own; RollbackAll starts a new rollback)",
+		st.Reverted, st.RollbackTotal, len(st.RollbackFailedIDs), pending)
+	if len(st.RollbackFailedIDs) > 0 {
+		st.Message += "; failed: " + listIDs(st.RollbackFailedIDs)
+	}
+	r.notify(ctx, st, fmt.Sprintf("Sentinel rollout %s: %s.", st.Run, st.Message))
 	if err := r.save(ctx, st); err != nil {
 		return RolloutStatus{}, err
 	}

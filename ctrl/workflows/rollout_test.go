@@ -534,3 +534,43 @@ func TestRolloutSurvivesRestateKillAndCtrlRestart(t *testing.T) {
 		t.Fatalf("%v deploys woken by the new ctrl, want at least wave 2's %d", woken, len(wave2))
 	}
 }
+
+// TestStuckRollbackCanBeCancelled: a rollback whose deploys do not end (the
+// cluster never reports; a deploy may wait up to 24 h, or be paused in
+// Restate) used to hold the rollout singleton in rolling_back with no way
+// out: Cancel, Resume, Rollout and RollbackAll all refused it. Cancel now
+// ends it, saying what was and was not reverted, and a new rollout can
+// start.
+func TestStuckRollbackCanBeCancelled(t *testing.T) {
+	e := newRolloutEnv(t)
+	ids := e.env.CreateSentinels(t, "eu", "sen-stuck", imgV1, 4)
+	waitConverged(t, e.env.Store, ids...)
+	ctx := context.Background()
+	e.clusters["eu"].Hold(ids...)
+	if _, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2, WavePercentages: []int32{50, 100}, DeployTimeoutSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(t, 30*time.Second, "in_progress", 1)
+	if _, err := e.api.CancelRollout(ctx, &ctrlv1.CancelRolloutRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	// The rollback queues behind the held forward deploys: it cannot end.
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := e.api.RollbackAll(rctx, &ctrlv1.RollbackAllRequest{})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("RollbackAll of held sentinels: %v, want it still waiting at its deadline", err)
+	}
+	e.waitState(t, 10*time.Second, "rolling_back", 0)
+
+	st, err := e.api.CancelRollout(ctx, &ctrlv1.CancelRolloutRequest{})
+	if err != nil {
+		t.Fatalf("Cancel of a stuck rollback: %v, want it to end the rollback", err)
+	}
+	if st.GetState() != "cancelled" || !strings.Contains(st.GetMessage(), "0 of 2 touched sentinels") || !strings.Contains(st.GetMessage(), "2 not reverted") {
+		t.Fatalf("after Cancel: %s %q, want cancelled, saying none of the 2 touched sentinels was reverted", st.GetState(), st.GetMessage())
+	}
+	if st, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2, DeployTimeoutSeconds: 3600}); err != nil || st.GetState() != "in_progress" {
+		t.Fatalf("a new rollout after the cancelled rollback: %v, %v; want it started", st, err)
+	}
+}

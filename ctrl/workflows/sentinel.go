@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -16,6 +18,15 @@ import (
 // SentinelServiceName is the Restate name of the SentinelService, a virtual
 // object keyed by sentinel id.
 const SentinelServiceName = "SentinelService"
+
+// The steps of SentinelService.Deploy (see deploy).
+var (
+	sentinelWrite      = newStep(SentinelServiceName, "write")
+	sentinelFence      = newStep(SentinelServiceName, "awakeable-stored")
+	sentinelCheck      = newStep(SentinelServiceName, "check")
+	sentinelFinalCheck = newStep(SentinelServiceName, "final-check")
+	sentinelFinish     = newStep(SentinelServiceName, "finish")
+)
 
 // notifyReadyKey is the state key under which a waiting Deploy keeps its
 // awakeable (a sentinelWaiter).
@@ -47,19 +58,19 @@ type SentinelDeployRequest struct {
 // Validate checks the request's fields (zero means "keep").
 func (r SentinelDeployRequest) Validate() error {
 	if r.Image != "" {
-		if err := ValidImage("image", r.Image); err != nil {
+		if err := deployspec.ValidImage("image", r.Image); err != nil {
 			return err
 		}
 	}
 	switch {
 	case r.Replicas < 0 || r.Replicas > MaxSentinelReplicas:
-		return fieldErr("replicas", "%d is out of range 0..%d (0 keeps the current count)", r.Replicas, MaxSentinelReplicas)
+		return deployspec.Errorf("replicas", "%d is out of range 0..%d (0 keeps the current count)", r.Replicas, MaxSentinelReplicas)
 	case r.CPUMillicores < 0 || r.CPUMillicores > MaxSentinelCPUMillicores:
-		return fieldErr("cpu_millicores", "%d is out of range 0..%d (0 keeps the current value)", r.CPUMillicores, MaxSentinelCPUMillicores)
+		return deployspec.Errorf("cpu_millicores", "%d is out of range 0..%d (0 keeps the current value)", r.CPUMillicores, MaxSentinelCPUMillicores)
 	case r.MemoryMiB < 0 || r.MemoryMiB > MaxSentinelMemoryMiB:
-		return fieldErr("memory_mib", "%d is out of range 0..%d (0 keeps the current value)", r.MemoryMiB, MaxSentinelMemoryMiB)
-	case r.TimeoutSeconds < 0 || r.TimeoutSeconds > MaxTimeout:
-		return fieldErr("timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.TimeoutSeconds, MaxTimeout)
+		return deployspec.Errorf("memory_mib", "%d is out of range 0..%d (0 keeps the current value)", r.MemoryMiB, MaxSentinelMemoryMiB)
+	case r.TimeoutSeconds < 0 || r.TimeoutSeconds > deployspec.MaxTimeout:
+		return deployspec.Errorf("timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.TimeoutSeconds, deployspec.MaxTimeout)
 	}
 	return nil
 }
@@ -116,7 +127,7 @@ func NewSentinelService(d Deps) restate.ServiceDefinition {
 	if s.timeout <= 0 {
 		s.timeout = DefaultSentinelDeployTimeout
 	}
-	return restate.NewObject(SentinelServiceName, RetryPolicy()).
+	return restate.NewObject(SentinelServiceName, RetryPolicy(), private()).
 		Handler("Deploy", restate.NewObjectHandler(s.deploy)).
 		Handler("NotifyReady", restate.NewObjectSharedHandler(func(ctx restate.ObjectSharedContext, n SentinelNotice) (NotifyResult, error) {
 			n.Result = ResultReady
@@ -180,7 +191,7 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 		return res, restate.ToTerminalError(fmt.Errorf("deploy of sentinel %s: %w", id, err), restate.WithErrorCode(codeInvalid))
 	}
 	request := ctx.Request().ID
-	w, err := sentinelStep(ctx, s.hooks, "write", func(rc restate.RunContext) (deployWrite, error) {
+	w, err := runStep(ctx, s.hooks, sentinelWrite, func(rc restate.RunContext) (deployWrite, error) {
 		return s.write(rc, id, request, req)
 	})
 	if err != nil {
@@ -194,12 +205,12 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 
 	awk := restate.Awakeable[SentinelNotice](ctx)
 	restate.Set(ctx, notifyReadyKey, sentinelWaiter{Awakeable: awk.Id(), Request: request})
-	if _, ferr := restate.Run(ctx, func(restate.RunContext) (restate.Void, error) { return restate.Void{}, nil }, restate.WithName("awakeable-stored")); ferr != nil {
+	if _, ferr := runStep(ctx, s.hooks, sentinelFence, func(restate.RunContext) (restate.Void, error) { return restate.Void{}, nil }); ferr != nil {
 		return res, s.cancelled(ctx, id, request, ferr)
 	}
 	var outcome Outcome
 	if !s.hooks.SkipReadyRecheck {
-		if outcome, err = sentinelStep(ctx, s.hooks, "check", func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
+		if outcome, err = runStep(ctx, s.hooks, sentinelCheck, func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
 			return res, s.cancelled(ctx, id, request, err)
 		}
 	}
@@ -210,7 +221,7 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 			return res, s.cancelled(ctx, id, request, werr)
 		}
 		if first == timer {
-			if outcome, err = sentinelStep(ctx, s.hooks, "final-check", func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
+			if outcome, err = runStep(ctx, s.hooks, sentinelFinalCheck, func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
 				return res, s.cancelled(ctx, id, request, err)
 			}
 			if !outcome.Decided() {
@@ -235,8 +246,10 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 }
 
 // write is Deploy's first step (see deploy). It runs in a restate.Run and
-// may run twice: the second run finds the configuration already written
-// and waits for the version the first run stamped.
+// may run twice: a second run finds the row owned by this deploy already
+// (deploy_request), and answers what the first run decided, recorded with
+// it (the version it stamped, whether it changed the configuration, whether
+// it was ready at once).
 func (s *sentinels) write(ctx context.Context, id, request string, req SentinelDeployRequest) (deployWrite, error) {
 	var w deployWrite
 	stamped, err := s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
@@ -247,6 +260,10 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 		}
 		if err != nil {
 			return err
+		}
+		if row.DeployRequest == request {
+			w.Image, w.Version, w.Changed, w.Ready = row.Image, row.Version, row.DeployChanged, row.DeployStatus == store.SentinelReady
+			return nil
 		}
 		if row.DesiredState != "running" {
 			return restate.ToTerminalError(fmt.Errorf("sentinel %s is %s: its environment runs no deployment; a deploy of the environment starts it again", id, row.DesiredState),
@@ -269,15 +286,15 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 		if next == row.Sentinel {
 			if SentinelConverged(row) {
 				w.Ready = true
-				return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady)
+				return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady, false)
 			}
-			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing)
+			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing, false)
 		}
 		w.Changed = true
 		if err := tx.PutSentinel(ctx, next); err != nil {
 			return err
 		}
-		return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing)
+		return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing, true)
 	})
 	if err != nil {
 		return deployWrite{}, err
@@ -303,7 +320,7 @@ func (s *sentinels) evaluate(ctx context.Context, id string) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	errs, err := s.store.ApplyErrors(ctx, kinds.Sentinel, id)
+	errs, err := s.store.ApplyErrors(ctx, kinds.Sentinel, row.Region, id)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -317,7 +334,7 @@ func (s *sentinels) finish(ctx restate.ObjectContext, id, request string, o Outc
 	if o.Result == ResultReady {
 		status = store.SentinelReady
 	}
-	_, err := sentinelStep(ctx, s.hooks, "finish", func(rc restate.RunContext) (restate.Void, error) {
+	_, err := runStep(ctx, s.hooks, sentinelFinish, func(rc restate.RunContext) (restate.Void, error) {
 		_, _, err := s.store.FinishSentinelDeploy(rc, id, request, status, o.Message)
 		if errors.Is(err, store.ErrNotFound) {
 			err = nil // deleted meanwhile: nothing to record
@@ -359,13 +376,17 @@ func SentinelConverged(r store.SentinelRow) bool {
 }
 
 // EvaluateSentinel decides a sentinel's deploy from its row and its apply
-// errors: failed when it was stopped or its cluster cannot apply the
+// errors (those of clusters in the sentinel's region; others are ignored):
+// failed when it was stopped or its cluster cannot apply the
 // current version for good (the cluster's own message), ready when it has
 // converged, otherwise undecided with what it is waiting for.
 func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outcome {
 	if r.DesiredState != "running" {
 		return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s was stopped while it deployed", r.ID)}
 	}
+	applyErrors = slices.DeleteFunc(slices.Clone(applyErrors), func(e store.ApplyError) bool {
+		return e.Region != r.Region // only the clusters of the sentinel's region decide
+	})
 	var permanent []string
 	for _, e := range applyErrors {
 		if e.Permanent && e.Version >= r.Version {
@@ -398,15 +419,4 @@ func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outco
 		}
 	}
 	return Outcome{Message: why}
-}
-
-// sentinelStep is restate.Run with the step's name and the test hook.
-func sentinelStep[T any](ctx restate.Context, hooks Hooks, step string, fn func(restate.RunContext) (T, error)) (T, error) {
-	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
-		v, err := fn(rc)
-		if err == nil {
-			hooks.after(rc, SentinelServiceName+"."+step)
-		}
-		return v, err
-	}, restate.WithName(step))
 }

@@ -47,23 +47,36 @@ func waitConverged(t *testing.T, st *store.Store, ids ...string) {
 
 func sentinelMetric(t *testing.T, env *ctrltest.Env, result string) float64 {
 	t.Helper()
-	mfs, err := env.Server.Registry().Gather()
+	v, err := metricValue(env, "krane_ctrl_sentinel_notifications_total", "result", result)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return v
+}
+
+// metricValue sums the series of a metric in a ctrl's registry, those
+// whose label has value when label is set.
+func metricValue(env *ctrltest.Env, name, label, value string) (float64, error) {
+	mfs, err := env.Server.Registry().Gather()
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
 	for _, mf := range mfs {
-		if mf.GetName() != "krane_ctrl_sentinel_notifications_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			match := label == ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
+				match = match || (l.GetName() == label && l.GetValue() == value)
+			}
+			if match {
+				sum += m.GetCounter().GetValue()
 			}
 		}
 	}
-	return 0
+	return sum, nil
 }
 
 func TestSentinelDeploy(t *testing.T) {
@@ -129,7 +142,7 @@ func TestSentinelDeploy(t *testing.T) {
 	wait(t, "the cluster to receive the new version", 10*time.Second, func() bool { got, _, _ := eu.Latest(ids[2]); return got == v })
 	begin = time.Now()
 	eu.ReportApplyError(t, ids[2], "image", "the registry refuses this image", true)
-	out, err := workflows.SentinelDeployOutcome(ctx, workflows.NewWaitingIngressClient(testenv.SharedRestate(t).IngressURL()), resp.GetInvocationId())
+	out, err := workflows.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
 	if err != nil || out.Status != "failed" || !strings.Contains(out.Message, "image: the registry refuses this image (cluster eu-1 could not apply version") {
 		t.Fatalf("deploy with a permanent apply error: %+v, %v", out, err)
 	}
@@ -156,7 +169,7 @@ func TestSentinelDeploy(t *testing.T) {
 		t.Fatalf("stopped sentinel: %v", err)
 	}
 	// Straight to Restate (no API check first): a terminal error, at once.
-	ing := workflows.NewWaitingIngressClient(testenv.SharedRestate(t).IngressURL())
+	ing := env.Ingress(t, true)
 	for _, c := range []struct {
 		id   string
 		code int
@@ -195,10 +208,10 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 			var armed atomic.Pointer[target]
 			var hookDone atomic.Bool
 			var hookErr atomic.Value
-			hook := func(ctx context.Context, step string) {
+			hook := func(ctx context.Context, step string) error {
 				tg := armed.Load()
 				if step != workflows.SentinelServiceName+".write" || tg == nil || !armed.CompareAndSwap(tg, nil) {
-					return
+					return nil
 				}
 				defer hookDone.Store(true)
 				// The write committed (a new version, progressing, owned by
@@ -212,7 +225,7 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 					}
 					if time.Now().After(deadline) {
 						hookErr.Store("the cluster never received the new version")
-						return
+						return nil
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
@@ -220,10 +233,11 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 				for sentinelMetricNoT(tg.env, "idle") < 1 {
 					if time.Now().After(deadline) {
 						hookErr.Store("the Notifier never notified the sentinel")
-						return
+						return nil
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
+				return nil
 			}
 			env := ctrltest.Start(t, ctrltest.Options{Restate: testenv.SharedRestate(t),
 				Deps: serve.Deps{WorkflowHooks: workflows.Hooks{AfterStep: hook, SkipReadyRecheck: skipRecheck}}})
@@ -267,23 +281,8 @@ func TestSentinelReadyBeforeAwakeable(t *testing.T) {
 }
 
 func sentinelMetricNoT(env *ctrltest.Env, result string) float64 {
-	mfs, err := env.Server.Registry().Gather()
-	if err != nil {
-		return 0
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "krane_ctrl_sentinel_notifications_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := metricValue(env, "krane_ctrl_sentinel_notifications_total", "result", result)
+	return v
 }
 
 // A Deploy cancelled in Restate records why, clears its awakeable, and the
@@ -307,7 +306,7 @@ func TestSentinelDeployCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	_, err = workflows.SentinelDeployOutcome(ctx, workflows.NewWaitingIngressClient(r.IngressURL()), resp.GetInvocationId())
+	_, err = workflows.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
 	if te := restate.AsTerminalError(err); te == nil || te.Code() != 409 {
 		t.Fatalf("cancelled deploy: %v, want Restate's cancellation", err)
 	}
@@ -327,7 +326,7 @@ func TestSentinelDeployCancelled(t *testing.T) {
 
 func TestEvaluateSentinel(t *testing.T) {
 	row := func(mod func(*store.SentinelRow)) store.SentinelRow {
-		r := store.SentinelRow{Sentinel: store.Sentinel{ID: "s1", Image: "img:2", Replicas: 2, DesiredState: "running"},
+		r := store.SentinelRow{Sentinel: store.Sentinel{ID: "s1", Region: "eu", Image: "img:2", Replicas: 2, DesiredState: "running"},
 			Version: 10, ReportObservedVersion: 10, RunningImage: "img:2", Health: "healthy", AvailableReplicas: 2}
 		if mod != nil {
 			mod(&r)
@@ -355,12 +354,14 @@ func TestEvaluateSentinel(t *testing.T) {
 		{"stopped", row(func(r *store.SentinelRow) { r.DesiredState = "stopped" }), nil, workflows.ResultFailed, "was stopped"},
 		{"reported deleted", row(func(r *store.SentinelRow) { r.ReportedDeleted = true }), nil, "", ""},
 		{"permanent apply error on the version", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
-			[]store.ApplyError{{ClusterID: "eu-1", Version: 10, Message: "not a valid image", Field: "image", Permanent: true}}, workflows.ResultFailed,
+			[]store.ApplyError{{Region: "eu", ClusterID: "eu-1", Version: 10, Message: "not a valid image", Field: "image", Permanent: true}}, workflows.ResultFailed,
 			"image: not a valid image (cluster eu-1 could not apply version 10)"},
 		{"permanent apply error on an older version", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
-			[]store.ApplyError{{ClusterID: "eu-1", Version: 9, Message: "old", Permanent: true}}, "", "has not reported version 10"},
+			[]store.ApplyError{{Region: "eu", ClusterID: "eu-1", Version: 9, Message: "old", Permanent: true}}, "", "has not reported version 10"},
+		{"permanent apply error from another region's cluster", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
+			[]store.ApplyError{{Region: "us", ClusterID: "us-1", Version: 10, Message: "not a valid image", Permanent: true}}, "", "has not reported version 10"},
 		{"retryable apply error", row(func(r *store.SentinelRow) { r.ReportObservedVersion = 9 }),
-			[]store.ApplyError{{ClusterID: "eu-1", Version: 10, Message: "apiserver timeout"}}, "", "retrying: apiserver timeout"},
+			[]store.ApplyError{{Region: "eu", ClusterID: "eu-1", Version: 10, Message: "apiserver timeout"}}, "", "retrying: apiserver timeout"},
 	} {
 		o := workflows.EvaluateSentinel(c.row, c.errs)
 		if o.Result != c.result || !strings.Contains(o.Message, c.msg) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/store"
@@ -24,8 +25,35 @@ type Deps struct {
 	// SentinelDeployTimeout is how long a SentinelService.Deploy waits for
 	// the cluster when its request does not say (sentinel.deploy_timeout).
 	SentinelDeployTimeout time.Duration
+	// IngressKey signs ctrl's calls through Restate's ingress (see
+	// GatewayName): CtrlIngress refuses calls without its signature.
+	IngressKey []byte
+	// Registerer receives the services' metrics; nil registers none.
+	Registerer prometheus.Registerer
 	// Hooks are for tests.
 	Hooks Hooks
+
+	m *metrics
+}
+
+// metrics are the services' own metrics (the Notifier has its own).
+type metrics struct {
+	versioningBypassed prometheus.Counter
+}
+
+// metrics returns the services' metrics, registering them on first use.
+// Services builds every service from one Deps, so they share them.
+func (d *Deps) metrics() *metrics {
+	if d.m == nil {
+		d.m = &metrics{versioningBypassed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "krane_ctrl_versioning_bypassed_total",
+			Help: "Deploys that stamped their rows themselves because the VersioningService did not answer in time: one of its invocations is paused or stuck (see `restate invocations ls`).",
+		})}
+		if d.Registerer != nil {
+			d.Registerer.MustRegister(d.m.versioningBypassed)
+		}
+	}
+	return d.m
 }
 
 // SentinelDefaults configure new sentinels (ctrl config sentinel.default_*).
@@ -38,34 +66,46 @@ type SentinelDefaults struct {
 
 // Hooks let tests act at chosen points. Production code never sets them.
 type Hooks struct {
-	// AfterStep runs inside a restate.Run body after its side effect
-	// committed and before Restate has journaled the result: a crash here
-	// makes the body run again. step names the body, e.g.
-	// "VersioningService.stamp".
-	AfterStep func(ctx context.Context, step string)
+	// AfterStep runs inside a restate.Run body after its side effects
+	// committed and before Restate has journaled the result (a crash here
+	// makes the body run again). step names the body, e.g.
+	// "VersioningService.stamp" (see Steps); ctx is the body's
+	// restate.RunContext. An error it returns fails the body as if the
+	// process had died there: Restate runs the body again.
+	AfterStep func(ctx context.Context, step string) error
+	// VersioningWait replaces how long a deploy waits for the
+	// VersioningService (0: versioningWait).
+	VersioningWait time.Duration
 	// SkipReadyRecheck leaves out SentinelService.Deploy's database check
 	// after it stored its awakeable: the lost wake-up that check prevents.
 	// Exists only to prove the tests catch it.
 	SkipReadyRecheck bool
 }
 
-func (h Hooks) after(ctx context.Context, step string) {
-	if h.AfterStep != nil {
-		h.AfterStep(ctx, step)
+func (h Hooks) after(ctx context.Context, step string) error {
+	if h.AfterStep == nil {
+		return nil
 	}
+	return h.AfterStep(ctx, step)
 }
 
 // Services are every Restate service ctrl serves, in registration order. A
 // new service is a file with its constructor and a line here.
 func Services(d Deps) []restate.ServiceDefinition {
+	d.metrics()
 	return []restate.ServiceDefinition{
 		NewVersioningService(d),
 		NewDeployWorkflow(d),
 		NewSentinelService(d),
 		NewSentinelRolloutService(d),
 		NewSentinelRolloutWorker(d),
+		NewGateway(d),
 	}
 }
+
+// private hides a service from Restate's ingress: only other handlers call
+// it (ctrl's own calls from outside go through CtrlIngress).
+func private() restate.ServiceDefinitionOption { return restate.WithIngressPrivate(true) }
 
 // RetryPolicy is the invocation retry policy every service of ctrl sets.
 //
@@ -99,6 +139,7 @@ func RetryPolicy() restate.ServiceDefinitionOption {
 // Terminal error codes (see RetryPolicy).
 const (
 	codeInvalid      = 400
+	codeUnauthorized = 401
 	codeNotFound     = 404
 	codePrecondition = 412
 	// codeCancelled is Restate's, on an invocation an operator cancelled.

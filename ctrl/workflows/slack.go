@@ -38,9 +38,9 @@ func (r *rollouts) notify(ctx restate.ObjectContext, st *rolloutState, text stri
 		return
 	}
 	webhook := st.SlackWebhookURL
-	err := restate.RunVoid(ctx, func(rc restate.RunContext) error {
-		return r.slack.post(rc, webhook, text)
-	}, restate.WithName("slack"), restate.WithMaxRetryAttempts(slackAttempts), restate.WithInitialRetryInterval(slackBackoff))
+	_, err := runStep(ctx, r.hooks, rolloutSlack, func(rc restate.RunContext) (restate.Void, error) {
+		return restate.Void{}, r.slack.post(rc, webhook, text)
+	}, restate.WithMaxRetryAttempts(slackAttempts), restate.WithInitialRetryInterval(slackBackoff))
 	if err != nil {
 		// ctx.Log: not logged again when the handler replays.
 		ctx.Log().Warn("cannot post a rollout notification to Slack; the rollout goes on", "run", st.Run, "text", text, "error", err.Error())

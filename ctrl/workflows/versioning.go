@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -43,6 +44,9 @@ type StampResponse struct {
 	Versions []Version `json:"versions"`
 }
 
+// versioningStamp is Stamp's one step.
+var versioningStamp = newStep(VersioningServiceName, "stamp")
+
 type versioning struct {
 	store *store.Store
 	hooks Hooks
@@ -54,7 +58,7 @@ type versioning struct {
 func NewVersioningService(d Deps) restate.ServiceDefinition {
 	v := &versioning{store: d.Store, hooks: d.Hooks}
 	return restate.NewObject(VersioningServiceName,
-		RetryPolicy(),
+		RetryPolicy(), private(),
 		// Calls are frequent and their results are in MySQL; an hour of
 		// journals is plenty to debug with.
 		restate.WithJournalRetention(time.Hour),
@@ -93,19 +97,15 @@ func (v *versioning) stamp(ctx restate.ObjectContext, req StampRequest) (StampRe
 		return StampResponse{}, restate.ToTerminalError(fmt.Errorf("VersioningService.Stamp: %w", err), restate.WithErrorCode(codeInvalid))
 	}
 	grantKey := ctx.Request().ID
-	grant, err := restate.Run(ctx, func(rc restate.RunContext) (store.Grant, error) {
+	grant, err := runStep(ctx, v.hooks, versioningStamp, func(rc restate.RunContext) (store.Grant, error) {
 		g, err := v.store.StampCommitted(rc, refs, grantKey)
 		if errors.Is(err, store.ErrNotFound) {
 			// Stamping never creates rows: the caller must commit the
 			// content first. Retrying cannot help.
 			return g, restate.ToTerminalError(err, restate.WithErrorCode(codeNotFound))
 		}
-		if err != nil {
-			return g, err
-		}
-		v.hooks.after(rc, VersioningServiceName+".stamp")
-		return g, nil
-	}, restate.WithName("stamp"))
+		return g, err
+	})
 	if err != nil {
 		return StampResponse{}, err
 	}
@@ -125,9 +125,23 @@ func (v *versioning) stamp(ctx restate.ObjectContext, req StampRequest) (StampRe
 	return out, nil
 }
 
-// stampVersions calls VersioningService.Stamp from inside a handler (the
-// call is journaled: exactly once).
-func stampVersions(ctx restate.Context, refs []store.Ref) ([]Version, error) {
+// versioningWait bounds how long a deploy waits for the VersioningService
+// (see stampVersions). A Stamp takes milliseconds; a minute means the
+// singleton is held by an invocation that does not end.
+const versioningWait = time.Minute
+
+// stampVersions gives refs new versions for the deploy of deployment id:
+// through VersioningService.Stamp (a journaled call: exactly once), waiting
+// at most the versioning wait. The singleton is exclusive, so one of its
+// invocations that does not end (paused in Restate after its retries, or
+// stuck) would hold every deploy behind it. Past the wait the deploy
+// cancels its queued call and stamps the rows itself, in a step: exactly
+// once too (the grant is recorded under this call's own key in the stamp's
+// transaction), and in version order all the same (the database lock is
+// what orders versions; see ctrl/store). The same transaction notes it in
+// the deployment's history, and krane_ctrl_versioning_bypassed_total
+// counts it.
+func (w *deploy) stampVersions(ctx restate.WorkflowContext, id string, refs []store.Ref) ([]Version, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
@@ -135,9 +149,39 @@ func stampVersions(ctx restate.Context, refs []store.Ref) ([]Version, error) {
 	for i, r := range refs {
 		req.Refs[i] = Ref{Kind: r.Kind, Region: r.Region, ID: r.ID}
 	}
-	resp, err := restate.Object[StampResponse](ctx, VersioningServiceName, VersioningKey, "Stamp").Request(req)
+	call := restate.Object[StampResponse](ctx, VersioningServiceName, VersioningKey, "Stamp").RequestFuture(req)
+	wait := versioningWait
+	if w.hooks.VersioningWait > 0 {
+		wait = w.hooks.VersioningWait
+	}
+	timer := restate.After(ctx, wait)
+	first, werr := restate.WaitFirst(ctx, call, timer)
+	if werr != nil {
+		return nil, werr
+	}
+	if first == call {
+		resp, err := call.Response()
+		if err != nil {
+			return nil, err
+		}
+		return resp.Versions, nil
+	}
+	stuck := call.GetInvocationId()
+	restate.CancelInvocation(ctx, stuck)
+	grantKey := ctx.Request().ID + "/" + stuck // unique per call
+	grant, err := runStep(ctx, w.hooks, deployStampItself, func(rc restate.RunContext) (store.Grant, error) {
+		return w.store.StampCommittedThen(rc, refs, grantKey, func(ctx context.Context, tx *store.Tx, g store.Grant) error {
+			w.bypassed.Inc()
+			return tx.NoteDeployment(ctx, id, fmt.Sprintf("the VersioningService did not answer within %s (an invocation of %s/%s is paused or stuck: "+
+				"find it with `restate invocations ls`); the deploy stamped its %d rows itself, versions %d..%d", wait, VersioningServiceName, VersioningKey, len(refs), g.First, g.Last))
+		})
+	})
 	if err != nil {
 		return nil, err
 	}
-	return resp.Versions, nil
+	out := make([]Version, len(req.Refs))
+	for i, r := range req.Refs {
+		out[i] = Version{Ref: r, Version: grant.First + uint64(i)}
+	}
+	return out, nil
 }

@@ -39,9 +39,8 @@ func insertRows(t *testing.T, db *sql.DB, kind string, n int) []workflows.Ref {
 
 // stampAll stamps batches concurrently (one call per batch) and returns
 // every version handed out.
-func stampAll(t *testing.T, r *testenv.Restate, batches [][]workflows.Ref) ([]uint64, time.Duration) {
+func stampAll(t *testing.T, c *workflows.Ingress, batches [][]workflows.Ref) ([]uint64, time.Duration) {
 	t.Helper()
-	c := workflows.NewIngressClient(r.IngressURL())
 	var (
 		mu       sync.Mutex
 		versions []uint64
@@ -113,7 +112,7 @@ func TestVersioningServiceThousandConcurrentStampsNoGapNoDuplicate(t *testing.T)
 
 	// Warm up (the SDK compiles its state machine on the first call).
 	warm := insertRows(t, db, "test.warm", 1)
-	stampAll(t, r, [][]workflows.Ref{warm})
+	stampAll(t, w.env.Ingress(t, true), [][]workflows.Ref{warm})
 
 	// 1,000 concurrent calls, one ref each.
 	single := insertRows(t, db, "test.single", 1000)
@@ -121,7 +120,7 @@ func TestVersioningServiceThousandConcurrentStampsNoGapNoDuplicate(t *testing.T)
 	for i := range single {
 		batches[i] = single[i : i+1]
 	}
-	versions, took := stampAll(t, r, batches)
+	versions, took := stampAll(t, w.env.Ingress(t, true), batches)
 	checkContiguous(t, db, "test.single", versions)
 	singleRate := float64(len(versions)) / took.Seconds()
 
@@ -131,7 +130,7 @@ func TestVersioningServiceThousandConcurrentStampsNoGapNoDuplicate(t *testing.T)
 	for i := 0; i < len(batched); i += 100 {
 		batches = append(batches, batched[i:i+100])
 	}
-	versions2, took2 := stampAll(t, r, batches)
+	versions2, took2 := stampAll(t, w.env.Ingress(t, true), batches)
 	checkContiguous(t, db, "test.batched", versions2)
 	batchRate := float64(len(versions2)) / took2.Seconds()
 
@@ -166,7 +165,7 @@ func TestVersioningServiceIdempotencyKeyReturnsTheSameVersions(t *testing.T) {
 	r := testenv.SharedRestate(t)
 	w := newWorld(t, ctrltest.Options{Restate: r})
 	refs := insertRows(t, w.env.Store.DB(), "test.idem", 3)
-	c := workflows.NewIngressClient(r.IngressURL())
+	c := w.env.Ingress(t, false)
 	ctx := context.Background()
 	a, err := workflows.Stamp(ctx, c, refs, "idem-"+t.Name())
 	if err != nil {

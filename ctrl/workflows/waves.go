@@ -1,6 +1,10 @@
 package workflows
 
-import "fmt"
+import (
+	"fmt"
+
+	"krane.dev/ctrl/deployspec"
+)
 
 // DefaultWavePercentages are the cumulative percentages of a fleet rollout
 // when the request gives none: 100 sentinels go in waves of 1, 4, 20, 25
@@ -15,18 +19,18 @@ const MaxWaves = 20
 // sentinel is in some wave).
 func ValidWavePercentages(field string, p []int32) error {
 	if len(p) == 0 || len(p) > MaxWaves {
-		return fieldErr(field, "give 1 to %d cumulative percentages, e.g. [1, 5, 25, 50, 100]; got %d", MaxWaves, len(p))
+		return deployspec.Errorf(field, "give 1 to %d cumulative percentages, e.g. [1, 5, 25, 50, 100]; got %d", MaxWaves, len(p))
 	}
 	for i, v := range p {
 		if v <= 0 || v > 100 {
-			return fieldErr(fmt.Sprintf("%s[%d]", field, i), "%d is out of range 1..100", v)
+			return deployspec.Errorf(fmt.Sprintf("%s[%d]", field, i), "%d is out of range 1..100", v)
 		}
 		if i > 0 && v <= p[i-1] {
-			return fieldErr(fmt.Sprintf("%s[%d]", field, i), "%d does not exceed the previous percentage %d: the percentages are cumulative and strictly increasing", v, p[i-1])
+			return deployspec.Errorf(fmt.Sprintf("%s[%d]", field, i), "%d does not exceed the previous percentage %d: the percentages are cumulative and strictly increasing", v, p[i-1])
 		}
 	}
 	if last := p[len(p)-1]; last != 100 {
-		return fieldErr(field, "the last percentage is %d, not 100: the sentinels past %d%% would never be rolled", last, last)
+		return deployspec.Errorf(field, "the last percentage is %d, not 100: the sentinels past %d%% would never be rolled", last, last)
 	}
 	return nil
 }

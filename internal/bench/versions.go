@@ -7,13 +7,18 @@ import (
 	"sync"
 	"time"
 
+	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 )
 
 // Versions measures VersioningService through Restate: 1,000 concurrent
 // calls of one ref, and 100 concurrent calls of 100 refs (median of 3).
 func Versions(ctx context.Context, e *Env) ([]Figure, error) {
-	c := workflows.NewIngressClient(e.St.Restate.IngressURL())
+	key, err := e.Store.CtrlKey(ctx, store.RestateIngressKey) // ctrl's calls through Restate's ingress are signed
+	if err != nil {
+		return nil, err
+	}
+	c := workflows.NewIngressClient(e.St.Restate.IngressURL(), key)
 	stamp := func(batches [][]workflows.Ref) (float64, error) {
 		var wg sync.WaitGroup
 		errs := make(chan error, len(batches))

@@ -65,9 +65,11 @@ type Stack struct {
 
 	Clusters map[string]*kubeenv.Cluster
 
-	CtrlAddr      string // gRPC host:port
-	CtrlHTTP      string // http://host:port (health, metrics)
-	ConsoleURL    string // http://host:port of ctrl's web console
+	CtrlAddr   string // gRPC host:port
+	CtrlHTTP   string // http://host:port (health, metrics)
+	ConsoleURL string // http://host:port of ctrl's web console
+	// CtrlEndpoint is the URL Restate calls ctrl's services at.
+	CtrlEndpoint  string
 	OperatorToken string
 	ClusterTokens map[string]string
 	KraneHTTP     map[string]string // region -> http://host:port (health, metrics)
@@ -272,6 +274,7 @@ func (s *Stack) ctrlEnv() []string {
 			"CTRL_RESTATE_INGRESS_URL="+s.Restate.IngressURL(),
 			"CTRL_RESTATE_ADMIN_URL="+s.Restate.AdminURL(),
 			fmt.Sprintf("CTRL_RESTATE_ENDPOINT_LISTEN=127.0.0.1:%d", s.ctrlPorts[2]),
+			"CTRL_RESTATE_IDENTITY_KEYS="+s.Restate.IdentityKey(),
 			"CTRL_SENTINEL_DEFAULT_IMAGE="+SentinelImage,
 			"CTRL_SENTINEL_DEFAULT_REPLICAS=2",
 		)
@@ -301,6 +304,7 @@ func (s *Stack) startCtrl() error {
 	s.CtrlAddr = fmt.Sprintf("127.0.0.1:%d", s.ctrlPorts[0])
 	s.CtrlHTTP = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[1])
 	s.ConsoleURL = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[3])
+	s.CtrlEndpoint = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[2])
 	p, err := testenv.StartProcess(s.dir, "ctrl", s.bin["ctrl"], []string{"serve"}, s.ctrlEnv())
 	if err != nil {
 		return err

@@ -191,6 +191,31 @@ func (m *MySQL) DSN(db string) string {
 	return cfg.FormatDSN()
 }
 
+// DatabaseBehindProxy is Database reached through a Proxy the test can
+// cut or stall (closed when the test ends): the network faults between
+// ctrl and its database.
+func (m *MySQL) DatabaseBehindProxy(tb testing.TB, name string) (string, *Proxy) {
+	tb.Helper()
+	dsn := m.Database(tb, name)
+	p, err := NewProxy(m.Addr())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.Close)
+	return WithAddr(dsn, p.Addr()), p
+}
+
+// WithAddr is dsn with its server address replaced by addr (a Proxy's, to
+// put network faults between a client and the server).
+func WithAddr(dsn, addr string) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		panic(fmt.Sprintf("testenv: %q is not a DSN: %v", dsn, err))
+	}
+	cfg.Addr = addr
+	return cfg.FormatDSN()
+}
+
 func (m *MySQL) ping(ctx context.Context) error {
 	db, err := sql.Open("mysql", m.baseDSN.FormatDSN())
 	if err != nil {

@@ -3,25 +3,40 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mr-tron/base58"
 	"krane.dev/sdk/envtest"
 )
 
-// Restate is a restate-server with its own base dir and ports.
+// Restate is a restate-server with its own base dir and ports. It signs
+// its requests to the endpoints it calls with a key of its own (Restate's
+// request identity): IdentityKey is the public key an endpoint checks.
 type Restate struct {
 	bin string
 	dir string
+	// identity is the request identity public key, publickeyv1_...
+	identity string
 
 	adminPort, ingressPort, nodePort int
+	// name is the node name; config, when set, is the node's configuration
+	// file (a node of a RestateCluster).
+	name, config string
+	keyFile      string
 
 	mu   sync.Mutex
 	proc *Process
@@ -48,7 +63,10 @@ func StartRestate() (*Restate, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Restate{bin: bin, dir: dir, adminPort: ports[0], ingressPort: ports[1], nodePort: ports[2]}
+	r := &Restate{bin: bin, dir: dir, adminPort: ports[0], ingressPort: ports[1], nodePort: ports[2], name: "n1", keyFile: filepath.Join(dir, identityKeyFile)}
+	if r.identity, err = writeIdentityKey(r.keyFile); err != nil {
+		return nil, err
+	}
 	if err := r.Start(); err != nil {
 		return nil, err
 	}
@@ -63,6 +81,9 @@ func (r *Restate) Start() error {
 	if r.proc != nil && !r.proc.Exited() {
 		return nil
 	}
+	if r.config != "" {
+		return r.startNode()
+	}
 	env := []string{
 		"RESTATE_LISTEN_MODE=tcp",
 		fmt.Sprintf("RESTATE_ADMIN__BIND_ADDRESS=127.0.0.1:%d", r.adminPort),
@@ -73,6 +94,7 @@ func (r *Restate) Start() error {
 		"RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE=256MB",
 		"RESTATE_DISABLE_TELEMETRY=true",
 		"RESTATE_LOG_DISABLE_ANSI_CODES=true",
+		"RESTATE_WORKER__INVOKER__REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE=" + r.keyFile,
 	}
 	p, err := StartProcess(r.dir, "restate-server", r.bin, []string{"--base-dir", r.dir, "--node-name", "n1", "--no-logo"}, env)
 	if err != nil {
@@ -113,6 +135,31 @@ func (r *Restate) Pid() int {
 		return 0
 	}
 	return r.proc.Pid()
+}
+
+// IdentityKey is the public key (publickeyv1_...) the server signs its
+// requests to endpoints with.
+func (r *Restate) IdentityKey() string { return r.identity }
+
+// identityKeyFile holds a server's request identity private key.
+const identityKeyFile = "request-identity.pem"
+
+// writeIdentityKey writes a new Ed25519 private key (PKCS#8 PEM, what
+// restate-server reads) to path and returns its public key in the form an
+// endpoint checks: publickeyv1_ and the key in base58.
+func writeIdentityKey(path string) (string, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return "", fmt.Errorf("testenv: write Restate's request identity key: %w", err)
+	}
+	return "publickeyv1_" + base58.Encode(pub), nil
 }
 
 // AdminURL is the admin API's base URL.

@@ -18,6 +18,7 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -49,6 +50,8 @@ type Env struct {
 	Store  *store.Store
 	DSN    string
 	Logs   *LogBuffer
+	// Restate is the server ctrl runs its services on (nil without).
+	Restate *testenv.Restate
 }
 
 // Config is the base configuration of a test ctrl (loopback listeners on
@@ -82,6 +85,7 @@ func Start(t testing.TB, o Options) *Env {
 			cfg.Restate.Endpoint.Listen = o.RestateListen
 		}
 		cfg.Sentinel.DefaultImage = SentinelImage
+		cfg.Restate.IdentityKeys = o.Restate.IdentityKey()
 	}
 	if o.Configure != nil {
 		o.Configure(&cfg)
@@ -104,7 +108,21 @@ func Start(t testing.TB, o Options) *Env {
 	if err := srv.WaitRestateRegistered(ctx); err != nil {
 		t.Fatalf("start ctrl: %v\nlogs:\n%s", err, logs.String())
 	}
-	return &Env{Server: srv, Store: srv.Store(), DSN: dsn, Logs: logs}
+	return &Env{Server: srv, Store: srv.Store(), DSN: dsn, Logs: logs, Restate: o.Restate}
+}
+
+// Ingress is a client of Restate's ingress that calls ctrl's services the
+// way ctrl does (signed with its key); waiting: without an overall timeout.
+func (e *Env) Ingress(t testing.TB, waiting bool) *workflows.Ingress {
+	t.Helper()
+	key, err := e.Store.CtrlKey(context.Background(), store.RestateIngressKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waiting {
+		return workflows.NewWaitingIngressClient(e.Restate.IngressURL(), key)
+	}
+	return workflows.NewIngressClient(e.Restate.IngressURL(), key)
 }
 
 // ClusterToken registers a cluster and returns its token.

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -238,7 +238,7 @@ func (e *Env) CreateSentinels(t testing.TB, region, prefix, image string, n int)
 			ids[i] = id
 			if err := tx.PutSentinel(ctx, store.Sentinel{
 				ID: id, Region: region, WorkspaceID: "ws1", ProjectID: "p1", AppID: "a1", EnvironmentID: "env-" + id,
-				K8sName: workflows.K8sName(id), Image: image, Replicas: 2, CPUMillicores: 250, MemoryMiB: 256,
+				K8sName: deployspec.K8sName(id), Image: image, Replicas: 2, CPUMillicores: 250, MemoryMiB: 256,
 			}); err != nil {
 				return err
 			}

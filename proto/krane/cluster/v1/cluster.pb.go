@@ -583,15 +583,27 @@ func (x *GetDesiredStateRequest) GetId() string {
 	return ""
 }
 
+// A status report. ctrl checks every field before it stores anything; a
+// report past a limit below is refused with INVALID_ARGUMENT, its message
+// starting with the field's name ("status.instances[2].reason: ..."), and
+// the other reports of a batch still land. The limits fit the columns the
+// values are stored in (ctrl/clusterapi/check.go holds them as constants).
 type ReportStatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	Id    string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	// The desired version the cluster had applied when it observed this status.
-	ObservedVersion uint64                 `protobuf:"varint,3,opt,name=observed_version,json=observedVersion,proto3" json:"observed_version,omitempty"`
-	ObservedAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	// At most 253 bytes. The object must exist in the caller's region
+	// (otherwise NOT_FOUND).
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// The desired version the cluster had applied when it observed this
+	// status: at most the object's current version (a version ctrl never
+	// issued is refused).
+	ObservedVersion uint64 `protobuf:"varint,3,opt,name=observed_version,json=observedVersion,proto3" json:"observed_version,omitempty"`
+	// When the cluster observed the status; empty means when ctrl received
+	// it. At most an hour ahead of ctrl's clock, not before 1970.
+	ObservedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
 	// The kind's status, e.g. krane.cluster.v1.DeploymentStatus. May be empty
-	// when the report only carries an apply error.
+	// when the report only carries an apply error. A generic kind's status is
+	// at most 256 KiB as JSON.
 	Status *anypb.Any `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
 	// Set when the cluster could not apply a desired version. A permanent
 	// error parks the change until a newer version arrives (it is retried
@@ -674,12 +686,13 @@ func (x *ReportStatusRequest) GetApplyError() *ApplyError {
 }
 
 type ApplyError struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	// What failed, on which object, what to do.
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most the object's current version.
+	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// What failed, on which object, what to do. At most 16 KiB.
 	Message   string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Permanent bool   `protobuf:"varint,3,opt,name=permanent,proto3" json:"permanent,omitempty"`
-	// The spec field at fault, when known.
+	// The spec field at fault, when known. At most 255 bytes.
 	Field         string `protobuf:"bytes,4,opt,name=field,proto3" json:"field,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -745,7 +758,8 @@ func (x *ApplyError) GetField() string {
 
 type ReportStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when the report was older than the stored one and was ignored.
+	// False when the report was older than the cluster's last accepted one
+	// on the object, and was ignored.
 	Accepted      bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -879,7 +893,8 @@ func (x *ReportStatusesResponse) GetResults() []*ReportStatusResult {
 
 type ReportStatusResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when the report was older than the stored one and was ignored,
+	// False when the report was older than the cluster's last accepted one
+	// on the object and was ignored,
 	// or was refused (see code).
 	Accepted bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	// The gRPC status code ReportStatus would have failed with (0 = OK):
@@ -1595,6 +1610,7 @@ func (x *CiliumNetworkPolicy) GetPolicy() []byte {
 	return nil
 }
 
+// Counts are never negative; names at most 253 bytes.
 type DeploymentStatus struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	DeploymentId      string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
@@ -1603,7 +1619,7 @@ type DeploymentStatus struct {
 	ReadyReplicas     int32                  `protobuf:"varint,4,opt,name=ready_replicas,json=readyReplicas,proto3" json:"ready_replicas,omitempty"`
 	AvailableReplicas int32                  `protobuf:"varint,5,opt,name=available_replicas,json=availableReplicas,proto3" json:"available_replicas,omitempty"`
 	// Every current pod of the deployment. A full snapshot: instances missing
-	// here are gone.
+	// here are gone. At most 10,000.
 	Instances []*Instance `protobuf:"bytes,6,rep,name=instances,proto3" json:"instances,omitempty"`
 	// True once the workload no longer exists in the cluster.
 	Deleted       bool `protobuf:"varint,7,opt,name=deleted,proto3" json:"deleted,omitempty"`
@@ -1692,17 +1708,22 @@ func (x *DeploymentStatus) GetDeleted() bool {
 
 type Instance struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Pod name.
+	// Pod name: required, at most 253 bytes.
 	K8SName string `protobuf:"bytes,1,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
-	// host:port a peer can reach.
-	Address       string          `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	CpuMillicores int64           `protobuf:"varint,3,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
-	MemoryMib     int64           `protobuf:"varint,4,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	Status        Instance_Status `protobuf:"varint,5,opt,name=status,proto3,enum=krane.cluster.v1.Instance_Status" json:"status,omitempty"`
+	// host:port a peer can reach. At most 255 bytes.
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// Not negative.
+	CpuMillicores int64 `protobuf:"varint,3,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
+	// Not negative.
+	MemoryMib int64 `protobuf:"varint,4,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// One of the values above.
+	Status Instance_Status `protobuf:"varint,5,opt,name=status,proto3,enum=krane.cluster.v1.Instance_Status" json:"status,omitempty"`
 	// Why the instance is pending or failed: ImagePullBackOff, CrashLoopBackOff,
-	// Unschedulable, ...
-	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// Unschedulable, ... At most 255 bytes.
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// At most 4 KiB.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// At most 64 bytes.
 	Zone          string `protobuf:"bytes,8,opt,name=zone,proto3" json:"zone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1794,6 +1815,8 @@ func (x *Instance) GetZone() string {
 	return ""
 }
 
+// Counts and observed_generation are never negative; health is one of the
+// Health values; k8s_name at most 253 bytes.
 type SentinelStatus struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	SentinelId         string                 `protobuf:"bytes,1,opt,name=sentinel_id,json=sentinelId,proto3" json:"sentinel_id,omitempty"`
@@ -1804,9 +1827,10 @@ type SentinelStatus struct {
 	ReadyReplicas      int32                  `protobuf:"varint,6,opt,name=ready_replicas,json=readyReplicas,proto3" json:"ready_replicas,omitempty"`
 	ObservedGeneration int64                  `protobuf:"varint,7,opt,name=observed_generation,json=observedGeneration,proto3" json:"observed_generation,omitempty"`
 	// The image every updated, available pod runs; empty while a rollout is in
-	// progress.
-	RunningImage  string `protobuf:"bytes,8,opt,name=running_image,json=runningImage,proto3" json:"running_image,omitempty"`
-	Health        Health `protobuf:"varint,9,opt,name=health,proto3,enum=krane.cluster.v1.Health" json:"health,omitempty"`
+	// progress. At most 512 bytes.
+	RunningImage string `protobuf:"bytes,8,opt,name=running_image,json=runningImage,proto3" json:"running_image,omitempty"`
+	Health       Health `protobuf:"varint,9,opt,name=health,proto3,enum=krane.cluster.v1.Health" json:"health,omitempty"`
+	// At most 1 KiB.
 	Reason        string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
 	Deleted       bool   `protobuf:"varint,11,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1924,7 +1948,7 @@ type CiliumNetworkPolicyStatus struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Applied bool                   `protobuf:"varint,2,opt,name=applied,proto3" json:"applied,omitempty"`
-	// The API server's message when the policy was rejected.
+	// The API server's message when the policy was rejected. At most 16 KiB.
 	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	Deleted       bool   `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -69,7 +69,9 @@ type ClusterServiceClient interface {
 	// An unknown id is NOT_FOUND; a deleted object is a change with deleted=true.
 	GetDesiredState(ctx context.Context, in *GetDesiredStateRequest, opts ...grpc.CallOption) (*ResourceChange, error)
 	// ReportStatus records actual state observed in the cluster. A report older
-	// than the stored one (by observed_version, then observed_at) is ignored.
+	// than the last one accepted from the same cluster on the object (by
+	// observed_version, then observed_at) is ignored; reports of different
+	// clusters are not ordered against each other.
 	ReportStatus(ctx context.Context, in *ReportStatusRequest, opts ...grpc.CallOption) (*ReportStatusResponse, error)
 	// ReportStatuses records up to 500 reports in one call, each judged as
 	// ReportStatus judges it; results[i] answers reports[i]. Agents send what
@@ -317,7 +319,9 @@ type ClusterServiceServer interface {
 	// An unknown id is NOT_FOUND; a deleted object is a change with deleted=true.
 	GetDesiredState(context.Context, *GetDesiredStateRequest) (*ResourceChange, error)
 	// ReportStatus records actual state observed in the cluster. A report older
-	// than the stored one (by observed_version, then observed_at) is ignored.
+	// than the last one accepted from the same cluster on the object (by
+	// observed_version, then observed_at) is ignored; reports of different
+	// clusters are not ordered against each other.
 	ReportStatus(context.Context, *ReportStatusRequest) (*ReportStatusResponse, error)
 	// ReportStatuses records up to 500 reports in one call, each judged as
 	// ReportStatus judges it; results[i] answers reports[i]. Agents send what

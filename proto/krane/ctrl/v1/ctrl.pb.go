@@ -379,8 +379,12 @@ type DeploymentInfo struct {
 	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt      *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	ShutdownSignal string                 `protobuf:"bytes,22,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The deployment's history, oldest first (GetDeployment only): every
+	// status change, and what the deploy noted on the way (e.g. that it
+	// stamped its rows itself because the VersioningService did not answer).
+	History       []*DeploymentEvent `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeploymentInfo) Reset() {
@@ -567,6 +571,74 @@ func (x *DeploymentInfo) GetShutdownSignal() string {
 	return ""
 }
 
+func (x *DeploymentInfo) GetHistory() []*DeploymentEvent {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+type DeploymentEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The status the entry is filed under.
+	Status        DeploymentStatus       `protobuf:"varint,1,opt,name=status,proto3,enum=krane.ctrl.v1.DeploymentStatus" json:"status,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentEvent) Reset() {
+	*x = DeploymentEvent{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentEvent) ProtoMessage() {}
+
+func (x *DeploymentEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentEvent.ProtoReflect.Descriptor instead.
+func (*DeploymentEvent) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeploymentEvent) GetStatus() DeploymentStatus {
+	if x != nil {
+		return x.Status
+	}
+	return DeploymentStatus_DEPLOYMENT_STATUS_UNSPECIFIED
+}
+
+func (x *DeploymentEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DeploymentEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 type RegionStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Region          string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -583,7 +655,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +667,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +680,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{4}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegionStatus) GetRegion() string {
@@ -674,7 +746,7 @@ type InstanceInfo struct {
 
 func (x *InstanceInfo) Reset() {
 	*x = InstanceInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +758,7 @@ func (x *InstanceInfo) String() string {
 func (*InstanceInfo) ProtoMessage() {}
 
 func (x *InstanceInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +771,7 @@ func (x *InstanceInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceInfo.ProtoReflect.Descriptor instead.
 func (*InstanceInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{5}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *InstanceInfo) GetK8SName() string {
@@ -755,7 +827,7 @@ type ListDeploymentsRequest struct {
 
 func (x *ListDeploymentsRequest) Reset() {
 	*x = ListDeploymentsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +839,7 @@ func (x *ListDeploymentsRequest) String() string {
 func (*ListDeploymentsRequest) ProtoMessage() {}
 
 func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +852,7 @@ func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{6}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDeploymentsRequest) GetEnvironmentId() string {
@@ -814,7 +886,7 @@ type ListDeploymentsResponse struct {
 
 func (x *ListDeploymentsResponse) Reset() {
 	*x = ListDeploymentsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +898,7 @@ func (x *ListDeploymentsResponse) String() string {
 func (*ListDeploymentsResponse) ProtoMessage() {}
 
 func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +911,7 @@ func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{7}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListDeploymentsResponse) GetDeployments() []*DeploymentInfo {
@@ -869,7 +941,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +953,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +966,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{8}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RollbackRequest) GetEnvironmentId() string {
@@ -927,7 +999,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1011,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1024,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{9}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PromoteRequest) GetDeploymentId() string {
@@ -970,7 +1042,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1054,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1067,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{10}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{11}
 }
 
 type StopDeploymentRequest struct {
@@ -1007,7 +1079,7 @@ type StopDeploymentRequest struct {
 
 func (x *StopDeploymentRequest) Reset() {
 	*x = StopDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1091,7 @@ func (x *StopDeploymentRequest) String() string {
 func (*StopDeploymentRequest) ProtoMessage() {}
 
 func (x *StopDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1104,7 @@ func (x *StopDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*StopDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{11}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StopDeploymentRequest) GetDeploymentId() string {
@@ -1050,7 +1122,7 @@ type StopDeploymentResponse struct {
 
 func (x *StopDeploymentResponse) Reset() {
 	*x = StopDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1134,7 @@ func (x *StopDeploymentResponse) String() string {
 func (*StopDeploymentResponse) ProtoMessage() {}
 
 func (x *StopDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1147,7 @@ func (x *StopDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*StopDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
 }
 
 type ScaleDeploymentRequest struct {
@@ -1089,7 +1161,7 @@ type ScaleDeploymentRequest struct {
 
 func (x *ScaleDeploymentRequest) Reset() {
 	*x = ScaleDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1173,7 @@ func (x *ScaleDeploymentRequest) String() string {
 func (*ScaleDeploymentRequest) ProtoMessage() {}
 
 func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1186,7 @@ func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*ScaleDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ScaleDeploymentRequest) GetDeploymentId() string {
@@ -1141,7 +1213,7 @@ type ScaleDeploymentResponse struct {
 
 func (x *ScaleDeploymentResponse) Reset() {
 	*x = ScaleDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1225,7 @@ func (x *ScaleDeploymentResponse) String() string {
 func (*ScaleDeploymentResponse) ProtoMessage() {}
 
 func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1238,7 @@ func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*ScaleDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ScaleDeploymentResponse) GetPreviousReplicas() int32 {
@@ -1201,7 +1273,7 @@ type DeploySentinelRequest struct {
 
 func (x *DeploySentinelRequest) Reset() {
 	*x = DeploySentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1285,7 @@ func (x *DeploySentinelRequest) String() string {
 func (*DeploySentinelRequest) ProtoMessage() {}
 
 func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1298,7 @@ func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelRequest.ProtoReflect.Descriptor instead.
 func (*DeploySentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeploySentinelRequest) GetSentinelId() string {
@@ -1293,7 +1365,7 @@ type DeploySentinelResponse struct {
 
 func (x *DeploySentinelResponse) Reset() {
 	*x = DeploySentinelResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1377,7 @@ func (x *DeploySentinelResponse) String() string {
 func (*DeploySentinelResponse) ProtoMessage() {}
 
 func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1390,7 @@ func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelResponse.ProtoReflect.Descriptor instead.
 func (*DeploySentinelResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeploySentinelResponse) GetSentinel() *SentinelInfo {
@@ -1358,7 +1430,7 @@ type GetSentinelRequest struct {
 
 func (x *GetSentinelRequest) Reset() {
 	*x = GetSentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1442,7 @@ func (x *GetSentinelRequest) String() string {
 func (*GetSentinelRequest) ProtoMessage() {}
 
 func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1455,7 @@ func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSentinelRequest.ProtoReflect.Descriptor instead.
 func (*GetSentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSentinelRequest) GetSentinelId() string {
@@ -1429,7 +1501,7 @@ type SentinelInfo struct {
 
 func (x *SentinelInfo) Reset() {
 	*x = SentinelInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1513,7 @@ func (x *SentinelInfo) String() string {
 func (*SentinelInfo) ProtoMessage() {}
 
 func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1526,7 @@ func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelInfo.ProtoReflect.Descriptor instead.
 func (*SentinelInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SentinelInfo) GetId() string {
@@ -1637,7 +1709,7 @@ type ListSentinelsRequest struct {
 
 func (x *ListSentinelsRequest) Reset() {
 	*x = ListSentinelsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1721,7 @@ func (x *ListSentinelsRequest) String() string {
 func (*ListSentinelsRequest) ProtoMessage() {}
 
 func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1734,7 @@ func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*ListSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSentinelsRequest) GetRegion() string {
@@ -1703,7 +1775,7 @@ type ListSentinelsResponse struct {
 
 func (x *ListSentinelsResponse) Reset() {
 	*x = ListSentinelsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1787,7 @@ func (x *ListSentinelsResponse) String() string {
 func (*ListSentinelsResponse) ProtoMessage() {}
 
 func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1800,7 @@ func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsResponse.ProtoReflect.Descriptor instead.
 func (*ListSentinelsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSentinelsResponse) GetSentinels() []*SentinelInfo {
@@ -1762,7 +1834,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1846,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1859,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StartRolloutRequest) GetImage() string {
@@ -1833,7 +1905,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1917,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1930,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
 }
 
 type ResumeRolloutRequest struct {
@@ -1871,7 +1943,7 @@ type ResumeRolloutRequest struct {
 
 func (x *ResumeRolloutRequest) Reset() {
 	*x = ResumeRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +1955,7 @@ func (x *ResumeRolloutRequest) String() string {
 func (*ResumeRolloutRequest) ProtoMessage() {}
 
 func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +1968,7 @@ func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeRolloutRequest) GetRetryFailed() bool {
@@ -1914,7 +1986,7 @@ type CancelRolloutRequest struct {
 
 func (x *CancelRolloutRequest) Reset() {
 	*x = CancelRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +1998,7 @@ func (x *CancelRolloutRequest) String() string {
 func (*CancelRolloutRequest) ProtoMessage() {}
 
 func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2011,7 @@ func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
 }
 
 type RollbackAllRequest struct {
@@ -1950,7 +2022,7 @@ type RollbackAllRequest struct {
 
 func (x *RollbackAllRequest) Reset() {
 	*x = RollbackAllRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +2034,7 @@ func (x *RollbackAllRequest) String() string {
 func (*RollbackAllRequest) ProtoMessage() {}
 
 func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +2047,7 @@ func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllRequest.ProtoReflect.Descriptor instead.
 func (*RollbackAllRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
 }
 
 type RollbackAllResponse struct {
@@ -1989,7 +2061,7 @@ type RollbackAllResponse struct {
 
 func (x *RollbackAllResponse) Reset() {
 	*x = RollbackAllResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2073,7 @@ func (x *RollbackAllResponse) String() string {
 func (*RollbackAllResponse) ProtoMessage() {}
 
 func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2086,7 @@ func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllResponse.ProtoReflect.Descriptor instead.
 func (*RollbackAllResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RollbackAllResponse) GetReverted() int32 {
@@ -2066,7 +2138,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2150,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2163,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RolloutStatus) GetState() string {
@@ -2221,7 +2293,7 @@ type Wave struct {
 
 func (x *Wave) Reset() {
 	*x = Wave{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2305,7 @@ func (x *Wave) String() string {
 func (*Wave) ProtoMessage() {}
 
 func (x *Wave) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2318,7 @@ func (x *Wave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Wave.ProtoReflect.Descriptor instead.
 func (*Wave) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Wave) GetIndex() int32 {
@@ -2304,7 +2376,7 @@ type RegisterKindRequest struct {
 
 func (x *RegisterKindRequest) Reset() {
 	*x = RegisterKindRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2388,7 @@ func (x *RegisterKindRequest) String() string {
 func (*RegisterKindRequest) ProtoMessage() {}
 
 func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2401,7 @@ func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterKindRequest.ProtoReflect.Descriptor instead.
 func (*RegisterKindRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegisterKindRequest) GetKind() string {
@@ -2362,7 +2434,7 @@ type GetKindRequest struct {
 
 func (x *GetKindRequest) Reset() {
 	*x = GetKindRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2446,7 @@ func (x *GetKindRequest) String() string {
 func (*GetKindRequest) ProtoMessage() {}
 
 func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2459,7 @@ func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKindRequest.ProtoReflect.Descriptor instead.
 func (*GetKindRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetKindRequest) GetKind() string {
@@ -2412,7 +2484,7 @@ type KindInfo struct {
 
 func (x *KindInfo) Reset() {
 	*x = KindInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2496,7 @@ func (x *KindInfo) String() string {
 func (*KindInfo) ProtoMessage() {}
 
 func (x *KindInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2509,7 @@ func (x *KindInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInfo.ProtoReflect.Descriptor instead.
 func (*KindInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KindInfo) GetKind() string {
@@ -2490,7 +2562,7 @@ type ListKindsRequest struct {
 
 func (x *ListKindsRequest) Reset() {
 	*x = ListKindsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2574,7 @@ func (x *ListKindsRequest) String() string {
 func (*ListKindsRequest) ProtoMessage() {}
 
 func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2587,7 @@ func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKindsRequest.ProtoReflect.Descriptor instead.
 func (*ListKindsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
 }
 
 type ListKindsResponse struct {
@@ -2527,7 +2599,7 @@ type ListKindsResponse struct {
 
 func (x *ListKindsResponse) Reset() {
 	*x = ListKindsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2539,7 +2611,7 @@ func (x *ListKindsResponse) String() string {
 func (*ListKindsResponse) ProtoMessage() {}
 
 func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2552,7 +2624,7 @@ func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKindsResponse.ProtoReflect.Descriptor instead.
 func (*ListKindsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListKindsResponse) GetKinds() []*KindInfo {
@@ -2575,7 +2647,7 @@ type Resource struct {
 
 func (x *Resource) Reset() {
 	*x = Resource{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2659,7 @@ func (x *Resource) String() string {
 func (*Resource) ProtoMessage() {}
 
 func (x *Resource) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2672,7 @@ func (x *Resource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resource.ProtoReflect.Descriptor instead.
 func (*Resource) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Resource) GetKind() string {
@@ -2642,7 +2714,7 @@ type PutResourcesRequest struct {
 
 func (x *PutResourcesRequest) Reset() {
 	*x = PutResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2654,7 +2726,7 @@ func (x *PutResourcesRequest) String() string {
 func (*PutResourcesRequest) ProtoMessage() {}
 
 func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2667,7 +2739,7 @@ func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResourcesRequest.ProtoReflect.Descriptor instead.
 func (*PutResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PutResourcesRequest) GetResources() []*Resource {
@@ -2693,7 +2765,7 @@ type PutResourcesResponse struct {
 
 func (x *PutResourcesResponse) Reset() {
 	*x = PutResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +2777,7 @@ func (x *PutResourcesResponse) String() string {
 func (*PutResourcesResponse) ProtoMessage() {}
 
 func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +2790,7 @@ func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResourcesResponse.ProtoReflect.Descriptor instead.
 func (*PutResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PutResourcesResponse) GetResults() []*PutResult {
@@ -2741,7 +2813,7 @@ type PutResult struct {
 
 func (x *PutResult) Reset() {
 	*x = PutResult{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2825,7 @@ func (x *PutResult) String() string {
 func (*PutResult) ProtoMessage() {}
 
 func (x *PutResult) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2838,7 @@ func (x *PutResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResult.ProtoReflect.Descriptor instead.
 func (*PutResult) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutResult) GetKind() string {
@@ -2810,7 +2882,7 @@ type RegionChange struct {
 
 func (x *RegionChange) Reset() {
 	*x = RegionChange{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2822,7 +2894,7 @@ func (x *RegionChange) String() string {
 func (*RegionChange) ProtoMessage() {}
 
 func (x *RegionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2835,7 +2907,7 @@ func (x *RegionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionChange.ProtoReflect.Descriptor instead.
 func (*RegionChange) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RegionChange) GetRegion() string {
@@ -2871,7 +2943,7 @@ type DeleteResourceRequest struct {
 
 func (x *DeleteResourceRequest) Reset() {
 	*x = DeleteResourceRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2883,7 +2955,7 @@ func (x *DeleteResourceRequest) String() string {
 func (*DeleteResourceRequest) ProtoMessage() {}
 
 func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2896,7 +2968,7 @@ func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResourceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteResourceRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteResourceRequest) GetKind() string {
@@ -2929,7 +3001,7 @@ type DeleteResourceResponse struct {
 
 func (x *DeleteResourceResponse) Reset() {
 	*x = DeleteResourceResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2941,7 +3013,7 @@ func (x *DeleteResourceResponse) String() string {
 func (*DeleteResourceResponse) ProtoMessage() {}
 
 func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2954,7 +3026,7 @@ func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResourceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResourceResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteResourceResponse) GetRegions() []*RegionChange {
@@ -2974,7 +3046,7 @@ type GetResourceRequest struct {
 
 func (x *GetResourceRequest) Reset() {
 	*x = GetResourceRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3058,7 @@ func (x *GetResourceRequest) String() string {
 func (*GetResourceRequest) ProtoMessage() {}
 
 func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3071,7 @@ func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResourceRequest.ProtoReflect.Descriptor instead.
 func (*GetResourceRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetResourceRequest) GetKind() string {
@@ -3028,7 +3100,7 @@ type ResourceInfo struct {
 
 func (x *ResourceInfo) Reset() {
 	*x = ResourceInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3040,7 +3112,7 @@ func (x *ResourceInfo) String() string {
 func (*ResourceInfo) ProtoMessage() {}
 
 func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3053,7 +3125,7 @@ func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceInfo.ProtoReflect.Descriptor instead.
 func (*ResourceInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ResourceInfo) GetResource() *Resource {
@@ -3096,7 +3168,7 @@ type ResourceRegion struct {
 
 func (x *ResourceRegion) Reset() {
 	*x = ResourceRegion{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3180,7 @@ func (x *ResourceRegion) String() string {
 func (*ResourceRegion) ProtoMessage() {}
 
 func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3193,7 @@ func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceRegion.ProtoReflect.Descriptor instead.
 func (*ResourceRegion) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ResourceRegion) GetRegion() string {
@@ -3195,7 +3267,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3279,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3292,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ApplyError) GetClusterId() string {
@@ -3279,7 +3351,7 @@ type ListResourcesRequest struct {
 
 func (x *ListResourcesRequest) Reset() {
 	*x = ListResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3291,7 +3363,7 @@ func (x *ListResourcesRequest) String() string {
 func (*ListResourcesRequest) ProtoMessage() {}
 
 func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3304,7 +3376,7 @@ func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesRequest.ProtoReflect.Descriptor instead.
 func (*ListResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListResourcesRequest) GetKind() string {
@@ -3352,7 +3424,7 @@ type ListResourcesResponse struct {
 
 func (x *ListResourcesResponse) Reset() {
 	*x = ListResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3436,7 @@ func (x *ListResourcesResponse) String() string {
 func (*ListResourcesResponse) ProtoMessage() {}
 
 func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3449,7 @@ func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesResponse.ProtoReflect.Descriptor instead.
 func (*ListResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListResourcesResponse) GetResources() []*ResourceInfo {
@@ -3430,7 +3502,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x18CreateDeploymentResponse\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\";\n" +
 	"\x14GetDeploymentRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\x95\a\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\xcf\a\n" +
 	"\x0eDeploymentInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x1d\n" +
@@ -3458,10 +3530,15 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"created_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
-	"\x0fshutdown_signal\x18\x16 \x01(\tR\x0eshutdownSignal\x1a:\n" +
+	"\x0fshutdown_signal\x18\x16 \x01(\tR\x0eshutdownSignal\x128\n" +
+	"\ahistory\x18\x17 \x03(\v2\x1e.krane.ctrl.v1.DeploymentEventR\ahistory\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x0fDeploymentEvent\x127\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x1f.krane.ctrl.v1.DeploymentStatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xff\x01\n" +
 	"\fRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12)\n" +
 	"\x10desired_replicas\x18\x02 \x01(\x05R\x0fdesiredReplicas\x12\x18\n" +
@@ -3734,148 +3811,152 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
 	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
 	(*CreateDeploymentResponse)(nil), // 2: krane.ctrl.v1.CreateDeploymentResponse
 	(*GetDeploymentRequest)(nil),     // 3: krane.ctrl.v1.GetDeploymentRequest
 	(*DeploymentInfo)(nil),           // 4: krane.ctrl.v1.DeploymentInfo
-	(*RegionStatus)(nil),             // 5: krane.ctrl.v1.RegionStatus
-	(*InstanceInfo)(nil),             // 6: krane.ctrl.v1.InstanceInfo
-	(*ListDeploymentsRequest)(nil),   // 7: krane.ctrl.v1.ListDeploymentsRequest
-	(*ListDeploymentsResponse)(nil),  // 8: krane.ctrl.v1.ListDeploymentsResponse
-	(*RollbackRequest)(nil),          // 9: krane.ctrl.v1.RollbackRequest
-	(*PromoteRequest)(nil),           // 10: krane.ctrl.v1.PromoteRequest
-	(*PromoteResponse)(nil),          // 11: krane.ctrl.v1.PromoteResponse
-	(*StopDeploymentRequest)(nil),    // 12: krane.ctrl.v1.StopDeploymentRequest
-	(*StopDeploymentResponse)(nil),   // 13: krane.ctrl.v1.StopDeploymentResponse
-	(*ScaleDeploymentRequest)(nil),   // 14: krane.ctrl.v1.ScaleDeploymentRequest
-	(*ScaleDeploymentResponse)(nil),  // 15: krane.ctrl.v1.ScaleDeploymentResponse
-	(*DeploySentinelRequest)(nil),    // 16: krane.ctrl.v1.DeploySentinelRequest
-	(*DeploySentinelResponse)(nil),   // 17: krane.ctrl.v1.DeploySentinelResponse
-	(*GetSentinelRequest)(nil),       // 18: krane.ctrl.v1.GetSentinelRequest
-	(*SentinelInfo)(nil),             // 19: krane.ctrl.v1.SentinelInfo
-	(*ListSentinelsRequest)(nil),     // 20: krane.ctrl.v1.ListSentinelsRequest
-	(*ListSentinelsResponse)(nil),    // 21: krane.ctrl.v1.ListSentinelsResponse
-	(*StartRolloutRequest)(nil),      // 22: krane.ctrl.v1.StartRolloutRequest
-	(*GetRolloutStatusRequest)(nil),  // 23: krane.ctrl.v1.GetRolloutStatusRequest
-	(*ResumeRolloutRequest)(nil),     // 24: krane.ctrl.v1.ResumeRolloutRequest
-	(*CancelRolloutRequest)(nil),     // 25: krane.ctrl.v1.CancelRolloutRequest
-	(*RollbackAllRequest)(nil),       // 26: krane.ctrl.v1.RollbackAllRequest
-	(*RollbackAllResponse)(nil),      // 27: krane.ctrl.v1.RollbackAllResponse
-	(*RolloutStatus)(nil),            // 28: krane.ctrl.v1.RolloutStatus
-	(*Wave)(nil),                     // 29: krane.ctrl.v1.Wave
-	(*RegisterKindRequest)(nil),      // 30: krane.ctrl.v1.RegisterKindRequest
-	(*GetKindRequest)(nil),           // 31: krane.ctrl.v1.GetKindRequest
-	(*KindInfo)(nil),                 // 32: krane.ctrl.v1.KindInfo
-	(*ListKindsRequest)(nil),         // 33: krane.ctrl.v1.ListKindsRequest
-	(*ListKindsResponse)(nil),        // 34: krane.ctrl.v1.ListKindsResponse
-	(*Resource)(nil),                 // 35: krane.ctrl.v1.Resource
-	(*PutResourcesRequest)(nil),      // 36: krane.ctrl.v1.PutResourcesRequest
-	(*PutResourcesResponse)(nil),     // 37: krane.ctrl.v1.PutResourcesResponse
-	(*PutResult)(nil),                // 38: krane.ctrl.v1.PutResult
-	(*RegionChange)(nil),             // 39: krane.ctrl.v1.RegionChange
-	(*DeleteResourceRequest)(nil),    // 40: krane.ctrl.v1.DeleteResourceRequest
-	(*DeleteResourceResponse)(nil),   // 41: krane.ctrl.v1.DeleteResourceResponse
-	(*GetResourceRequest)(nil),       // 42: krane.ctrl.v1.GetResourceRequest
-	(*ResourceInfo)(nil),             // 43: krane.ctrl.v1.ResourceInfo
-	(*ResourceRegion)(nil),           // 44: krane.ctrl.v1.ResourceRegion
-	(*ApplyError)(nil),               // 45: krane.ctrl.v1.ApplyError
-	(*ListResourcesRequest)(nil),     // 46: krane.ctrl.v1.ListResourcesRequest
-	(*ListResourcesResponse)(nil),    // 47: krane.ctrl.v1.ListResourcesResponse
-	nil,                              // 48: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 49: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 50: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	(*v1.Healthcheck)(nil),           // 51: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 52: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 53: krane.cluster.v1.Health
-	(*structpb.Struct)(nil),          // 54: google.protobuf.Struct
+	(*DeploymentEvent)(nil),          // 5: krane.ctrl.v1.DeploymentEvent
+	(*RegionStatus)(nil),             // 6: krane.ctrl.v1.RegionStatus
+	(*InstanceInfo)(nil),             // 7: krane.ctrl.v1.InstanceInfo
+	(*ListDeploymentsRequest)(nil),   // 8: krane.ctrl.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),  // 9: krane.ctrl.v1.ListDeploymentsResponse
+	(*RollbackRequest)(nil),          // 10: krane.ctrl.v1.RollbackRequest
+	(*PromoteRequest)(nil),           // 11: krane.ctrl.v1.PromoteRequest
+	(*PromoteResponse)(nil),          // 12: krane.ctrl.v1.PromoteResponse
+	(*StopDeploymentRequest)(nil),    // 13: krane.ctrl.v1.StopDeploymentRequest
+	(*StopDeploymentResponse)(nil),   // 14: krane.ctrl.v1.StopDeploymentResponse
+	(*ScaleDeploymentRequest)(nil),   // 15: krane.ctrl.v1.ScaleDeploymentRequest
+	(*ScaleDeploymentResponse)(nil),  // 16: krane.ctrl.v1.ScaleDeploymentResponse
+	(*DeploySentinelRequest)(nil),    // 17: krane.ctrl.v1.DeploySentinelRequest
+	(*DeploySentinelResponse)(nil),   // 18: krane.ctrl.v1.DeploySentinelResponse
+	(*GetSentinelRequest)(nil),       // 19: krane.ctrl.v1.GetSentinelRequest
+	(*SentinelInfo)(nil),             // 20: krane.ctrl.v1.SentinelInfo
+	(*ListSentinelsRequest)(nil),     // 21: krane.ctrl.v1.ListSentinelsRequest
+	(*ListSentinelsResponse)(nil),    // 22: krane.ctrl.v1.ListSentinelsResponse
+	(*StartRolloutRequest)(nil),      // 23: krane.ctrl.v1.StartRolloutRequest
+	(*GetRolloutStatusRequest)(nil),  // 24: krane.ctrl.v1.GetRolloutStatusRequest
+	(*ResumeRolloutRequest)(nil),     // 25: krane.ctrl.v1.ResumeRolloutRequest
+	(*CancelRolloutRequest)(nil),     // 26: krane.ctrl.v1.CancelRolloutRequest
+	(*RollbackAllRequest)(nil),       // 27: krane.ctrl.v1.RollbackAllRequest
+	(*RollbackAllResponse)(nil),      // 28: krane.ctrl.v1.RollbackAllResponse
+	(*RolloutStatus)(nil),            // 29: krane.ctrl.v1.RolloutStatus
+	(*Wave)(nil),                     // 30: krane.ctrl.v1.Wave
+	(*RegisterKindRequest)(nil),      // 31: krane.ctrl.v1.RegisterKindRequest
+	(*GetKindRequest)(nil),           // 32: krane.ctrl.v1.GetKindRequest
+	(*KindInfo)(nil),                 // 33: krane.ctrl.v1.KindInfo
+	(*ListKindsRequest)(nil),         // 34: krane.ctrl.v1.ListKindsRequest
+	(*ListKindsResponse)(nil),        // 35: krane.ctrl.v1.ListKindsResponse
+	(*Resource)(nil),                 // 36: krane.ctrl.v1.Resource
+	(*PutResourcesRequest)(nil),      // 37: krane.ctrl.v1.PutResourcesRequest
+	(*PutResourcesResponse)(nil),     // 38: krane.ctrl.v1.PutResourcesResponse
+	(*PutResult)(nil),                // 39: krane.ctrl.v1.PutResult
+	(*RegionChange)(nil),             // 40: krane.ctrl.v1.RegionChange
+	(*DeleteResourceRequest)(nil),    // 41: krane.ctrl.v1.DeleteResourceRequest
+	(*DeleteResourceResponse)(nil),   // 42: krane.ctrl.v1.DeleteResourceResponse
+	(*GetResourceRequest)(nil),       // 43: krane.ctrl.v1.GetResourceRequest
+	(*ResourceInfo)(nil),             // 44: krane.ctrl.v1.ResourceInfo
+	(*ResourceRegion)(nil),           // 45: krane.ctrl.v1.ResourceRegion
+	(*ApplyError)(nil),               // 46: krane.ctrl.v1.ApplyError
+	(*ListResourcesRequest)(nil),     // 47: krane.ctrl.v1.ListResourcesRequest
+	(*ListResourcesResponse)(nil),    // 48: krane.ctrl.v1.ListResourcesResponse
+	nil,                              // 49: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                              // 50: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                              // 51: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	(*v1.Healthcheck)(nil),           // 52: krane.cluster.v1.Healthcheck
+	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 54: krane.cluster.v1.Health
+	(*structpb.Struct)(nil),          // 55: google.protobuf.Struct
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	48, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	49, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	51, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	49, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	50, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	52, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	50, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	51, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	5,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	52, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	52, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
-	6,  // 9: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
-	4,  // 10: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
-	19, // 11: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	53, // 12: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	52, // 13: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
-	19, // 14: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
-	28, // 15: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
-	29, // 16: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	52, // 17: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	52, // 18: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	52, // 19: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
-	52, // 20: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 21: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
-	54, // 22: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
-	35, // 23: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
-	38, // 24: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
-	39, // 25: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
-	39, // 26: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
-	35, // 27: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
-	44, // 28: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
-	54, // 29: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
-	52, // 30: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
-	45, // 31: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
-	52, // 32: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
-	43, // 33: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
-	1,  // 34: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 35: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	7,  // 36: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	9,  // 37: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	10, // 38: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	12, // 39: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	14, // 40: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	16, // 41: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	18, // 42: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	20, // 43: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	22, // 44: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	23, // 45: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	24, // 46: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	25, // 47: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	26, // 48: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	30, // 49: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
-	31, // 50: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
-	33, // 51: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
-	36, // 52: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
-	40, // 53: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
-	42, // 54: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
-	46, // 55: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
-	2,  // 56: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 57: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	8,  // 58: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 59: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	11, // 60: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	13, // 61: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	15, // 62: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	17, // 63: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	19, // 64: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	21, // 65: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	28, // 66: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 67: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 68: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 69: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	27, // 70: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	32, // 71: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
-	32, // 72: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
-	34, // 73: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
-	37, // 74: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
-	41, // 75: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
-	43, // 76: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
-	47, // 77: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
-	56, // [56:78] is the sub-list for method output_type
-	34, // [34:56] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	51, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	52, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	6,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
+	53, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	53, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 9: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
+	0,  // 10: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
+	53, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
+	7,  // 12: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
+	4,  // 13: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
+	20, // 14: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	54, // 15: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	53, // 16: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	20, // 17: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
+	29, // 18: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
+	30, // 19: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
+	53, // 20: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	53, // 21: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	53, // 22: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
+	53, // 23: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
+	33, // 24: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
+	55, // 25: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
+	36, // 26: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
+	39, // 27: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
+	40, // 28: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
+	40, // 29: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
+	36, // 30: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
+	45, // 31: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
+	55, // 32: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
+	53, // 33: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
+	46, // 34: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
+	53, // 35: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
+	44, // 36: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
+	1,  // 37: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	3,  // 38: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	8,  // 39: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	10, // 40: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	11, // 41: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	13, // 42: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	15, // 43: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	17, // 44: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	19, // 45: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	21, // 46: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	23, // 47: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	24, // 48: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	25, // 49: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	26, // 50: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	27, // 51: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	31, // 52: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
+	32, // 53: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
+	34, // 54: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
+	37, // 55: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
+	41, // 56: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
+	43, // 57: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
+	47, // 58: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
+	2,  // 59: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 60: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	9,  // 61: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 62: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	12, // 63: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	14, // 64: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	16, // 65: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	18, // 66: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	20, // 67: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	22, // 68: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	29, // 69: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	29, // 70: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	29, // 71: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	29, // 72: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	28, // 73: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	33, // 74: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
+	33, // 75: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
+	35, // 76: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
+	38, // 77: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
+	42, // 78: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
+	44, // 79: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
+	48, // 80: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
+	59, // [59:81] is the sub-list for method output_type
+	37, // [37:59] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_krane_ctrl_v1_ctrl_proto_init() }
@@ -3889,7 +3970,7 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

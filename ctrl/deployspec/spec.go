@@ -1,4 +1,4 @@
-package workflows
+package deployspec
 
 import (
 	"crypto/rand"
@@ -8,25 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-
-	"krane.dev/ctrl/store"
-	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
-
-// DeployRequest is the input of DeployWorkflow's Run handler. The workflow's
-// key is the deployment's id.
-type DeployRequest struct {
-	Deployment Spec `json:"deployment"`
-	// Regions to run in; empty means every region with a registered
-	// cluster.
-	Regions []string `json:"regions,omitempty"`
-	// TimeoutSeconds bounds the wait for every region to run; 0 means
-	// ctrl's deploy.timeout.
-	TimeoutSeconds int32 `json:"timeout_seconds,omitempty"`
-	// Note is the first entry of the deployment's history when the
-	// workflow creates the row (e.g. "rollback of dep_x").
-	Note string `json:"note,omitempty"`
-}
 
 // Spec is a deployment's configuration as the workflow journals it (JSON).
 // EncryptedEnv is a sealed blob; plaintext secrets never appear here.
@@ -63,45 +45,6 @@ type Healthcheck struct {
 	FailureThreshold    int32  `json:"failure_threshold,omitempty"`
 }
 
-// HealthcheckFromProto converts the wire form (nil stays nil).
-func HealthcheckFromProto(h *clusterv1.Healthcheck) *Healthcheck {
-	if h == nil {
-		return nil
-	}
-	return &Healthcheck{Method: h.GetMethod(), Path: h.GetPath(), Port: h.GetPort(), InitialDelaySeconds: h.GetInitialDelaySeconds(),
-		PeriodSeconds: h.GetPeriodSeconds(), TimeoutSeconds: h.GetTimeoutSeconds(), FailureThreshold: h.GetFailureThreshold()}
-}
-
-// Proto converts to the wire form (nil stays nil).
-func (h *Healthcheck) Proto() *clusterv1.Healthcheck {
-	if h == nil {
-		return nil
-	}
-	return &clusterv1.Healthcheck{Method: h.Method, Path: h.Path, Port: h.Port, InitialDelaySeconds: h.InitialDelaySeconds,
-		PeriodSeconds: h.PeriodSeconds, TimeoutSeconds: h.TimeoutSeconds, FailureThreshold: h.FailureThreshold}
-}
-
-// SpecFromStore is the spec of a stored deployment.
-func SpecFromStore(d store.Deployment) Spec {
-	return Spec{
-		ID: d.ID, WorkspaceID: d.WorkspaceID, ProjectID: d.ProjectID, EnvironmentID: d.EnvironmentID, AppID: d.AppID,
-		K8sNamespace: d.K8sNamespace, K8sName: d.K8sName, Image: d.Image, CPUMillicores: d.CPUMillicores, MemoryMiB: d.MemoryMiB,
-		Replicas: d.Replicas, EnvVars: d.EnvVars, EncryptedEnv: d.EncryptedEnv, SecretEnvKeys: d.SecretEnvKeys, Healthcheck: HealthcheckFromProto(d.Healthcheck),
-		Port: d.Port, Command: d.Command, ShutdownSignal: d.ShutdownSignal, RolledBackFrom: d.RolledBackFrom,
-	}
-}
-
-// Store is the spec as a deployments row (status pending).
-func (s Spec) Store() store.Deployment {
-	return store.Deployment{
-		ID: s.ID, WorkspaceID: s.WorkspaceID, ProjectID: s.ProjectID, EnvironmentID: s.EnvironmentID, AppID: s.AppID,
-		K8sNamespace: s.K8sNamespace, K8sName: s.K8sName, Image: s.Image, CPUMillicores: s.CPUMillicores, MemoryMiB: s.MemoryMiB,
-		Replicas: s.Replicas, EnvVars: s.EnvVars, EncryptedEnv: s.EncryptedEnv, SecretEnvKeys: s.SecretEnvKeys, Healthcheck: s.Healthcheck.Proto(),
-		Port: s.Port, Command: s.Command, ShutdownSignal: s.ShutdownSignal, RolledBackFrom: s.RolledBackFrom,
-		Status: store.StatusPending,
-	}
-}
-
 // FieldError is invalid input: which field (as the API names it) and why.
 type FieldError struct {
 	Field  string
@@ -110,7 +53,8 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 
-func fieldErr(field, format string, args ...any) *FieldError {
+// Errorf is a FieldError with a formatted reason.
+func Errorf(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
@@ -145,7 +89,7 @@ var (
 // ValidName checks an id-like field (workspace, project, environment, app).
 func ValidName(field, v string) error {
 	if !namePattern.MatchString(v) {
-		return fieldErr(field, "%q must be 1-64 characters of letters, digits, '_', '.' or '-', starting with a letter or digit", v)
+		return Errorf(field, "%q must be 1-64 characters of letters, digits, '_', '.' or '-', starting with a letter or digit", v)
 	}
 	return nil
 }
@@ -156,10 +100,10 @@ func ValidRegions(field string, regions []string) error {
 	for i, r := range regions {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		if !regionPattern.MatchString(r) {
-			return fieldErr(f, "%q is not a region name (1-64 characters of a-z, 0-9, '-', '_' or '.')", r)
+			return Errorf(f, "%q is not a region name (1-64 characters of a-z, 0-9, '-', '_' or '.')", r)
 		}
 		if seen[r] {
-			return fieldErr(f, "region %q is listed twice", r)
+			return Errorf(f, "region %q is listed twice", r)
 		}
 		seen[r] = true
 	}
@@ -171,14 +115,14 @@ func ValidRegions(field string, regions []string) error {
 // the container is not obvious).
 func ValidSecretEnvKeys(field string, names []string, plain map[string]string) error {
 	if len(names) > maxEnvVars {
-		return fieldErr(field, "%d variables; at most %d", len(names), maxEnvVars)
+		return Errorf(field, "%d variables; at most %d", len(names), maxEnvVars)
 	}
 	for _, k := range slices.Sorted(slices.Values(names)) {
 		if !envNamePattern.MatchString(k) || len(k) > 256 {
-			return fieldErr(field, "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
+			return Errorf(field, "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
 		}
 		if _, dup := plain[k]; dup {
-			return fieldErr(field, "%s is also set in env_vars; set it in one of them", k)
+			return Errorf(field, "%s is also set in env_vars; set it in one of them", k)
 		}
 	}
 	return nil
@@ -187,10 +131,10 @@ func ValidSecretEnvKeys(field string, names []string, plain map[string]string) e
 // ValidImage checks a container image reference.
 func ValidImage(field, image string) error {
 	if image == "" {
-		return fieldErr(field, "an image is required, e.g. registry.example.com/team/app:1.2.3")
+		return Errorf(field, "an image is required, e.g. registry.example.com/team/app:1.2.3")
 	}
 	if len(image) > 512 || !imagePattern.MatchString(image) {
-		return fieldErr(field, "%q is not a valid image reference (want [registry[:port]/]name[:tag][@sha256:digest], lowercase name)", image)
+		return Errorf(field, "%q is not a valid image reference (want [registry[:port]/]name[:tag][@sha256:digest], lowercase name)", image)
 	}
 	return nil
 }
@@ -206,31 +150,31 @@ func (s Spec) Validate() error {
 		}
 	}
 	if s.ID == "" {
-		return fieldErr("id", "a deployment id is required")
+		return Errorf("id", "a deployment id is required")
 	}
 	if !dnsLabel.MatchString(s.K8sName) {
-		return fieldErr("k8s_name", "%q is not a DNS-1123 label", s.K8sName)
+		return Errorf("k8s_name", "%q is not a DNS-1123 label", s.K8sName)
 	}
 	if !dnsLabel.MatchString(s.K8sNamespace) {
-		return fieldErr("k8s_namespace", "%q is not a DNS-1123 label", s.K8sNamespace)
+		return Errorf("k8s_namespace", "%q is not a DNS-1123 label", s.K8sNamespace)
 	}
 	if err := ValidImage("image", s.Image); err != nil {
 		return err
 	}
 	if s.Replicas < 1 || s.Replicas > MaxReplicas {
-		return fieldErr("replicas", "%d is out of range 1..%d", s.Replicas, MaxReplicas)
+		return Errorf("replicas", "%d is out of range 1..%d", s.Replicas, MaxReplicas)
 	}
 	if s.CPUMillicores < 1 || s.CPUMillicores > MaxCPUMillicores {
-		return fieldErr("cpu_millicores", "%d is out of range 1..%d", s.CPUMillicores, MaxCPUMillicores)
+		return Errorf("cpu_millicores", "%d is out of range 1..%d", s.CPUMillicores, MaxCPUMillicores)
 	}
 	if s.MemoryMiB < 1 || s.MemoryMiB > MaxMemoryMiB {
-		return fieldErr("memory_mib", "%d is out of range 1..%d", s.MemoryMiB, MaxMemoryMiB)
+		return Errorf("memory_mib", "%d is out of range 1..%d", s.MemoryMiB, MaxMemoryMiB)
 	}
 	if s.Port < 1 || s.Port > 65535 {
-		return fieldErr("port", "%d is out of range 1..65535", s.Port)
+		return Errorf("port", "%d is out of range 1..65535", s.Port)
 	}
 	if len(s.EnvVars) > maxEnvVars {
-		return fieldErr("env_vars", "%d variables; at most %d", len(s.EnvVars), maxEnvVars)
+		return Errorf("env_vars", "%d variables; at most %d", len(s.EnvVars), maxEnvVars)
 	}
 	keys := make([]string, 0, len(s.EnvVars))
 	for k := range s.EnvVars {
@@ -239,61 +183,45 @@ func (s Spec) Validate() error {
 	slices.Sort(keys) // report the same bad key every time
 	for _, k := range keys {
 		if !envNamePattern.MatchString(k) || len(k) > 256 {
-			return fieldErr("env_vars", "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
+			return Errorf("env_vars", "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
 		}
 		if len(s.EnvVars[k]) > maxEnvValueBytes {
-			return fieldErr("env_vars", "the value of %s is %d bytes; at most %d", k, len(s.EnvVars[k]), maxEnvValueBytes)
+			return Errorf("env_vars", "the value of %s is %d bytes; at most %d", k, len(s.EnvVars[k]), maxEnvValueBytes)
 		}
 	}
 	if err := ValidSecretEnvKeys("secret_env", s.SecretEnvKeys, s.EnvVars); err != nil {
 		return err
 	}
 	if (len(s.SecretEnvKeys) == 0) != (len(s.EncryptedEnv) == 0) {
-		return fieldErr("secret_env", "the sealed environment and the names of its variables must come together")
+		return Errorf("secret_env", "the sealed environment and the names of its variables must come together")
 	}
 	if len(s.Command) > maxCommandArgs {
-		return fieldErr("command", "%d arguments; at most %d", len(s.Command), maxCommandArgs)
+		return Errorf("command", "%d arguments; at most %d", len(s.Command), maxCommandArgs)
 	}
 	for i, a := range s.Command {
 		if len(a) > maxArgBytes {
-			return fieldErr(fmt.Sprintf("command[%d]", i), "%d bytes; at most %d", len(a), maxArgBytes)
+			return Errorf(fmt.Sprintf("command[%d]", i), "%d bytes; at most %d", len(a), maxArgBytes)
 		}
 	}
 	if s.ShutdownSignal != "" && !slices.Contains(signals, s.ShutdownSignal) {
-		return fieldErr("shutdown_signal", "%q is not one of %s", s.ShutdownSignal, strings.Join(signals, ", "))
+		return Errorf("shutdown_signal", "%q is not one of %s", s.ShutdownSignal, strings.Join(signals, ", "))
 	}
 	if h := s.Healthcheck; h != nil {
 		if h.Method != "" && h.Method != "GET" && h.Method != "POST" {
-			return fieldErr("healthcheck.method", "%q is not GET or POST", h.Method)
+			return Errorf("healthcheck.method", "%q is not GET or POST", h.Method)
 		}
 		if !strings.HasPrefix(h.Path, "/") {
-			return fieldErr("healthcheck.path", "%q must start with '/'", h.Path)
+			return Errorf("healthcheck.path", "%q must start with '/'", h.Path)
 		}
 		if h.Port < 0 || h.Port > 65535 {
-			return fieldErr("healthcheck.port", "%d is out of range 0..65535 (0: the deployment's port)", h.Port)
+			return Errorf("healthcheck.port", "%d is out of range 0..65535 (0: the deployment's port)", h.Port)
 		}
 		if h.InitialDelaySeconds < 0 || h.PeriodSeconds < 0 || h.TimeoutSeconds < 0 || h.FailureThreshold < 0 {
-			return fieldErr("healthcheck", "delays, periods, timeouts and thresholds cannot be negative")
+			return Errorf("healthcheck", "delays, periods, timeouts and thresholds cannot be negative")
 		}
 	}
 	if s.RolledBackFrom != "" && len(s.RolledBackFrom) > 64 {
-		return fieldErr("rolled_back_from", "%q is too long", s.RolledBackFrom)
-	}
-	return nil
-}
-
-func (r DeployRequest) validate(key string) error {
-	if r.Deployment.ID != key {
-		return fieldErr("deployment.id", "%q differs from the workflow's key %q (start the workflow with the deployment id as its key)", r.Deployment.ID, key)
-	}
-	if err := r.Deployment.Validate(); err != nil {
-		return err
-	}
-	if err := ValidRegions("regions", r.Regions); err != nil {
-		return err
-	}
-	if r.TimeoutSeconds < 0 || r.TimeoutSeconds > MaxTimeout {
-		return fieldErr("timeout_seconds", "%d is out of range 0..%d", r.TimeoutSeconds, MaxTimeout)
+		return Errorf("rolled_back_from", "%q is too long", s.RolledBackFrom)
 	}
 	return nil
 }
@@ -305,7 +233,9 @@ var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadd
 // idLen is the random part of an id: 20 base32 characters, 100 bits.
 const idLen = 20
 
-func newID(prefix string, random []byte) string {
+// NewID is prefix and the random bytes in lowercase base32, cut to 20
+// characters (100 bits): a DNS-safe id.
+func NewID(prefix string, random []byte) string {
 	return prefix + idEncoding.EncodeToString(random)[:idLen]
 }
 
@@ -314,7 +244,7 @@ func newID(prefix string, random []byte) string {
 func NewDeploymentID() string {
 	b := make([]byte, 13)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
-	return newID("dep_", b)
+	return NewID("dep_", b)
 }
 
 // K8sName derives a deployment's or sentinel's Kubernetes name from its id:
