@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,7 +14,7 @@ import (
 )
 
 func newRestate() *cobra.Command {
-	cmd := &cobra.Command{Use: "restate", Short: "Restate administration: register ctrl's endpoint"}
+	cmd := &cobra.Command{Use: "restate", Short: "Restate administration: register ctrl's endpoint, its request identity key"}
 	var force bool
 	register := &cobra.Command{
 		Use:   "register",
@@ -54,6 +55,55 @@ func newRestate() *cobra.Command {
 	serve.AddFlags(register.Flags(), func(key string) bool {
 		return key == "restate.admin_url" || key == "restate.endpoint.listen" || key == "restate.endpoint.url"
 	})
-	cmd.AddCommand(register)
+	cmd.AddCommand(register, newIdentityKey())
+	return cmd
+}
+
+// newIdentityKey prints the public key (restate.identity_keys) of Restate's
+// request identity private key, making the key first when asked to.
+func newIdentityKey() *cobra.Command {
+	var create bool
+	cmd := &cobra.Command{
+		Use:   "identity-key PRIVATE_KEY_PEM",
+		Short: "Print the public key (for restate.identity_keys) of Restate's request identity private key; --create makes the key",
+		Long: "Restate signs its calls to ctrl's endpoint with an Ed25519 private key (restate-server: " +
+			"worker.invoker.request-identity-private-key-pem-file); ctrl checks them with the public key in restate.identity_keys. " +
+			"This prints that public key (publickeyv1_...) from the private key's PEM file, so both can be configured before either starts. " +
+			"With --create it first writes a new key to the file (mode 0600), refusing to replace one that exists.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := args[0]
+			if create {
+				data, public, err := workflows.NewIdentityKeyPEM()
+				if err != nil {
+					return err
+				}
+				f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+				if err != nil {
+					return fmt.Errorf("create the private key file (an existing key is never replaced; omit --create to read it): %w", err)
+				}
+				if _, err := f.Write(data); err != nil {
+					f.Close()
+					return fmt.Errorf("write %s: %w", path, err)
+				}
+				if err := f.Close(); err != nil {
+					return fmt.Errorf("write %s: %w", path, err)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), public)
+				return nil
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("read Restate's request identity private key: %w", err)
+			}
+			public, err := workflows.IdentityKeyOfPEM(data)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), public)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&create, "create", false, "write a new Ed25519 private key to PRIVATE_KEY_PEM first")
 	return cmd
 }

@@ -3,6 +3,9 @@ package workflows
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,6 +80,39 @@ func CheckIdentityKey(k string) error {
 // IdentityKey is the request identity public key (publickeyv1_...) of an
 // Ed25519 key, the form restate.identity_keys takes.
 func IdentityKey(pub ed25519.PublicKey) string { return identityKeyPrefix + base58.Encode(pub) }
+
+// IdentityKeyOfPEM is the request identity public key of the Ed25519
+// private key in pemData (PKCS#8 PEM, the file restate-server's
+// worker.invoker.request-identity-private-key-pem-file names).
+func IdentityKeyOfPEM(pemData []byte) (string, error) {
+	block, _ := pem.Decode(pemData)
+	if block == nil || block.Type != "PRIVATE KEY" {
+		return "", errors.New("not a PEM \"PRIVATE KEY\" block (PKCS#8), as `openssl genpkey -algorithm ed25519` writes")
+	}
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("parse the PKCS#8 private key: %w", err)
+	}
+	priv, ok := key.(ed25519.PrivateKey)
+	if !ok {
+		return "", fmt.Errorf("the private key is a %T; Restate's request identity needs Ed25519", key)
+	}
+	return IdentityKey(priv.Public().(ed25519.PublicKey)), nil
+}
+
+// NewIdentityKeyPEM makes a new Ed25519 private key for Restate's request
+// identity and returns it as PKCS#8 PEM, with its public key.
+func NewIdentityKeyPEM() (pemData []byte, public string, err error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, "", err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return nil, "", err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), IdentityKey(pub), nil
+}
 
 // Handler is the endpoint's HTTP handler (to serve it elsewhere).
 func (e *Endpoint) Handler() http.Handler { return e.srv.Handler }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"krane.dev/ctrl/serve"
+	"krane.dev/ctrl/workflows"
 	"krane.dev/host/config"
 )
 
@@ -114,6 +115,19 @@ func checkCtrl(t *testing.T, in *install) *ctrlInstall {
 			return nil
 		}
 		env["CTRL_CONFIG"] = lp
+	}
+	// The key Restate signs its calls with is the operator's to make
+	// (docs/operating.md): it must come from a Secret, and any valid key
+	// stands in for it here.
+	if k := env["CTRL_RESTATE_IDENTITY_KEYS"]; k != "" {
+		if !strings.HasPrefix(k, "secret:") {
+			t.Errorf("%s: restate.identity_keys must come from a Secret (CTRL_RESTATE_IDENTITY_KEYS from secretKeyRef), not from the configuration", w)
+		}
+		_, public, err := workflows.NewIdentityKeyPEM()
+		if err != nil {
+			t.Fatal(err)
+		}
+		env["CTRL_RESTATE_IDENTITY_KEYS"] = public
 	}
 	setEnv(t, "CTRL_", env)
 	cfg, err := serve.LoadConfig(nil)

@@ -3,10 +3,6 @@ package check
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net/http"
 	"os"
@@ -23,6 +19,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	corev1 "k8s.io/api/core/v1"
 
+	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 )
 
@@ -402,17 +399,13 @@ func httpOK(ctx context.Context, url string) bool {
 }
 
 // identityKey writes a fresh ed25519 private key (PKCS#8 PEM, what
-// `openssl genpkey -algorithm ed25519` makes) for Restate's request
-// signing.
+// `ctrl restate identity-key --create` and `openssl genpkey -algorithm
+// ed25519` make) for Restate's request signing.
 func identityKey(dir string) (string, error) {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return "", err
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	data, _, err := workflows.NewIdentityKeyPEM()
 	if err != nil {
 		return "", err
 	}
 	p := filepath.Join(dir, "private.pem")
-	return p, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	return p, os.WriteFile(p, data, 0o600)
 }
