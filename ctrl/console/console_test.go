@@ -482,7 +482,22 @@ func TestPagesSayWhatThisCtrlDoesNotServe(t *testing.T) {
 			t.Errorf("%s without Restate: %s\n%s", path, resp.Status, body)
 		}
 	}
-	resp, body := b.get("/resources")
+	// ctrl serve always wires the resource API; a console built without
+	// one says so.
+	conn, err := grpc.NewClient(env.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	con, err := console.New(console.Options{Conn: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(srv.Close)
+	bare := newBrowser(t, srv.URL)
+	bare.mustSignIn(env.OperatorToken(t, "dave"))
+	resp, body := bare.get("/resources")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "no resource API") {
 		t.Errorf("/resources without a resource API: %s\n%s", resp.Status, body)
 	}
