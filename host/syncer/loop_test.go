@@ -1,0 +1,78 @@
+package syncer
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"krane.dev/sdk"
+)
+
+// TestLoopBootstrap: a fresh loop applies the snapshot, collects what the
+// plugin manages but desired state does not name (only after the
+// explicit BootstrapComplete), reports ready, then applies live changes.
+func TestLoopBootstrap(t *testing.T) {
+	w := newWorld(t, testOptions())
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, fmt.Sprintf("o%d", i))
+		w.put(ids[i], "1")
+	}
+	// Left over from an earlier life: managed, no longer desired.
+	w.plugin.cluster.objects["orphan"] = sdk.Change{Kind: testKind, ID: "orphan", Version: 1}
+	w.start()
+	w.waitBootstrapped()
+	if d := diff(w.desired(append(ids, "orphan")), w.plugin.cluster.state()); len(d) > 0 {
+		t.Fatalf("after bootstrap: %v", d)
+	}
+	v := w.put("o3", "2")
+	w.ctrl.Delete(testKind, "o4")
+	w.waitApplied("o3", v)
+	w.waitCursor(w.ctrl.Head())
+	if d := diff(w.desired(ids), w.plugin.cluster.state()); len(d) > 0 {
+		t.Fatalf("after live changes: %v", d)
+	}
+}
+
+// TestLoopReconnectsFromCursor: when ctrl drops the stream, the loop
+// resumes after its committed cursor (not from 0) and loses nothing
+// committed meanwhile.
+func TestLoopReconnectsFromCursor(t *testing.T) {
+	w := newWorld(t, testOptions())
+	w.put("a", "1")
+	w.start()
+	w.waitBootstrapped()
+	w.waitCursor(w.ctrl.Head())
+	cursor := w.loop.Cursor()
+	before := len(w.ctrl.Watches())
+	w.ctrl.DropStreams()
+	v := w.put("b", "1")
+	w.waitApplied("b", v)
+	watches := w.ctrl.Watches()
+	if len(watches) <= before {
+		t.Fatal("no reconnect recorded")
+	}
+	if got := watches[before].GetAfterVersion(); got != cursor {
+		t.Errorf("reconnected after version %d, want the committed cursor %d", got, cursor)
+	}
+}
+
+// TestLoopParksPermanentFailures: a change that fails permanently is
+// reported upstream and parked; the cursor moves past it.
+func TestLoopParksPermanentFailures(t *testing.T) {
+	w := newWorld(t, testOptions())
+	w.plugin.script(func(ch sdk.Change) error {
+		if ch.ID == "bad" {
+			return sdk.Permanent(errors.New("bad object"))
+		}
+		return nil
+	})
+	bad := w.put("bad", "1")
+	w.put("good", "1")
+	w.start()
+	w.waitBootstrapped()
+	w.waitCursor(w.ctrl.Head())
+	if got := w.reports.parked()["bad"]; got != bad {
+		t.Errorf("parked report for bad = %d, want %d", got, bad)
+	}
+}
