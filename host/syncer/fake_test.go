@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"krane.dev/internal/clustertest"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -419,7 +422,7 @@ func (w *world) waitApplied(id string, version uint64) {
 // machine may be loaded, never a stand-in for "soon enough".
 func waitFor(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	var err error
 	for time.Now().Before(deadline) {
 		if err = cond(); err == nil {
@@ -448,3 +451,25 @@ func diff(want, got map[string]string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// specValue is the spec bytes the plugin receives for spec(v).
+func specValue(t testing.TB, v string) string {
+	st, err := structpb.NewStruct(spec(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := anypb.New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(a.GetValue())
+}
+
+// waitBound bounds every wait; KRANE_TEST_WAIT shortens it to see a
+// failing test fail sooner.
+var waitBound = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KRANE_TEST_WAIT")); err == nil {
+		return d
+	}
+	return 60 * time.Second
+}()

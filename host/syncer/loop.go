@@ -233,7 +233,7 @@ func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after u
 			if live != nil && !ch.Deleted {
 				live[ch.ID] = struct{}{}
 			}
-			if err := q.WaitCapacity(ctx, l.options().MaxPending); err != nil {
+			if err := q.WaitCapacity(ctx, ch.ID, l.options().MaxPending); err != nil {
 				return err
 			}
 			q.Add(ch)

@@ -76,3 +76,37 @@ func TestLoopParksPermanentFailures(t *testing.T) {
 		t.Errorf("parked report for bad = %d, want %d", got, bad)
 	}
 }
+
+// TestLoopParkedObjectsDoNotStallTheStream: with max_pending = 2 and two
+// objects parked, the loop still reads the stream: later changes, the
+// BootstrapComplete marker, and the newer version that fixes a parked
+// object all get through.
+func TestLoopParkedObjectsDoNotStallTheStream(t *testing.T) {
+	o := testOptions()
+	o.MaxPending = 2
+	w := newWorld(t, o)
+	w.plugin.script(func(ch sdk.Change) error {
+		if ch.ID == "bad-1" || ch.ID == "bad-2" {
+			if string(ch.Spec.Value) == specValue(t, "fixed") {
+				return nil
+			}
+			return sdk.Permanent(errors.New("refused"))
+		}
+		return nil
+	})
+	w.put("bad-1", "broken")
+	w.put("bad-2", "broken")
+	for i := range 5 {
+		w.put(fmt.Sprintf("good-%d", i), "1")
+	}
+	w.start()
+	w.waitBootstrapped()
+	w.waitCursor(w.ctrl.Head())
+	for i := range 5 {
+		v := w.put(fmt.Sprintf("live-%d", i), "1")
+		w.waitApplied(fmt.Sprintf("live-%d", i), v)
+	}
+	v := w.put("bad-1", "fixed")
+	w.waitApplied("bad-1", v)
+	w.waitCursor(w.ctrl.Head())
+}

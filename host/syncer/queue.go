@@ -50,7 +50,7 @@ type queue struct {
 	outstanding versionHeap
 	finished    map[uint64]bool // versions done but still in the heap (lazy removal)
 	received    uint64
-	busy        int // objects with a pending or running task
+	busy        int // objects with work other than a parked retry (invariant 3)
 	capacity    chan struct{}
 	backoff     Backoff
 	parkBackoff Backoff
@@ -161,14 +161,18 @@ func (q *queue) Parked() int {
 	return n
 }
 
-// WaitCapacity blocks while max objects have work queued: the stream is
-// then read no faster than changes are applied.
-func (q *queue) WaitCapacity(ctx context.Context, max int) error {
+// WaitCapacity blocks while max objects have work queued, so the stream
+// is read no faster than changes are applied. A change of an object the
+// queue already holds never waits: it replaces what is queued and adds no
+// object, and it may be the very change that unparks it.
+func (q *queue) WaitCapacity(ctx context.Context, id string, max int) error {
 	for {
 		q.mu.Lock()
+		o, known := q.objects[id]
+		holds := known && (o.pending != nil || o.running != nil || o.parked != nil)
 		busy := q.busy
 		q.mu.Unlock()
-		if busy < max {
+		if holds || busy < max {
 			return nil
 		}
 		select {
@@ -279,11 +283,13 @@ func (q *queue) object(id string) *object {
 func (q *queue) setPending(o *object, t *task) { o.pending = t }
 
 // track keeps the count of objects with work (for WaitCapacity): call it
-// before changing o and run the returned func after.
+// before changing o and run the returned func after. A parked object
+// waiting for its slow retry is not work: counted, a few parked objects
+// would stop the stream (invariant 3).
 func (q *queue) track(o *object) func() {
-	before := o.pending != nil || o.running != nil
+	before := o.active()
 	return func() {
-		after := o.pending != nil || o.running != nil
+		after := o.active()
 		switch {
 		case after && !before:
 			q.busy++
@@ -295,6 +301,12 @@ func (q *queue) track(o *object) func() {
 			}
 		}
 	}
+}
+
+// active reports whether o has work other than the slow retry of a parked
+// change.
+func (o *object) active() bool {
+	return o.running != nil || (o.pending != nil && o.pending != o.parked)
 }
 
 // finish marks o's stream versions <= v done.
