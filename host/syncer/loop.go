@@ -344,7 +344,11 @@ func (l *Loop) resyncLoop(ctx context.Context, ctl sdk.Controller, q *queue, boo
 
 func (l *Loop) resync(ctx context.Context, ctl sdk.Controller, q *queue) error {
 	start := time.Now()
-	st, err := l.Client.ListDesired(ctx, &clusterv1.ListDesiredRequest{Kind: l.Kind, Region: l.Region})
+	// The listing stops being read at its BootstrapComplete: cancelling
+	// is what releases the stream (and the goroutine gRPC keeps for it).
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := l.Client.ListDesired(lctx, &clusterv1.ListDesiredRequest{Kind: l.Kind, Region: l.Region})
 	if err != nil {
 		return fmt.Errorf("list desired: %w", err)
 	}

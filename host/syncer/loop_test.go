@@ -3,6 +3,7 @@ package syncer
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 
 	"krane.dev/sdk"
@@ -109,4 +110,30 @@ func TestLoopParkedObjectsDoNotStallTheStream(t *testing.T) {
 	v := w.put("bad-1", "fixed")
 	w.waitApplied("bad-1", v)
 	w.waitCursor(w.ctrl.Head())
+}
+
+// TestLoopResyncReleasesItsStream: a hundred resyncs leave no stream open
+// and no goroutine behind (each used to park one, forever).
+func TestLoopResyncReleasesItsStream(t *testing.T) {
+	w := newWorld(t, testOptions())
+	for i := range 10 {
+		w.put(fmt.Sprintf("o%d", i), "1")
+	}
+	w.start()
+	w.waitBootstrapped()
+	w.resync()
+	baseline := runtime.NumGoroutine()
+	for range 100 {
+		w.resync()
+	}
+	// The server's side ends with each listing; the client's must too.
+	waitFor(t, "goroutines back near the count after the first resync", func() error {
+		if n := runtime.NumGoroutine(); n > baseline+10 {
+			return fmt.Errorf("%d goroutines after 100 resyncs, %d after the first", n, baseline)
+		}
+		return nil
+	})
+	if n := w.ctrl.OpenStreams(); n != 1 {
+		t.Errorf("%d streams open on ctrl, want 1 (the Watch)", n)
+	}
 }
