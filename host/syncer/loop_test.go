@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"krane.dev/sdk"
@@ -136,4 +137,33 @@ func TestLoopResyncReleasesItsStream(t *testing.T) {
 	if n := w.ctrl.OpenStreams(); n != 1 {
 		t.Errorf("%d streams open on ctrl, want 1 (the Watch)", n)
 	}
+}
+
+// TestLoopResyncRetriesParkedObjects: a parked object whose cause went
+// away (a namespace appeared, a quota grew) is retried at the next resync,
+// not only after its long park backoff, and its failure is cleared.
+func TestLoopResyncRetriesParkedObjects(t *testing.T) {
+	w := newWorld(t, testOptions()) // park backoff: an hour
+	var fixed atomic.Bool
+	w.plugin.script(func(ch sdk.Change) error {
+		if ch.ID == "bad" && !fixed.Load() {
+			return sdk.Permanent(errors.New("namespace missing"))
+		}
+		return nil
+	})
+	v := w.put("bad", "1")
+	w.start()
+	w.waitBootstrapped()
+	if w.reports.parked()["bad"] != v {
+		t.Fatalf("bad not reported parked: %v", w.reports.parked())
+	}
+	fixed.Store(true)
+	w.resync()
+	w.waitApplied("bad", v)
+	waitFor(t, "the failure cleared upstream", func() error {
+		if p := w.reports.parked(); len(p) > 0 {
+			return fmt.Errorf("still parked: %v", p)
+		}
+		return nil
+	})
 }

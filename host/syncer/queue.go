@@ -94,7 +94,9 @@ func (q *queue) Add(ch sdk.Change) {
 }
 
 // Repair queues the current desired state from a resync, unless something
-// newer is already applied, pending or running.
+// newer is already applied, pending or running. A parked object is
+// retried now with it, instead of after its long park backoff: "retried
+// with backoff and at resync" (invariant 3).
 func (q *queue) Repair(ch sdk.Change) { q.offer(ch, repair) }
 
 // Collect queues the deletion of an object no longer desired as of version
@@ -106,9 +108,12 @@ func (q *queue) offer(ch sdk.Change, kind taskKind) {
 	defer q.mu.Unlock()
 	o := q.object(ch.ID)
 	defer q.track(o)()
-	if ch.Version < o.applied || o.pending != nil || o.running != nil {
+	if ch.Version < o.applied || o.running != nil || (o.pending != nil && o.pending != o.parked) {
 		return
 	}
+	// Either nothing is queued, or only the parked change's slow retry:
+	// this task takes its place and runs now. If it fails for good as well
+	// it is parked in its turn.
 	q.setPending(o, &task{change: ch, kind: kind})
 	o.retryAt = time.Time{}
 	q.schedule(ch.ID, o)
