@@ -473,3 +473,13 @@ var waitBound = func() time.Duration {
 	}
 	return 60 * time.Second
 }()
+
+// queueLen is the number of objects the current session's queue holds.
+func (w *world) queueLen() int {
+	w.loop.mu.Lock()
+	q := w.loop.q
+	w.loop.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.objects)
+}

@@ -344,6 +344,9 @@ func (l *Loop) resyncLoop(ctx context.Context, ctl sdk.Controller, q *queue, boo
 
 func (l *Loop) resync(ctx context.Context, ctl sdk.Controller, q *queue) error {
 	start := time.Now()
+	// The listing below starts after the cursor reached this floor: see
+	// Forget for why that makes forgetting finished objects safe.
+	q.Forget(q.Cursor())
 	// The listing stops being read at its BootstrapComplete: cancelling
 	// is what releases the stream (and the goroutine gRPC keeps for it).
 	lctx, cancel := context.WithCancel(ctx)

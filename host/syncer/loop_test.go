@@ -167,3 +167,30 @@ func TestLoopResyncRetriesParkedObjects(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLoopForgetsFinishedObjects: the queue keeps no entry for an object
+// whose last change is applied and below the cursor, so its memory (and
+// the walk of every resync) follows the objects in flight, not every id
+// ever seen.
+func TestLoopForgetsFinishedObjects(t *testing.T) {
+	w := newWorld(t, testOptions())
+	w.start()
+	w.waitBootstrapped()
+	for i := range 300 {
+		w.put(fmt.Sprintf("o%d", i), "1")
+	}
+	for i := range 300 {
+		w.ctrl.Delete(testKind, fmt.Sprintf("o%d", i))
+	}
+	w.put("kept", "1")
+	w.waitCursor(w.ctrl.Head())
+	w.resync()
+	w.waitCursor(w.ctrl.Head())
+	w.resync()
+	if n := w.queueLen(); n > 1 {
+		t.Errorf("the queue holds %d objects after 300 were created, deleted and applied; want at most 1", n)
+	}
+	if d := diff(w.desired([]string{"kept", "o1"}), w.plugin.cluster.state()); len(d) > 0 {
+		t.Errorf("state: %v", d)
+	}
+}

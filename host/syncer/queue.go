@@ -51,6 +51,7 @@ type queue struct {
 	finished    map[uint64]bool // versions done but still in the heap (lazy removal)
 	received    uint64
 	busy        int // objects with work other than a parked retry (invariant 3)
+	parked      int // objects whose latest change is parked
 	capacity    chan struct{}
 	backoff     Backoff
 	parkBackoff Backoff
@@ -157,13 +158,27 @@ func (q *queue) Applied(id string) (applied uint64, busy bool) {
 func (q *queue) Parked() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := 0
-	for _, o := range q.objects {
-		if o.parked != nil {
-			n++
+	return q.parked
+}
+
+// Forget drops the entries of objects that are finished at or below floor:
+// nothing queued, running or parked, and their last change applied at a
+// version <= floor. Without it the map holds every id ever seen.
+//
+// What an entry remembers is its applied version, which keeps older
+// changes from undoing newer ones. Once that version is <= floor, no
+// older change can come: the stream resumes after the cursor (>= floor),
+// and a resync whose listing started after the cursor reached floor lists
+// each object at a version >= the one applied. So the caller passes the
+// cursor read before such a listing.
+func (q *queue) Forget(floor uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for id, o := range q.objects {
+		if o.pending == nil && o.running == nil && o.parked == nil && len(o.covered) == 0 && !o.queued && o.applied <= floor {
+			delete(q.objects, id)
 		}
 	}
-	return n
 }
 
 // WaitCapacity blocks while max objects have work queued, so the stream
@@ -287,14 +302,14 @@ func (q *queue) object(id string) *object {
 
 func (q *queue) setPending(o *object, t *task) { o.pending = t }
 
-// track keeps the count of objects with work (for WaitCapacity): call it
-// before changing o and run the returned func after. A parked object
-// waiting for its slow retry is not work: counted, a few parked objects
-// would stop the stream (invariant 3).
+// track keeps the counts of objects with work (for WaitCapacity) and of
+// parked objects: call it before changing o and run the returned func
+// after. A parked object waiting for its slow retry is not work: counted,
+// a few parked objects would stop the stream (invariant 3).
 func (q *queue) track(o *object) func() {
-	before := o.active()
+	before, wasParked := o.active(), o.parked != nil
 	return func() {
-		after := o.active()
+		after, isParked := o.active(), o.parked != nil
 		switch {
 		case after && !before:
 			q.busy++
@@ -304,6 +319,12 @@ func (q *queue) track(o *object) func() {
 			case q.capacity <- struct{}{}:
 			default:
 			}
+		}
+		switch {
+		case isParked && !wasParked:
+			q.parked++
+		case wasParked && !isParked:
+			q.parked--
 		}
 	}
 }
