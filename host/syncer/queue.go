@@ -3,6 +3,7 @@ package syncer
 import (
 	"container/heap"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,12 +82,17 @@ func (q *queue) Add(ch sdk.Change) {
 	}
 	o := q.object(ch.ID)
 	defer q.track(o)()
-	if ch.Version <= o.applied || (o.pending != nil && ch.Version <= o.pending.change.Version) ||
-		(o.running != nil && ch.Version <= o.running.change.Version) {
-		return // replayed after a reconnect: already applied or queued
+	if ch.Version <= o.applied || slices.Contains(o.covered, ch.Version) {
+		return // replayed after a reconnect: already applied, parked or queued
 	}
 	heap.Push(&q.outstanding, ch.Version)
 	o.covered = append(o.covered, ch.Version)
+	if t := o.newest(); t != nil && t.change.Version >= ch.Version {
+		// A resync listed this state (or a newer one) before the stream
+		// delivered it, and its repair is queued or running: the repair
+		// carries the change, and the cursor waits for it.
+		return
+	}
 	q.setPending(o, &task{change: ch, kind: fromStream})
 	o.parked = nil // a newer version replaces the parked one
 	o.attempts = 0
@@ -327,6 +333,17 @@ func (q *queue) track(o *object) func() {
 			q.parked--
 		}
 	}
+}
+
+// newest is o's newest task queued or running, if any.
+func (o *object) newest() *task {
+	switch {
+	case o.pending != nil && o.pending != o.parked:
+		return o.pending
+	case o.running != nil:
+		return o.running
+	}
+	return nil
 }
 
 // active reports whether o has work other than the slow retry of a parked

@@ -229,3 +229,41 @@ func BenchmarkQueue(b *testing.B) {
 		b.Fatalf("cursor %d != %d", q.Cursor(), b.N)
 	}
 }
+
+// TestQueueCursorWaitsForAPendingRepair: a resync may list an object's
+// state before the stream delivers it. The stream's change is then already
+// covered by the repair, queued or running, but the cursor must not pass
+// it until that repair is applied or parked (invariant 4).
+func TestQueueCursorWaitsForAPendingRepair(t *testing.T) {
+	for _, running := range []bool{false, true} {
+		for _, out := range []outcome{succeeded, permanent} {
+			t.Run(fmt.Sprintf("running=%v,outcome=%d", running, out), func(t *testing.T) {
+				q := testQueue()
+				q.Add(ch("a", 1))
+				q.Done(next(t, q), succeeded)
+				q.Repair(ch("a", 3)) // listed by a resync
+				var repair *task
+				if running {
+					repair = next(t, q)
+				}
+				q.Add(ch("b", 2))
+				q.Add(ch("a", 3)) // the stream catches up
+				if !running {
+					repair = next(t, q)
+				}
+				if repair.change.ID != "a" || repair.change.Version != 3 {
+					t.Fatalf("task %s@%d, want the repair a@3", repair.change.ID, repair.change.Version)
+				}
+				q.Done(next(t, q), succeeded) // b@2
+				if got := q.Cursor(); got != 2 {
+					t.Fatalf("cursor = %d with a@3 not applied, want 2", got)
+				}
+				q.Done(repair, out)
+				if got := q.Cursor(); got != 3 {
+					t.Errorf("cursor = %d after a@3 was applied or parked, want 3", got)
+				}
+				noTask(t, q)
+			})
+		}
+	}
+}
