@@ -288,7 +288,7 @@ func (a *Agent) syncOptions() syncer.Options {
 	o := syncer.DefaultOptions()
 	s := a.cfg.Sync
 	o.Workers, o.ResyncInterval, o.ReconnectMin, o.ReconnectMax = s.Workers, s.ResyncInterval, s.ReconnectMin, s.ReconnectMax
-	o.ApplyTimeout, o.MaxPending = s.ApplyTimeout, s.MaxPending
+	o.ApplyTimeout, o.MaxPending, o.StreamTimeout = s.ApplyTimeout, s.MaxPending, s.StreamTimeout
 	o.GC = syncer.GCOptions{MaxDeleteFraction: a.cfg.GC.MaxDeleteFraction, MinDeletes: a.cfg.GC.MinDeletes, AllowMassDelete: a.cfg.GC.AllowMassDelete}
 	return o
 }

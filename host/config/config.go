@@ -95,6 +95,10 @@ type Sync struct {
 	// MaxPending bounds queued changes per kind; the stream is read no
 	// faster than they are applied beyond it.
 	MaxPending int `koanf:"max_pending"`
+	// StreamTimeout is how long a stream from ctrl may stay silent (no
+	// change, no keep-alive) before it is torn down and resumed from the
+	// cursor. Keep it at three times ctrl's watch.keepalive (15s).
+	StreamTimeout time.Duration `koanf:"stream_timeout"`
 }
 
 // GC is the garbage collection brake (invariant 5).
@@ -155,6 +159,7 @@ func Defaults() map[string]any {
 		"sync.workers":                   16,
 		"sync.apply_timeout":             "30s",
 		"sync.max_pending":               10000,
+		"sync.stream_timeout":            "45s",
 		"gc.max_delete_fraction":         0.25,
 		"gc.min_deletes":                 5,
 		"gc.allow_mass_delete":           false,
@@ -349,6 +354,9 @@ func (c *Config) finish(k *koanf.Koanf) error {
 	}
 	if s.MaxPending < 1 {
 		bad("sync.max_pending", "must be positive")
+	}
+	if s.StreamTimeout < time.Second {
+		bad("sync.stream_timeout", "%s is too short (minimum 1s; keep it at three times ctrl's watch.keepalive)", s.StreamTimeout)
 	}
 	if c.GC.MaxDeleteFraction <= 0 || c.GC.MaxDeleteFraction > 1 {
 		bad("gc.max_delete_fraction", "%v is out of range (0, 1]", c.GC.MaxDeleteFraction)

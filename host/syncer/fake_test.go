@@ -298,7 +298,7 @@ type world struct {
 func testOptions() Options {
 	return Options{
 		Workers: 4, ResyncInterval: time.Hour, ReconnectMin: 5 * time.Millisecond, ReconnectMax: 20 * time.Millisecond,
-		ApplyTimeout: 20 * time.Second, MaxPending: 1000,
+		ApplyTimeout: 20 * time.Second, MaxPending: 1000, StreamTimeout: time.Minute,
 		Retry: Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond}, MaxAttempts: 3,
 		Park: Backoff{Min: time.Hour, Max: time.Hour},
 		GC:   GCOptions{MaxDeleteFraction: 1, MinDeletes: 1000},

@@ -50,6 +50,12 @@ type Options struct {
 	ReconnectMax   time.Duration
 	ApplyTimeout   time.Duration
 	MaxPending     int
+	// StreamTimeout is how long a stream from ctrl may stay silent: a
+	// Watch delivers a change or a keep-alive at least every keep-alive
+	// period of ctrl (15 s by default), so three periods of silence mean
+	// ctrl or the link is stuck. The Watch is then torn down and resumed
+	// from the cursor; a resync's listing gives up until the next pass.
+	StreamTimeout time.Duration
 	// Retry backs off retryable failures; after MaxAttempts the change is
 	// parked like a permanent one. Park backs off retries of parked changes.
 	Retry       Backoff
@@ -69,7 +75,7 @@ type GCOptions struct {
 func DefaultOptions() Options {
 	return Options{
 		Workers: 16, ResyncInterval: time.Minute, ReconnectMin: time.Second, ReconnectMax: 5 * time.Second,
-		ApplyTimeout: 30 * time.Second, MaxPending: 10000,
+		ApplyTimeout: 30 * time.Second, MaxPending: 10000, StreamTimeout: 45 * time.Second,
 		Retry: Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second}, MaxAttempts: 8,
 		Park: Backoff{Min: 30 * time.Second, Max: 10 * time.Minute},
 		GC:   GCOptions{MaxDeleteFraction: 0.25, MinDeletes: 5},
@@ -201,13 +207,16 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 	}
 }
 
-// stream reads one Watch stream until it fails.
+// stream reads one Watch stream until it fails or falls silent.
 func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after uint64, complete *bool, onApplied func()) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	wd := newWatchdog(l.options().StreamTimeout, cancel)
+	defer wd.got()
+	wd.wait()
 	st, err := l.Client.Watch(sctx, &clusterv1.WatchRequest{Kind: l.Kind, Region: l.Region, AfterVersion: after})
 	if err != nil {
-		return fmt.Errorf("open watch: %w", err)
+		return wd.explain("open watch", fmt.Errorf("open watch: %w", err))
 	}
 	l.Log.Debug("watching", "after_version", after)
 	var live map[string]struct{}
@@ -215,12 +224,14 @@ func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after u
 		live = map[string]struct{}{}
 	}
 	for {
+		wd.wait()
 		ev, err := st.Recv()
+		wd.got()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return errors.New("ctrl closed the stream")
 			}
-			return err
+			return wd.explain("watch", err)
 		}
 		switch e := ev.Event.(type) {
 		case *clusterv1.WatchEvent_Change:
@@ -349,17 +360,25 @@ func (l *Loop) resync(ctx context.Context, ctl sdk.Controller, q *queue) error {
 	q.Forget(q.Cursor())
 	// The listing stops being read at its BootstrapComplete: cancelling
 	// is what releases the stream (and the goroutine gRPC keeps for it).
-	lctx, cancel := context.WithCancel(ctx)
+	// A pass takes at most one interval, and a silent listing is abandoned
+	// sooner, so a stuck ctrl cannot hold resyncs (and parked retries).
+	o := l.options()
+	lctx, cancel := context.WithTimeout(ctx, o.ResyncInterval)
 	defer cancel()
+	wd := newWatchdog(o.StreamTimeout, cancel)
+	defer wd.got()
+	wd.wait()
 	st, err := l.Client.ListDesired(lctx, &clusterv1.ListDesiredRequest{Kind: l.Kind, Region: l.Region})
 	if err != nil {
-		return fmt.Errorf("list desired: %w", err)
+		return wd.explain("list desired", fmt.Errorf("list desired: %w", err))
 	}
 	desired := map[string]struct{}{}
 	for {
+		wd.wait()
 		ev, err := st.Recv()
+		wd.got()
 		if err != nil {
-			return fmt.Errorf("list desired: %w", err)
+			return wd.explain("list desired", fmt.Errorf("list desired: %w", err))
 		}
 		if c := ev.GetChange(); c != nil {
 			ch := changeFromProto(c)

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"krane.dev/sdk"
 )
@@ -193,4 +194,48 @@ func TestLoopForgetsFinishedObjects(t *testing.T) {
 	if d := diff(w.desired([]string{"kept", "o1"}), w.plugin.cluster.state()); len(d) > 0 {
 		t.Errorf("state: %v", d)
 	}
+}
+
+// TestLoopTearsDownASilentStream: a ctrl that stops answering without
+// closing anything (stopped, or behind a black-holed link) does not freeze
+// the kind. A Watch stream silent past the stream timeout (no change, no
+// keep-alive) is torn down and resumed from the cursor, and a resync's
+// listing gives up instead of hanging.
+func TestLoopTearsDownASilentStream(t *testing.T) {
+	o := testOptions()
+	o.StreamTimeout = 500 * time.Millisecond // ctrl's keep-alive here: 50ms
+	w := newWorld(t, o)
+	w.put("a", "1")
+	w.start()
+	w.waitBootstrapped()
+	w.waitCursor(w.ctrl.Head())
+	cursor := w.loop.Cursor()
+	before := len(w.ctrl.Watches())
+	w.ctrl.Stall()
+	waitFor(t, "the silent stream replaced", func() error {
+		if n := len(w.ctrl.Watches()); n <= before {
+			return errors.New("no new Watch call")
+		}
+		return nil
+	})
+	if got := w.ctrl.Watches()[before].GetAfterVersion(); got != cursor {
+		t.Errorf("resumed after version %d, want the cursor %d", got, cursor)
+	}
+	w.loop.Resync()
+	waitFor(t, "a listing during the stall", func() error {
+		if w.ctrl.Lists() == 0 {
+			return errors.New("no ListDesired call yet")
+		}
+		return nil
+	})
+	waitFor(t, "the silent listing abandoned", func() error {
+		if n := w.ctrl.OpenLists(); n > 0 {
+			return fmt.Errorf("%d listings still open", n)
+		}
+		return nil
+	})
+	w.ctrl.Resume()
+	v := w.put("b", "1")
+	w.waitApplied("b", v)
+	w.resync()
 }

@@ -54,6 +54,7 @@ type Server struct {
 	stalled      bool
 	stallChanged chan struct{}
 	open         int // Watch and ListDesired calls being served
+	openLists    int
 	lists        int
 	// Older ctrl (no ReportStatuses) and objects ctrl does not know.
 	noBatches bool
@@ -180,6 +181,13 @@ func (s *Server) OpenStreams() int {
 	return s.open
 }
 
+// OpenLists counts ListDesired calls being served now.
+func (s *Server) OpenLists() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.openLists
+}
+
 // Lists counts ListDesired calls so far (one per resync).
 func (s *Server) Lists() int {
 	s.mu.Lock()
@@ -275,7 +283,13 @@ func (s *Server) ListDesired(req *clusterv1.ListDesiredRequest, st clusterv1.Clu
 	defer done()
 	s.mu.Lock()
 	s.lists++
+	s.openLists++
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.openLists--
+		s.mu.Unlock()
+	}()
 	if err := s.waitUnstalled(ctx); err != nil {
 		return err
 	}
