@@ -101,6 +101,9 @@ type fakePlugin struct {
 	gate     func(ctx context.Context, ch sdk.Change)
 	started  int
 	inFlight int
+	// held, when set, keeps Acquire from handing out the next instance
+	// until it is closed (a plugin slow to restart).
+	held chan struct{}
 }
 
 func newFakePlugin() *fakePlugin {
@@ -130,6 +133,10 @@ func (p *fakePlugin) setGate(gate func(ctx context.Context, ch sdk.Change)) {
 // Restart stops the running instance and starts a new one, as the
 // supervisor does after a crash or a reload.
 func (p *fakePlugin) Restart() {
+	// Holding the cluster's lock: an apply of the old instance either
+	// lands before it stops or not at all, as with a killed process.
+	p.cluster.mu.Lock()
+	defer p.cluster.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	close(p.cur.stopped)
@@ -145,10 +152,28 @@ func (p *fakePlugin) Instances() int {
 	return p.started
 }
 
+// hold makes Acquire wait until the returned func is called.
+func (p *fakePlugin) hold() (release func()) {
+	ch := make(chan struct{})
+	p.mu.Lock()
+	p.held = ch
+	p.mu.Unlock()
+	return func() { close(ch) }
+}
+
 func (p *fakePlugin) Acquire(ctx context.Context) (sdk.Controller, <-chan struct{}, error) {
 	p.mu.Lock()
-	cur := p.cur
+	cur, held := p.cur, p.held
 	p.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+		}
+		p.mu.Lock()
+		cur = p.cur
+		p.mu.Unlock()
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -207,6 +232,9 @@ func (i *fakeInstance) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, er
 	c := p.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := i.alive(); err != nil {
+		return 0, err
+	}
 	c.applies++
 	prev, had := c.objects[ch.ID]
 	if had && ch.Version < prev.Version {

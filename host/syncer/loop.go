@@ -410,9 +410,10 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 		res, err := ctl.Apply(actx, t.change)
 		cancel()
 		if ctx.Err() != nil {
-			// The session is ending (plugin restart, shutdown): the next
-			// session re-bootstraps, so this task's outcome does not matter.
-			q.Done(t, retryable)
+			// The session is ending (plugin restart, shutdown) and its
+			// queue with it: the next session re-bootstraps. Recording an
+			// outcome here could only mislead: counted as an attempt, a
+			// change could be parked unreported and the cursor pass it.
 			return
 		}
 		out := succeeded

@@ -1,6 +1,7 @@
 package syncer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -238,4 +239,45 @@ func TestLoopTearsDownASilentStream(t *testing.T) {
 	v := w.put("b", "1")
 	w.waitApplied("b", v)
 	w.resync()
+}
+
+// TestLoopCursorStaysHonestWhenASessionEnds: an apply cut short because
+// the plugin is going away has no outcome. Counted as a failed attempt,
+// its last attempt used to park the change without reporting it, and the
+// cursor passed a change that was neither applied nor parked.
+func TestLoopCursorStaysHonestWhenASessionEnds(t *testing.T) {
+	o := testOptions()
+	o.MaxAttempts = 1
+	w := newWorld(t, o)
+	w.start()
+	w.waitBootstrapped()
+	applying := make(chan struct{})
+	w.plugin.setGate(func(ctx context.Context, ch sdk.Change) {
+		if ch.ID == "slow" {
+			close(applying)
+			<-ctx.Done()
+		}
+	})
+	before := w.loop.Cursor()
+	v := w.put("slow", "1")
+	<-applying
+	release := w.plugin.hold() // the next instance is slow to come
+	w.plugin.setGate(nil)
+	w.plugin.Restart()
+	waitFor(t, "the apply cut short", func() error {
+		w.plugin.mu.Lock()
+		defer w.plugin.mu.Unlock()
+		if w.plugin.inFlight > 0 {
+			return errors.New("still applying")
+		}
+		return nil
+	})
+	if c := w.loop.Cursor(); c >= v {
+		t.Errorf("cursor %d passed slow@%d, which was neither applied nor parked (cursor before: %d)", c, v, before)
+	}
+	if p := w.reports.parked(); len(p) > 0 {
+		t.Errorf("an interrupted apply was reported as a failure: %v", p)
+	}
+	release()
+	w.waitApplied("slow", v)
 }
