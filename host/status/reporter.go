@@ -131,14 +131,18 @@ func (r *Reporter) ApplyFailed(kind, id string, version uint64, err error) {
 	})
 }
 
-// ApplyRecovered clears a reported failure once a later apply succeeded.
+// ApplyRecovered clears a reported failure once a later apply succeeded
+// (or desired state no longer names the object). A recovery older than
+// the failure is stale and ignored.
 func (r *Reporter) ApplyRecovered(kind, id string, version uint64) {
 	k := key{kind, id}
 	r.mu.Lock()
-	_, had := r.failed[k]
-	delete(r.failed, k)
+	failedAt, had := r.failed[k]
+	if had && version >= failedAt {
+		delete(r.failed, k)
+	}
 	r.mu.Unlock()
-	if !had {
+	if !had || version < failedAt {
 		return
 	}
 	r.put(k, func(old *clusterv1.ReportStatusRequest) *clusterv1.ReportStatusRequest {
@@ -148,6 +152,20 @@ func (r *Reporter) ApplyRecovered(kind, id string, version uint64) {
 		old.ApplyError = &clusterv1.ApplyError{Version: version}
 		return old
 	})
+}
+
+// Failing lists the objects of kind with a failure reported and not
+// cleared.
+func (r *Reporter) Failing(kind string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for k := range r.failed {
+		if k.kind == kind {
+			ids = append(ids, k.id)
+		}
+	}
+	return ids
 }
 
 func (r *Reporter) put(k key, merge func(*clusterv1.ReportStatusRequest) *clusterv1.ReportStatusRequest) {

@@ -249,3 +249,25 @@ func TestDropsAReportCtrlRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleRecoveryKeepsTheFailure: a recovery older than the reported
+// failure (the object failed again at a newer version since) does not
+// clear it.
+func TestStaleRecoveryKeepsTheFailure(t *testing.T) {
+	srv := clustertest.Start(t, "r", "tok")
+	r := New(client(t, srv), hclog.NewNullLogger(), prometheus.NewRegistry(), 10)
+	r.ApplyFailed("k", "x", 7, sdk.Permanent(errors.New("quota exceeded")))
+	r.ApplyRecovered("k", "x", 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx, 1)
+	waitFor(t, "sent", func() bool { return srv.LatestReport("k", "x") != nil })
+	if ae := srv.LatestReport("k", "x").GetApplyError(); ae.GetMessage() == "" || ae.GetVersion() != 7 {
+		t.Errorf("want the failure at version 7 reported, got %v", ae)
+	}
+	r.ApplyRecovered("k", "x", 7)
+	waitFor(t, "the failure cleared by a recovery at its version", func() bool {
+		ae := srv.LatestReport("k", "x").GetApplyError()
+		return ae != nil && ae.GetMessage() == "" && ae.GetVersion() == 7
+	})
+}

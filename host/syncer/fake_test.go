@@ -292,10 +292,20 @@ func (r *reports) ApplyFailed(_, id string, version uint64, _ error) {
 func (r *reports) ApplyRecovered(_, id string, version uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.failed[id]; ok {
+	if v, ok := r.failed[id]; ok && version >= v {
 		delete(r.failed, id)
 		r.recovered[id] = version
 	}
+}
+
+func (r *reports) Failing(string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for id := range r.failed {
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 func (r *reports) parked() map[string]uint64 {

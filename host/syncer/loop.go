@@ -39,7 +39,12 @@ type PluginSource interface {
 // FailureReporter tells ctrl about changes that could not be applied.
 type FailureReporter interface {
 	ApplyFailed(kind, id string, version uint64, err error)
+	// ApplyRecovered clears a failure reported at a version <= version:
+	// the object was applied since, or desired state no longer names it.
 	ApplyRecovered(kind, id string, version uint64)
+	// Failing lists the objects of kind whose failure is reported and not
+	// cleared.
+	Failing(kind string) []string
 }
 
 // Options tune a loop.
@@ -293,6 +298,7 @@ func waitCursor(ctx context.Context, q *queue, v uint64) error {
 // did not name, subject to the brake.
 func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf uint64, desired map[string]struct{}, why string) {
 	o := l.options()
+	l.clearFailures(q, asOf, desired)
 	ictx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
 	items, err := ctl.Inventory(ictx, l.Kind)
 	cancel()
@@ -328,6 +334,22 @@ func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf u
 	}
 	l.Metrics.GCDeletions.WithLabelValues(l.Kind).Add(float64(len(doomed)))
 	l.Log.Info("garbage collecting objects desired state no longer names", "pass", why, "count", len(doomed), "managed", len(items))
+}
+
+// clearFailures clears the reported failures of objects that desired state
+// at asOf no longer names and that this session holds no work or parked
+// change for (a delete that failed stays reported): nothing will apply
+// them again, and they may never have reached the cluster for garbage
+// collection to find. A failure reported after asOf is newer and stays.
+func (l *Loop) clearFailures(q *queue, asOf uint64, desired map[string]struct{}) {
+	if l.Reports == nil {
+		return
+	}
+	for _, id := range l.Reports.Failing(l.Kind) {
+		if _, ok := desired[id]; !ok && !q.Holds(id) {
+			l.Reports.ApplyRecovered(l.Kind, id, asOf)
+		}
+	}
 }
 
 // resyncLoop re-reads desired state every interval (jittered) after the

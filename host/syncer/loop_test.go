@@ -281,3 +281,36 @@ func TestLoopCursorStaysHonestWhenASessionEnds(t *testing.T) {
 	release()
 	w.waitApplied("slow", v)
 }
+
+// TestLoopClearsFailuresOfObjectsNoLongerDesired: a parked object deleted
+// from desired state while the plugin restarts is in no snapshot and was
+// never in the cluster: nothing applies it again, and its reported failure
+// is cleared instead of standing forever.
+func TestLoopClearsFailuresOfObjectsNoLongerDesired(t *testing.T) {
+	w := newWorld(t, testOptions())
+	w.plugin.script(func(ch sdk.Change) error {
+		if ch.ID == "bad" {
+			return sdk.Permanent(errors.New("refused"))
+		}
+		return nil
+	})
+	w.start()
+	w.waitBootstrapped()
+	v := w.put("bad", "1")
+	waitFor(t, "bad reported parked", func() error {
+		if w.reports.parked()["bad"] != v {
+			return errors.New("not reported")
+		}
+		return nil
+	})
+	w.ctrl.Stall() // the running session does not see the delete
+	w.ctrl.Delete(testKind, "bad")
+	w.plugin.Restart()
+	w.ctrl.Resume()
+	waitFor(t, "the failure of an object no longer desired cleared", func() error {
+		if p := w.reports.parked(); len(p) > 0 {
+			return fmt.Errorf("still reported: %v", p)
+		}
+		return nil
+	})
+}

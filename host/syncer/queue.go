@@ -160,6 +160,18 @@ func (q *queue) Applied(id string) (applied uint64, busy bool) {
 	return o.applied, o.pending != nil || o.running != nil
 }
 
+// Holds reports whether the queue has work for id or holds it parked.
+func (q *queue) Holds(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.holdsLocked(id)
+}
+
+func (q *queue) holdsLocked(id string) bool {
+	o, ok := q.objects[id]
+	return ok && (o.pending != nil || o.running != nil || o.parked != nil)
+}
+
 // Parked counts objects whose latest change failed permanently.
 func (q *queue) Parked() int {
 	q.mu.Lock()
@@ -194,9 +206,7 @@ func (q *queue) Forget(floor uint64) {
 func (q *queue) WaitCapacity(ctx context.Context, id string, max int) error {
 	for {
 		q.mu.Lock()
-		o, known := q.objects[id]
-		holds := known && (o.pending != nil || o.running != nil || o.parked != nil)
-		busy := q.busy
+		holds, busy := q.holdsLocked(id), q.busy
 		q.mu.Unlock()
 		if holds || busy < max {
 			return nil
