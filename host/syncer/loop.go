@@ -216,6 +216,7 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after uint64, complete *bool, onApplied func()) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	q.Resume(after)
 	wd := newWatchdog(l.options().StreamTimeout, cancel)
 	defer wd.got()
 	wd.wait()

@@ -51,6 +51,7 @@ type queue struct {
 	outstanding versionHeap
 	finished    map[uint64]bool // versions done but still in the heap (lazy removal)
 	received    uint64
+	streamed    uint64 // the current stream has delivered everything up to here
 	busy        int // objects with work other than a parked retry (invariant 3)
 	parked      int // objects whose latest change is parked
 	capacity    chan struct{}
@@ -77,9 +78,8 @@ func newQueue(retry, park Backoff, maxAttempts int) *queue {
 func (q *queue) Add(ch sdk.Change) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if ch.Version > q.received {
-		q.received = ch.Version
-	}
+	q.received = max(q.received, ch.Version)
+	q.streamed = max(q.streamed, ch.Version)
 	o := q.object(ch.ID)
 	defer q.track(o)()
 	if ch.Version <= o.applied || slices.Contains(o.covered, ch.Version) {
@@ -130,9 +130,8 @@ func (q *queue) offer(ch sdk.Change, kind taskKind) {
 // (a bootstrap's max version).
 func (q *queue) MarkReceived(v uint64) {
 	q.mu.Lock()
-	if v > q.received {
-		q.received = v
-	}
+	q.received = max(q.received, v)
+	q.streamed = max(q.streamed, v)
 	q.mu.Unlock()
 }
 
@@ -179,19 +178,29 @@ func (q *queue) Parked() int {
 	return q.parked
 }
 
+// Resume records that a new stream resumes after version v: it may replay
+// every change above v, including some the queue has finished since.
+func (q *queue) Resume(v uint64) {
+	q.mu.Lock()
+	q.streamed = v
+	q.mu.Unlock()
+}
+
 // Forget drops the entries of objects that are finished at or below floor:
 // nothing queued, running or parked, and their last change applied at a
 // version <= floor. Without it the map holds every id ever seen.
 //
 // What an entry remembers is its applied version, which keeps older
-// changes from undoing newer ones. Once that version is <= floor, no
-// older change can come: the stream resumes after the cursor (>= floor),
-// and a resync whose listing started after the cursor reached floor lists
-// each object at a version >= the one applied. So the caller passes the
-// cursor read before such a listing.
+// changes from undoing newer ones. Once that version is <= floor, no older
+// change can come, provided that floor is at most what the current stream
+// has delivered (it delivers in version order, so it replays nothing below
+// that; the floor is lowered to it here) and that every resync listing whose repairs may still come started
+// after the cursor reached floor (each object is listed at a version >= the
+// one applied). So the caller passes the cursor read before such a listing.
 func (q *queue) Forget(floor uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	floor = min(floor, q.streamed)
 	for id, o := range q.objects {
 		if o.pending == nil && o.running == nil && o.parked == nil && len(o.covered) == 0 && !o.queued && o.applied <= floor {
 			delete(q.objects, id)

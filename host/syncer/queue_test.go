@@ -267,3 +267,28 @@ func TestQueueCursorWaitsForAPendingRepair(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueForgetsNothingAStreamMayReplay: a stream resumed from an older
+// cursor replays changes the queue has since finished. An object must not
+// be forgotten while such a replay may still come, or the replay would be
+// applied over the newer version (invariant 2).
+func TestQueueForgetsNothingAStreamMayReplay(t *testing.T) {
+	q := testQueue()
+	q.Add(ch("a", 5))
+	q.Add(ch("b", 6))
+	q.Done(next(t, q), succeeded)
+	q.Resume(q.Cursor()) // a reconnect resumes after 5, b@6 still running
+	q.Done(next(t, q), succeeded)
+	q.Forget(q.Cursor()) // a resync: the cursor is 6 now
+	q.Add(ch("b", 6))    // the resumed stream replays b@6
+	noTask(t, q)
+	if got := q.Cursor(); got != 6 {
+		t.Errorf("cursor = %d after the replay, want 6", got)
+	}
+	q.Add(ch("a", 7)) // then goes on
+	q.Done(next(t, q), succeeded)
+	q.Forget(q.Cursor()) // past the replays: everything finished goes
+	if n := len(q.objects); n != 0 {
+		t.Errorf("%d objects kept once the stream delivered past what it replays", n)
+	}
+}
