@@ -238,7 +238,7 @@ func (i *fakeInstance) Apply(ctx context.Context, ch sdk.Change) (sdk.Result, er
 	c.applies++
 	prev, had := c.objects[ch.ID]
 	if had && ch.Version < prev.Version {
-		c.stale = append(c.stale, fmt.Sprintf("%s: applied %d over %d", ch.ID, ch.Version, prev.Version))
+		c.stale = append(c.stale, fmt.Sprintf("%s: applied %d (deleted=%v, instance %d) over %d (deleted=%v)", ch.ID, ch.Version, ch.Deleted, i.n, prev.Version, prev.Deleted))
 	}
 	if ch.Deleted {
 		delete(c.objects, ch.ID)

@@ -182,6 +182,15 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 	applied := make(chan struct{})
 	var once sync.Once
 	markApplied := func() { once.Do(func() { close(applied) }) }
+	// bootstrapped runs the garbage collection of a bootstrap once it is
+	// applied; the session waits for it like for its workers.
+	bootstrapped := func(max uint64, snapshot map[string]struct{}) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.afterBootstrap(ctx, ctl, q, max, snapshot, markApplied)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -197,7 +206,7 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 		if !complete {
 			after = 0
 		}
-		err := l.stream(ctx, ctl, q, after, &complete, markApplied)
+		err := l.stream(ctx, q, after, &complete, bootstrapped)
 		if ctx.Err() != nil {
 			return
 		}
@@ -213,7 +222,7 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 }
 
 // stream reads one Watch stream until it fails or falls silent.
-func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after uint64, complete *bool, onApplied func()) error {
+func (l *Loop) stream(ctx context.Context, q *queue, after uint64, complete *bool, bootstrapped func(max uint64, snapshot map[string]struct{})) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	q.Resume(after)
@@ -262,7 +271,7 @@ func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after u
 				*complete = true
 				snapshot := live
 				live = nil
-				go l.afterBootstrap(ctx, ctl, q, max, snapshot, onApplied)
+				bootstrapped(max, snapshot)
 			}
 		case *clusterv1.WatchEvent_KeepAlive:
 			l.Metrics.Head.WithLabelValues(l.Kind).Set(float64(e.KeepAlive.GetHeadVersion()))

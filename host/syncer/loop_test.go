@@ -26,9 +26,12 @@ func TestLoopBootstrap(t *testing.T) {
 	w.plugin.cluster.objects["orphan"] = sdk.Change{Kind: testKind, ID: "orphan", Version: 1}
 	w.start()
 	w.waitBootstrapped()
-	if d := diff(w.desired(append(ids, "orphan")), w.plugin.cluster.state()); len(d) > 0 {
-		t.Fatalf("after bootstrap: %v", d)
-	}
+	waitFor(t, "the snapshot applied and the orphan collected", func() error {
+		if d := diff(w.desired(append(ids, "orphan")), w.plugin.cluster.state()); len(d) > 0 {
+			return fmt.Errorf("%v", d)
+		}
+		return nil
+	})
 	v := w.put("o3", "2")
 	w.ctrl.Delete(testKind, "o4")
 	w.waitApplied("o3", v)
