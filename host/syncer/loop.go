@@ -1,16 +1,3 @@
-// Package syncer runs one sync loop per resource kind: it streams desired
-// state from ctrl, applies it through the kind's plugin, garbage-collects
-// after a complete bootstrap, and resyncs periodically.
-//
-// The loop keeps the invariants of ARCHITECTURE.md §4:
-//   - per-object order and parallelism across objects (queue.go);
-//   - one bad object blocks nothing: permanent failures are parked,
-//     reported upstream and retried slowly; the cursor moves on;
-//   - the cursor V means every change <= V is applied or parked, so a
-//     reconnect resumes from V; a new plugin instance re-bootstraps from 0;
-//   - GC deletes only after an explicit BootstrapComplete, only what the
-//     plugin's inventory (objects carrying Krane's label) holds, and never
-//     more than a fraction of it in one pass unless overridden.
 package syncer
 
 import (

@@ -317,3 +317,57 @@ func TestLoopClearsFailuresOfObjectsNoLongerDesired(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLoopReloadWhileApplying: the plugin restarts (a reload changed its
+// block, or it crashed) and the options change while applies are in
+// flight. The old session's applies are abandoned, the new instance
+// re-bootstraps, and the cluster ends up at desired state, no apply going
+// backwards.
+func TestLoopReloadWhileApplying(t *testing.T) {
+	w := newWorld(t, testOptions())
+	w.start()
+	w.waitBootstrapped()
+	release := make(chan struct{})
+	w.plugin.setGate(func(ctx context.Context, ch sdk.Change) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	var ids []string
+	for i := range 30 {
+		ids = append(ids, fmt.Sprintf("o%d", i))
+		w.put(ids[i], "1")
+	}
+	waitFor(t, "applies in flight", func() error {
+		w.plugin.mu.Lock()
+		defer w.plugin.mu.Unlock()
+		if w.plugin.inFlight < testOptions().Workers {
+			return fmt.Errorf("%d in flight", w.plugin.inFlight)
+		}
+		return nil
+	})
+	o := w.loop.options()
+	o.Workers, o.MaxPending = 2, 3
+	w.loop.SetOptions(o)
+	w.plugin.Restart()
+	for i := range 10 {
+		w.put(ids[i], "2")
+	}
+	close(release)
+	waitFor(t, "state equals desired", func() error {
+		if d := diff(w.desired(ids), w.plugin.cluster.state()); len(d) > 0 {
+			return fmt.Errorf("%v", d)
+		}
+		return nil
+	})
+	w.waitCursor(w.ctrl.Head())
+	if w.plugin.Instances() != 2 {
+		t.Errorf("%d plugin instances, want 2", w.plugin.Instances())
+	}
+	w.plugin.cluster.mu.Lock()
+	defer w.plugin.cluster.mu.Unlock()
+	if len(w.plugin.cluster.stale) > 0 {
+		t.Errorf("applies went backwards: %v", w.plugin.cluster.stale)
+	}
+}

@@ -36,11 +36,13 @@ type object struct {
 	queued   bool
 }
 
-// queue orders a kind's applies. It keeps invariants 2-4:
+// queue orders a kind's applies; it keeps invariants 2 to 4 of the package
+// documentation:
 //   - one apply in flight per object, and only ever a newer version than the
-//     last one applied, so a stale apply never undoes a newer delete;
+//     last one applied or parked, so a stale apply never undoes a newer one;
 //   - a newer change replaces an older pending or parked one (the latest
 //     desired state is what matters, not every intermediate step);
+//   - a parked object is not work: it never holds back the stream;
 //   - Cursor() is the highest version V such that every stream change <= V
 //     is applied or parked: restarting the stream from V loses nothing.
 type queue struct {
@@ -52,8 +54,8 @@ type queue struct {
 	finished    map[uint64]bool // versions done but still in the heap (lazy removal)
 	received    uint64
 	streamed    uint64 // the current stream has delivered everything up to here
-	busy        int // objects with work other than a parked retry (invariant 3)
-	parked      int // objects whose latest change is parked
+	busy        int    // objects with work other than a parked retry (invariant 3)
+	parked      int    // objects whose latest change is parked
 	capacity    chan struct{}
 	backoff     Backoff
 	parkBackoff Backoff
