@@ -250,6 +250,13 @@ func (a *Agent) startController(ctl config.Controller) {
 func (a *Agent) claimKinds(name string, run *controllerRun, info sdk.Info) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// The hook runs in the supervisor's goroutine and may come after the
+	// controller was stopped (or replaced by a reload): such an instance
+	// claims nothing, or its kinds would stay owned by a controller that
+	// no longer runs. stopController removes run under a.mu first.
+	if a.controllers[name] != run || run.ctx.Err() != nil {
+		return fmt.Errorf("controller %q was stopped while its plugin started", name)
+	}
 	want := map[string]bool{}
 	for _, k := range info.Kinds {
 		if owner, ok := a.kindOwner[k.Kind]; ok && owner != name {
