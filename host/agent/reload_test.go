@@ -1,0 +1,109 @@
+package agent_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"krane.dev/internal/testenv"
+)
+
+// noopPlugins is a plugin directory of the test's own holding a copy (not
+// a link: a test may replace one) of the noop plugin under each name.
+func noopPlugins(t *testing.T, names ...string) string {
+	t.Helper()
+	src := testenv.Build(t, "krane.dev/internal/testplugins/noop/plugin", "krane-plugin-noop")
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(dir, "krane-plugin-"+n), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func (h *harness) waitReady() {
+	h.t.Helper()
+	eventually(h.t, 60*time.Second, "ready", func() error {
+		if ok, why := h.agent.Ready(); !ok {
+			return fmt.Errorf("%v", why)
+		}
+		return nil
+	})
+}
+
+// TestFailedReloadKeepsTheRunningHost: a reload whose new ctrl connection
+// cannot be built (its CA file is not there yet) changes nothing: the
+// running controllers keep running on the old connection, the host stays
+// ready, and the same reload tried again fails again instead of being
+// taken for "no change".
+func TestFailedReloadKeepsTheRunningHost(t *testing.T) {
+	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
+	h.start()
+	h.waitReady()
+	pid := h.agent.Plugin("noop-a").Pid()
+
+	bad := h.load()
+	bad.ControlPlane.URL = "https://127.0.0.1:1"
+	bad.ControlPlane.CAFile = filepath.Join(h.dir, "ca-not-there-yet.pem")
+	for attempt := range 2 {
+		err := h.agent.Reload(bad)
+		if err == nil || !strings.Contains(err.Error(), "ca_file") {
+			t.Fatalf("reload %d with a missing CA file: err = %v, want one naming ca_file", attempt+1, err)
+		}
+		p := h.agent.Plugin("noop-a")
+		if p == nil || p.Pid() != pid {
+			t.Fatalf("reload %d failed, yet the running controller was stopped or restarted", attempt+1)
+		}
+		if ok, why := h.agent.Ready(); !ok {
+			t.Fatalf("not ready after a failed reload: %v", why)
+		}
+	}
+	// Still syncing on the old connection.
+	h.ctrl.PutJSON("noop-a.test.krane.dev", "after", map[string]any{"x": 1.0})
+	loop := h.agent.Loop("noop-a.test.krane.dev")
+	eventually(t, 30*time.Second, "a change after the failed reload", func() error {
+		if c, head := loop.Cursor(), h.ctrl.Head(); c < head {
+			return fmt.Errorf("cursor %d, head %d", c, head)
+		}
+		return nil
+	})
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Errorf("plugin process %d gone: %v", pid, err)
+	}
+}
+
+// TestShutdownSendsQueuedReports: status reports held back while ctrl was
+// refusing them go out when the host stops gracefully, instead of dying
+// with the process.
+func TestShutdownSendsQueuedReports(t *testing.T) {
+	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
+	h.start()
+	h.waitReady()
+	h.ctrl.RefuseReports(true)
+	const kind = "noop-a.test.krane.dev"
+	for i := range 20 {
+		h.ctrl.PutJSON(kind, fmt.Sprintf("o%d", i), map[string]any{"x": float64(i)})
+	}
+	eventually(t, 60*time.Second, "reports queued while ctrl refuses them", func() error {
+		if d := h.metric("krane_host_report_queue_depth"); d < 20 {
+			return fmt.Errorf("queue depth %v", d)
+		}
+		return nil
+	})
+	h.ctrl.RefuseReports(false)
+	h.stop()
+	for i := range 20 {
+		if h.ctrl.LatestReport(kind, fmt.Sprintf("o%d", i)) == nil {
+			t.Fatalf("o%d: its report was lost at shutdown", i)
+		}
+	}
+}
