@@ -369,25 +369,32 @@ func (a *Agent) stopAllControllers() {
 }
 
 // Reload applies a new configuration: controllers whose block changed are
-// restarted, disabled ones stopped, new ones started; the others keep
-// running untouched. A change of identity, ctrl connection or Kubernetes
-// access restarts every controller (without restarting the process). The
-// new connection to ctrl is built before anything is stopped: when it
-// cannot be, nothing changes and the error says why.
+// restarted, disabled ones stopped, new ones started; the others keep running untouched. A change
+// of identity, ctrl connection or Kubernetes access restarts every
+// controller (without restarting the process). The new connection to ctrl
+// is built before anything is stopped: when it cannot be, nothing changes
+// and the error says why. The host's log level is applied at once; what a
+// reload cannot change (RestartOnly) is logged and kept as it runs.
 func (a *Agent) Reload(next *config.Config) error {
 	a.life.Lock()
 	defer a.life.Unlock()
 	a.mu.Lock()
 	prev, running := a.cfg, a.runCtx != nil
 	a.mu.Unlock()
+	next = a.keepRestartOnly(prev, next)
 	if !running {
 		a.mu.Lock()
 		a.cfg = next
 		a.mu.Unlock()
 		return nil
 	}
+	if prev.Log.Level != next.Log.Level {
+		a.log.SetLevel(hclog.LevelFromString(next.Log.Level))
+		a.log.Info("log level changed by reload", "level", next.Log.Level,
+			"plugins", "each plugin keeps its level until it restarts (disable and enable it to restart it now)")
+	}
 	global := prev.Region != next.Region || prev.ClusterID != next.ClusterID ||
-		prev.ControlPlane != next.ControlPlane || prev.Kubernetes != next.Kubernetes || prev.Log != next.Log
+		prev.ControlPlane != next.ControlPlane || prev.Kubernetes != next.Kubernetes
 	if global {
 		c, err := dialCore(next)
 		if err != nil {
@@ -445,6 +452,32 @@ func (a *Agent) restartController(ctl config.Controller) {
 	a.mu.Lock()
 	a.startController(ctl)
 	a.mu.Unlock()
+}
+
+// RestartOnly names the settings a reload cannot change: the process
+// applies them at start only (krane validate says so too).
+var RestartOnly = []string{"server.listen", "leader_election", "log.json"}
+
+// keepRestartOnly returns next with the settings a reload cannot change
+// set back to their running values, and logs each one that differed.
+func (a *Agent) keepRestartOnly(prev, next *config.Config) *config.Config {
+	n := *next
+	warn := func(key string, was, want any) {
+		a.log.Warn("a reload cannot change this setting; restart krane to apply it", "key", key, "running", was, "configured", want)
+	}
+	if n.Server != prev.Server {
+		warn("server.listen", prev.Server.Listen, n.Server.Listen)
+		n.Server = prev.Server
+	}
+	if n.Leader != prev.Leader {
+		warn("leader_election", fmt.Sprintf("%+v", prev.Leader), fmt.Sprintf("%+v", n.Leader))
+		n.Leader = prev.Leader
+	}
+	if n.Log.JSON != prev.Log.JSON {
+		warn("log.json", prev.Log.JSON, n.Log.JSON)
+		n.Log.JSON = prev.Log.JSON
+	}
+	return &n
 }
 
 func (a *Agent) eachLoop(f func(kind string, l *syncer.Loop)) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"krane.dev/internal/testenv"
 )
 
@@ -105,5 +107,31 @@ func TestShutdownSendsQueuedReports(t *testing.T) {
 		if h.ctrl.LatestReport(kind, fmt.Sprintf("o%d", i)) == nil {
 			t.Fatalf("o%d: its report was lost at shutdown", i)
 		}
+	}
+}
+
+// TestReloadAppliesTheLogLevelAndNamesWhatItCannot: a reload changes the
+// host's own log level at once, without restarting a plugin, and says
+// which settings only a restart applies instead of ignoring them.
+func TestReloadAppliesTheLogLevelAndNamesWhatItCannot(t *testing.T) {
+	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
+	h.start()
+	h.waitReady()
+	pid := h.agent.Plugin("noop-a").Pid()
+	cfg := h.load()
+	cfg.Log.Level = "warn"
+	cfg.Server.Listen = "127.0.0.1:1"
+	if err := h.agent.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.logger.GetLevel(); got != hclog.Warn {
+		t.Errorf("host log level after reload = %s, want warn", got)
+	}
+	if p := h.agent.Plugin("noop-a"); p == nil || p.Pid() != pid {
+		t.Errorf("a log level change restarted the plugin")
+	}
+	logs := h.logs.String()
+	if !strings.Contains(logs, "a reload cannot change this setting") || !strings.Contains(logs, "server.listen") {
+		t.Errorf("the log does not name server.listen as needing a restart:\n%s", logs)
 	}
 }
