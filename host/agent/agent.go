@@ -368,8 +368,9 @@ func (a *Agent) stopAllControllers() {
 	}
 }
 
-// Reload applies a new configuration: controllers whose block changed are
-// restarted, disabled ones stopped, new ones started; the others keep running untouched. A change
+// Reload applies a new configuration: controllers whose block changed, or
+// whose plugin binary changed on disk, are restarted, disabled ones
+// stopped, new ones started; the others keep running untouched. A change
 // of identity, ctrl connection or Kubernetes access restarts every
 // controller (without restarting the process). The new connection to ctrl
 // is built before anything is stopped: when it cannot be, nothing changes
@@ -439,6 +440,13 @@ func (a *Agent) Reload(next *config.Config) error {
 		case wasOn && isOn && !reflect.DeepEqual(old, nc):
 			a.log.Info("controller changed by reload; restarting it", "controller", name)
 			a.restartController(nc)
+		case wasOn && isOn:
+			if p := a.Plugin(name); p != nil {
+				if changed, was, now := p.BinaryChanged(); changed {
+					a.log.Info("plugin binary changed on disk; restarting its controller", "controller", name, "path", nc.Path, "sha256_was", was, "sha256_now", now)
+					a.restartController(nc)
+				}
+			}
 		}
 	}
 	opts := a.syncOptions()

@@ -135,3 +135,53 @@ func TestReloadAppliesTheLogLevelAndNamesWhatItCannot(t *testing.T) {
 		t.Errorf("the log does not name server.listen as needing a restart:\n%s", logs)
 	}
 }
+
+// replaceBinary replaces a plugin binary in place the way an upgrade does
+// (a new file renamed over the old one): same path, new content.
+func replaceBinary(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, append(b, []byte("\x00a newer build")...), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReloadRestartsAPluginWhoseBinaryChanged: a plugin binary replaced
+// in place, with its controller block unchanged, is restarted by the next
+// reload, and only it; a reload with nothing changed restarts nothing.
+func TestReloadRestartsAPluginWhoseBinaryChanged(t *testing.T) {
+	plugins := noopPlugins(t, "noop-a", "noop-b")
+	h := newHostHarness(t, `controller "noop-a" {}
+controller "noop-b" {}`, plugins)
+	h.start()
+	h.waitReady()
+	pidA, pidB := h.agent.Plugin("noop-a").Pid(), h.agent.Plugin("noop-b").Pid()
+
+	h.reload()
+	if h.agent.Plugin("noop-a").Pid() != pidA || h.agent.Plugin("noop-b").Pid() != pidB {
+		t.Fatalf("a reload with nothing changed restarted a plugin")
+	}
+	replaceBinary(t, filepath.Join(plugins, "krane-plugin-noop-a"))
+	h.reload()
+	eventually(t, 60*time.Second, "noop-a restarted from its new binary", func() error {
+		p := h.agent.Plugin("noop-a")
+		if p == nil || p.Pid() == 0 || p.Pid() == pidA {
+			return fmt.Errorf("noop-a not restarted")
+		}
+		return nil
+	})
+	if h.agent.Plugin("noop-b").Pid() != pidB {
+		t.Errorf("noop-b was restarted, though only noop-a's binary changed")
+	}
+	h.waitReady()
+	if !strings.Contains(h.logs.String(), "plugin binary changed on disk") {
+		t.Errorf("the log does not say why noop-a restarted")
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -86,6 +85,7 @@ type Plugin struct {
 	changed chan struct{} // closed and replaced whenever current changes
 	lastErr error
 	info    sdk.Info
+	digest  string // sha256 of the binary the last instance started from
 	done    chan struct{}
 }
 
@@ -138,6 +138,25 @@ func (p *Plugin) Pid() int {
 		return rc.Pid
 	}
 	return 0
+}
+
+// BinaryChanged reports whether the plugin binary on disk differs from the
+// one the running (or last) instance started from, with both digests. A
+// binary that cannot be read now (half way through an upgrade) counts as
+// unchanged: restarting could only fail.
+func (p *Plugin) BinaryChanged() (changed bool, was, now string) {
+	p.mu.Lock()
+	was = p.digest
+	p.mu.Unlock()
+	if p.reattach != nil || was == "" {
+		return false, was, ""
+	}
+	now, err := fileSHA256(p.ctl.Path)
+	if err != nil {
+		p.log.Warn("cannot read the plugin binary to see whether it changed", "path", p.ctl.Path, "error", err)
+		return false, was, ""
+	}
+	return now != was, was, now
 }
 
 // Info is what the running (or last) instance described.
@@ -253,9 +272,13 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Controller, sdk
 		sum = mustHex(p.ctl.SHA256)
 	}
 	if p.reattach == nil {
-		if _, err := os.Stat(p.ctl.Path); err != nil {
+		digest, err := fileSHA256(p.ctl.Path)
+		if err != nil {
 			return nil, nil, sdk.Info{}, fmt.Errorf("controller %q: plugin binary %s: %w (set controller %q { path = ... } or plugin_dir in krane.hcl)", p.ctl.Name, p.ctl.Path, err, p.ctl.Name)
 		}
+		p.mu.Lock()
+		p.digest = digest
+		p.mu.Unlock()
 	}
 	cfg, err := sdk.NewClientConfig(sdk.ClientOptions{Path: p.ctl.Path, SHA256: sum, Logger: p.log, LogLevel: p.host.LogLevel, Reattach: p.reattach, Environ: p.host.Environ})
 	if err != nil {
