@@ -150,6 +150,10 @@ type Controller struct {
 	Config map[string]any `koanf:"config"`
 }
 
+// leaderJitter is client-go's leaderelection.JitterFactor (not imported:
+// this package stays free of client-go).
+const leaderJitter = 1.2
+
 // Defaults are the values used when krane.hcl says nothing.
 func Defaults() map[string]any {
 	return map[string]any{
@@ -368,8 +372,12 @@ func (c *Config) finish(k *koanf.Koanf) error {
 		if l.Namespace == "" || l.Name == "" {
 			bad("leader_election.name", "namespace and name of the Lease are required")
 		}
-		if !(l.RetryPeriod > 0 && l.RetryPeriod < l.RenewDeadline && l.RenewDeadline < l.LeaseDuration) {
-			bad("leader_election.lease_duration", "want retry_period < renew_deadline < lease_duration (got %s, %s, %s)", l.RetryPeriod, l.RenewDeadline, l.LeaseDuration)
+		// What client-go's leader election requires: renewals are retried
+		// every retry_period with up to 20% jitter, and must have had their
+		// chance before renew_deadline, which must leave the lease time to
+		// expire before another replica takes it.
+		if !(l.RetryPeriod > 0 && float64(l.RenewDeadline) > leaderJitter*float64(l.RetryPeriod) && l.RenewDeadline < l.LeaseDuration) {
+			bad("leader_election.lease_duration", "want retry_period > 0, renew_deadline > 1.2 x retry_period and lease_duration > renew_deadline (got retry_period %s, renew_deadline %s, lease_duration %s)", l.RetryPeriod, l.RenewDeadline, l.LeaseDuration)
 		}
 	}
 	if !filepath.IsAbs(c.PluginDir) && c.Path != "" {
