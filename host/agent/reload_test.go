@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
 )
 
@@ -184,4 +186,80 @@ controller "noop-b" {}`, plugins)
 	if !strings.Contains(h.logs.String(), "plugin binary changed on disk") {
 		t.Errorf("the log does not say why noop-a restarted")
 	}
+}
+
+// TestNoLeakAfterResyncsAndReloads: a host's goroutines and its open
+// streams to ctrl after 100 resyncs and 20 reloads (controllers restarted,
+// the ctrl connection rebuilt) are what they were after the first
+// bootstrap, give or take a small constant.
+func TestNoLeakAfterResyncsAndReloads(t *testing.T) {
+	controllers := func(label string) string {
+		return fmt.Sprintf(`controller "noop-a" {
+  config { label = %q }
+}
+controller "noop-b" {}`, label)
+	}
+	h := newHostHarness(t, controllers("0"), noopPlugins(t, "noop-a", "noop-b"))
+	for i := range 20 {
+		h.ctrl.PutJSON("noop-a.test.krane.dev", fmt.Sprintf("a%d", i), map[string]any{"i": float64(i)})
+		h.ctrl.PutJSON("noop-b.test.krane.dev", fmt.Sprintf("b%d", i), map[string]any{"i": float64(i)})
+	}
+	h.start()
+	h.waitReady()
+	settle := func() (goroutines, streams int) {
+		// Between passes goroutines come and go (a resync's listing, a
+		// report batch): take the lowest of a few samples.
+		goroutines = runtime.NumGoroutine()
+		for range 20 {
+			time.Sleep(10 * time.Millisecond)
+			goroutines = min(goroutines, runtime.NumGoroutine())
+		}
+		return goroutines, h.ctrl.OpenStreams()
+	}
+	baseG, baseS := settle()
+	check := func(after string) {
+		t.Helper()
+		var g, s int
+		eventually(t, 60*time.Second, "goroutines and streams back to where they were after the first bootstrap", func() error {
+			g, s = settle()
+			if g > baseG+25 || s != baseS {
+				return fmt.Errorf("after %s: %d goroutines and %d open streams; after the first bootstrap %d and %d", after, g, s, baseG, baseS)
+			}
+			return nil
+		})
+		t.Logf("goroutines %d -> %d, open streams %d -> %d after %s", baseG, g, baseS, s, after)
+	}
+
+	const kind = "noop-b.test.krane.dev"
+	resyncs := func() float64 { return h.metric(`krane_host_resync_seconds_count{kind="` + kind + `"}`) }
+	for range 100 {
+		before := resyncs()
+		h.agent.Loop(kind).Resync()
+		eventually(t, 30*time.Second, "a resync pass", func() error {
+			if resyncs() <= before {
+				return fmt.Errorf("resync not done")
+			}
+			return nil
+		})
+	}
+	check("100 resyncs")
+	url := h.ctrl.URL()
+	for i := range 20 {
+		cfg := func() *config.Config {
+			h.writeConfig(controllers(fmt.Sprint(i)), "")
+			return h.load()
+		}()
+		if i%2 == 1 { // every other reload rebuilds the ctrl connection
+			cfg.ControlPlane.URL = strings.Replace(url, "127.0.0.1", "localhost", 1)
+			url = cfg.ControlPlane.URL
+		} else {
+			cfg.ControlPlane.URL = url
+		}
+		if err := h.agent.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+		h.waitReady()
+		url = strings.Replace(url, "localhost", "127.0.0.1", 1)
+	}
+	check("100 resyncs and 20 reloads")
 }
