@@ -445,6 +445,7 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 		}
 		parked := q.Done(t, out)
 		l.observe(t, res, err, parked, time.Since(start))
+		l.Metrics.Parked.WithLabelValues(l.Kind).Set(float64(q.Parked()))
 	}
 }
 
