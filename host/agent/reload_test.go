@@ -34,6 +34,16 @@ func noopPlugins(t *testing.T, names ...string) string {
 	return dir
 }
 
+// startNoop runs a host with one controller, noop-a, until it is ready
+// and returns its plugin's process id.
+func startNoop(t *testing.T) (*harness, int) {
+	t.Helper()
+	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
+	h.start()
+	h.waitReady()
+	return h, h.agent.Plugin("noop-a").Pid()
+}
+
 func (h *harness) waitReady() {
 	h.t.Helper()
 	eventually(h.t, 60*time.Second, "ready", func() error {
@@ -50,10 +60,7 @@ func (h *harness) waitReady() {
 // ready, and the same reload tried again fails again instead of being
 // taken for "no change".
 func TestFailedReloadKeepsTheRunningHost(t *testing.T) {
-	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
-	h.start()
-	h.waitReady()
-	pid := h.agent.Plugin("noop-a").Pid()
+	h, pid := startNoop(t)
 
 	bad := h.load()
 	bad.ControlPlane.URL = "https://127.0.0.1:1"
@@ -89,9 +96,7 @@ func TestFailedReloadKeepsTheRunningHost(t *testing.T) {
 // refusing them go out when the host stops gracefully, instead of dying
 // with the process.
 func TestShutdownSendsQueuedReports(t *testing.T) {
-	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
-	h.start()
-	h.waitReady()
+	h, _ := startNoop(t)
 	h.ctrl.RefuseReports(true)
 	const kind = "noop-a.test.krane.dev"
 	for i := range 20 {
@@ -116,10 +121,7 @@ func TestShutdownSendsQueuedReports(t *testing.T) {
 // host's own log level at once, without restarting a plugin, and says
 // which settings only a restart applies instead of ignoring them.
 func TestReloadAppliesTheLogLevelAndNamesWhatItCannot(t *testing.T) {
-	h := newHostHarness(t, `controller "noop-a" {}`, noopPlugins(t, "noop-a"))
-	h.start()
-	h.waitReady()
-	pid := h.agent.Plugin("noop-a").Pid()
+	h, pid := startNoop(t)
 	cfg := h.load()
 	cfg.Log.Level = "warn"
 	cfg.Server.Listen = "127.0.0.1:1"

@@ -456,6 +456,29 @@ func (w *world) waitApplied(id string, version uint64) {
 	})
 }
 
+// waitParked waits until id is reported parked at version (reports trail
+// the queue by a moment).
+func (w *world) waitParked(id string, version uint64) {
+	w.t.Helper()
+	waitFor(w.t, fmt.Sprintf("%s@%d reported parked", id, version), func() error {
+		if got := w.reports.parked()[id]; got != version {
+			return fmt.Errorf("reported parked at %d", got)
+		}
+		return nil
+	})
+}
+
+// waitNoneParked waits until no failure is reported any more.
+func (w *world) waitNoneParked(what string) {
+	w.t.Helper()
+	waitFor(w.t, what, func() error {
+		if p := w.reports.parked(); len(p) > 0 {
+			return fmt.Errorf("still reported parked: %v", p)
+		}
+		return nil
+	})
+}
+
 // waitFor polls cond until it holds; the bound is generous because the
 // machine may be loaded, never a stand-in for "soon enough".
 func waitFor(t testing.TB, what string, cond func() error) {

@@ -79,9 +79,7 @@ func TestLoopParksPermanentFailures(t *testing.T) {
 	w.start()
 	w.waitBootstrapped()
 	w.waitCursor(w.ctrl.Head())
-	if got := w.reports.parked()["bad"]; got != bad {
-		t.Errorf("parked report for bad = %d, want %d", got, bad)
-	}
+	w.waitParked("bad", bad)
 }
 
 // TestLoopParkedObjectsDoNotStallTheStream: with max_pending = 2 and two
@@ -159,18 +157,11 @@ func TestLoopResyncRetriesParkedObjects(t *testing.T) {
 	v := w.put("bad", "1")
 	w.start()
 	w.waitBootstrapped()
-	if w.reports.parked()["bad"] != v {
-		t.Fatalf("bad not reported parked: %v", w.reports.parked())
-	}
+	w.waitParked("bad", v)
 	fixed.Store(true)
 	w.resync()
 	w.waitApplied("bad", v)
-	waitFor(t, "the failure cleared upstream", func() error {
-		if p := w.reports.parked(); len(p) > 0 {
-			return fmt.Errorf("still parked: %v", p)
-		}
-		return nil
-	})
+	w.waitNoneParked("the failure cleared upstream")
 }
 
 // TestLoopForgetsFinishedObjects: the queue keeps no entry for an object
@@ -299,23 +290,12 @@ func TestLoopClearsFailuresOfObjectsNoLongerDesired(t *testing.T) {
 	})
 	w.start()
 	w.waitBootstrapped()
-	v := w.put("bad", "1")
-	waitFor(t, "bad reported parked", func() error {
-		if w.reports.parked()["bad"] != v {
-			return errors.New("not reported")
-		}
-		return nil
-	})
+	w.waitParked("bad", w.put("bad", "1"))
 	w.ctrl.Stall() // the running session does not see the delete
 	w.ctrl.Delete(testKind, "bad")
 	w.plugin.Restart()
 	w.ctrl.Resume()
-	waitFor(t, "the failure of an object no longer desired cleared", func() error {
-		if p := w.reports.parked(); len(p) > 0 {
-			return fmt.Errorf("still reported: %v", p)
-		}
-		return nil
-	})
+	w.waitNoneParked("the failure of an object no longer desired cleared")
 }
 
 // TestLoopReloadWhileApplying: the plugin restarts (a reload changed its
