@@ -230,6 +230,8 @@ func TestLoopTearsDownASilentStream(t *testing.T) {
 		return nil
 	})
 	w.ctrl.Resume()
+	// Back to a timeout a loaded machine cannot trip by being slow.
+	w.loop.SetOptions(testOptions())
 	v := w.put("b", "1")
 	w.waitApplied("b", v)
 	w.resync()

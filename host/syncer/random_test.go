@@ -147,10 +147,12 @@ func randomRun(t *testing.T, seed uint64) {
 		}
 	}
 
-	// The stream settles: everything is applied or parked.
+	// The stream settles: everything is applied or parked. The timeouts go
+	// back to ones a loaded machine cannot trip by being slow.
 	fmu.Lock()
 	flaky = false
 	fmu.Unlock()
+	w.loop.SetOptions(testOptions())
 	w.waitCursor(w.ctrl.Head())
 	checkCursor(t, w, log)
 	latest := map[string]change{}
