@@ -72,7 +72,7 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "chaos seed %d: %d faults of %d types; %d desired-state changes and %d API deploys written\n",
 		r.Seed, total, len(faults), r.Changes, r.APIDeploys)
 	for _, f := range faults {
-		fmt.Fprintf(&b, "  fault %-22s %4d\n", f.name, r.Faults[f.name])
+		fmt.Fprintf(&b, "  fault %-24s %4d\n", f.name, r.Faults[f.name])
 	}
 	var regions []string
 	for region := range r.Goroutines {
@@ -247,12 +247,17 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 	rep.Changes = ch.changes()
 	last := time.Now()
 	logf("schedule over: %d changes written; waiting up to %s for convergence", rep.Changes, o.Settle)
+	progress := time.Now()
 	for {
 		mm := ck.mismatches(ctx)
 		if len(mm) == 0 {
 			rep.ConvergeAfter = time.Since(last)
 			logf("converged")
 			break
+		}
+		if time.Since(progress) > 15*time.Second {
+			progress = time.Now()
+			logf("not converged yet: %d differences, e.g. %s", len(mm), mm[0])
 		}
 		if time.Since(last) > o.Settle || ctx.Err() != nil {
 			rep.Lost = mm
