@@ -456,6 +456,31 @@ func (w *world) waitApplied(id string, version uint64) {
 	})
 }
 
+// startSettled commits one object, starts the loop and waits until it is
+// bootstrapped and at ctrl's head; it returns the cursor and the number of
+// Watch calls so far.
+func (w *world) startSettled() (cursor uint64, watches int) {
+	w.t.Helper()
+	w.put("a", "1")
+	w.start()
+	w.waitBootstrapped()
+	w.waitCursor(w.ctrl.Head())
+	return w.loop.Cursor(), len(w.ctrl.Watches())
+}
+
+// checkResumed checks that the first Watch call after the first before
+// ones resumed after cursor (not from 0).
+func (w *world) checkResumed(before int, cursor uint64) {
+	w.t.Helper()
+	watches := w.ctrl.Watches()
+	if len(watches) <= before {
+		w.t.Fatal("no new Watch call recorded")
+	}
+	if got := watches[before].GetAfterVersion(); got != cursor {
+		w.t.Errorf("resumed after version %d, want the committed cursor %d", got, cursor)
+	}
+}
+
 // waitParked waits until id is reported parked at version (reports trail
 // the queue by a moment).
 func (w *world) waitParked(id string, version uint64) {

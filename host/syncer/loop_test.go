@@ -46,22 +46,11 @@ func TestLoopBootstrap(t *testing.T) {
 // committed meanwhile.
 func TestLoopReconnectsFromCursor(t *testing.T) {
 	w := newWorld(t, testOptions())
-	w.put("a", "1")
-	w.start()
-	w.waitBootstrapped()
-	w.waitCursor(w.ctrl.Head())
-	cursor := w.loop.Cursor()
-	before := len(w.ctrl.Watches())
+	cursor, before := w.startSettled()
 	w.ctrl.DropStreams()
 	v := w.put("b", "1")
 	w.waitApplied("b", v)
-	watches := w.ctrl.Watches()
-	if len(watches) <= before {
-		t.Fatal("no reconnect recorded")
-	}
-	if got := watches[before].GetAfterVersion(); got != cursor {
-		t.Errorf("reconnected after version %d, want the committed cursor %d", got, cursor)
-	}
+	w.checkResumed(before, cursor)
 }
 
 // TestLoopParksPermanentFailures: a change that fails permanently is
@@ -200,12 +189,7 @@ func TestLoopTearsDownASilentStream(t *testing.T) {
 	o := testOptions()
 	o.StreamTimeout = 500 * time.Millisecond // ctrl's keep-alive here: 50ms
 	w := newWorld(t, o)
-	w.put("a", "1")
-	w.start()
-	w.waitBootstrapped()
-	w.waitCursor(w.ctrl.Head())
-	cursor := w.loop.Cursor()
-	before := len(w.ctrl.Watches())
+	cursor, before := w.startSettled()
 	w.ctrl.Stall()
 	waitFor(t, "the silent stream replaced", func() error {
 		if n := len(w.ctrl.Watches()); n <= before {
@@ -213,9 +197,7 @@ func TestLoopTearsDownASilentStream(t *testing.T) {
 		}
 		return nil
 	})
-	if got := w.ctrl.Watches()[before].GetAfterVersion(); got != cursor {
-		t.Errorf("resumed after version %d, want the cursor %d", got, cursor)
-	}
+	w.checkResumed(before, cursor)
 	w.loop.Resync()
 	waitFor(t, "a listing during the stall", func() error {
 		if w.ctrl.Lists() == 0 {
