@@ -36,6 +36,9 @@ sync {
   reconnect_min   = "1s"   # jittered reconnect to ctrl
   reconnect_max   = "5s"
   workers         = 16     # parallel applies per kind
+  # A stream from ctrl silent this long (no change, no keep-alive) is torn
+  # down and resumed from the cursor: three of ctrl's watch.keepalive (15s).
+  stream_timeout  = "45s"
 }
 
 # The garbage collection brake: one pass may delete at most this fraction of

@@ -28,8 +28,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Printf("chaos: %s of faults every ~%s, seed %d\n", *duration, *every, *seed)
-	env := []string{"KRANE_SYNC__RESYNC_INTERVAL=30s"}
-	st, err := stack.Start(ctx, stack.Options{BinDir: *bin, Progress: os.Stdout, ProxyCtrl: true,
+	env := append([]string{"KRANE_SYNC__RESYNC_INTERVAL=30s"}, chaos.Env()...)
+	st, err := stack.Start(ctx, stack.Options{BinDir: *bin, Progress: os.Stdout, ProxyCtrl: true, CtrlEnv: chaos.CtrlEnv(),
 		KraneEnv: map[string][]string{"local-a": env, "local-b": env}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: the stack did not start:", err)
@@ -37,11 +37,11 @@ func main() {
 		os.Exit(1)
 	}
 	rep, err := chaos.Run(ctx, st, chaos.Options{Duration: *duration, FaultEvery: *every, ChurnEvery: 200 * time.Millisecond,
-		Settle: 5 * time.Minute, Seed: *seed, Out: os.Stdout})
+		Settle: 5 * time.Minute, Seed: *seed, Out: os.Stdout, MinFaults: len(chaos.FaultKinds())})
 	st.Stop()
 	fmt.Println()
 	fmt.Println(rep.String())
-	if err != nil || len(rep.Lost) > 0 {
+	if err != nil || len(rep.Lost) > 0 || missingFaults(rep) {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "chaos:", err)
 		}
@@ -63,4 +63,16 @@ func envUint(key string, def uint64) uint64 {
 		return v
 	}
 	return def
+}
+
+// missingFaults says (and reports whether) a fault type never came.
+func missingFaults(rep chaos.Report) bool {
+	missing := false
+	for _, kind := range chaos.FaultKinds() {
+		if rep.Faults[kind] == 0 {
+			fmt.Fprintf(os.Stderr, "chaos: fault %s was never injected\n", kind)
+			missing = true
+		}
+	}
+	return missing
 }

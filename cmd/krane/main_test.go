@@ -143,6 +143,9 @@ func TestValidate(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "controller configmap") || !strings.Contains(string(out), "ok (configmap") {
 		t.Fatalf("valid file: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "a reload (SIGHUP, or the file changing) applies everything but server.listen, leader_election, log.json") {
+		t.Errorf("validate does not say what only a restart applies:\n%s", out)
+	}
 	bin := filepath.Join(filepath.Dir(cfg), "krane-plugin-configmap")
 	bad := map[string]string{
 		`controller "configmap" { config { allowed_namespace = ["a"] } }`:        `config key "allowed_namespace": unknown key`,

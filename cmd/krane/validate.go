@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 
+	"krane.dev/host/agent"
 	"krane.dev/host/config"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
@@ -65,6 +67,7 @@ func validateConfig(ctx context.Context, path string, cluster bool) error {
 		return fmt.Errorf("%s: %w", path, errors.Join(errs...))
 	}
 	fmt.Printf("%s: ok\n", path)
+	fmt.Printf("note: a reload (SIGHUP, or the file changing) applies everything but %s: those take effect when krane starts\n", strings.Join(agent.RestartOnly, ", "))
 	return nil
 }
 

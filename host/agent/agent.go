@@ -62,14 +62,12 @@ type Agent struct {
 	life        sync.Mutex
 	mu          sync.Mutex
 	cfg         *config.Config
-	conn        *grpc.ClientConn
 	client      clusterv1.ClusterServiceClient
 	reporter    *status.Reporter
 	controllers map[string]*controllerRun
 	kindOwner   map[string]string
 	runCtx      context.Context
-	cancelCore  context.CancelFunc
-	coreDone    chan struct{}
+	core        *core
 }
 
 // controllerRun is one enabled controller: its plugin and its kinds' loops.
@@ -112,16 +110,22 @@ func New(cfg *config.Config, log hclog.Logger, opts Options) *Agent {
 }
 
 // Run connects to ctrl and runs every enabled controller until ctx ends,
-// then stops them gracefully.
+// then stops them gracefully and sends the status reports still queued.
 func (a *Agent) Run(ctx context.Context) error {
 	a.life.Lock()
 	a.mu.Lock()
 	a.runCtx = ctx
+	cfg := a.cfg
 	a.mu.Unlock()
-	if err := a.startCore(); err != nil {
+	c, err := dialCore(cfg)
+	if err != nil {
+		a.mu.Lock()
+		a.runCtx = nil
+		a.mu.Unlock()
 		a.life.Unlock()
 		return err
 	}
+	a.startCore(c)
 	a.mu.Lock()
 	for _, ctl := range a.cfg.Enabled() {
 		a.startController(ctl)
@@ -132,56 +136,85 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.life.Lock()
 	defer a.life.Unlock()
 	a.stopAllControllers()
-	a.stopCore()
+	a.stopCore(true)
+	a.mu.Lock()
+	a.runCtx = nil
+	a.mu.Unlock()
 	return nil
 }
 
-// startCore dials ctrl and starts the status reporter and heartbeats.
-func (a *Agent) startCore() error {
+// core is the host's connection to ctrl and what runs on it: the status
+// reporter's senders and the heartbeat.
+type core struct {
+	conn   *grpc.ClientConn
+	client clusterv1.ClusterServiceClient
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// dialCore builds the connection to ctrl that cfg describes. It starts
+// nothing, so a reload can build it before it tears anything down: a CA
+// file not there yet fails here, with the running core untouched.
+func dialCore(cfg *config.Config) (*core, error) {
+	conn, err := ctrlclient.Dial(cfg, "krane/"+version.Version)
+	if err != nil {
+		return nil, err
+	}
+	return &core{conn: conn, client: ctrlclient.New(conn)}, nil
+}
+
+// startCore makes c the running core: the status reporter (one for the
+// agent's life, so its queue survives reloads) sends on it, and
+// heartbeats start.
+func (a *Agent) startCore(c *core) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	conn, err := ctrlclient.Dial(a.cfg, "krane/"+version.Version)
-	if err != nil {
-		return err
-	}
-	a.conn = conn
-	a.client = ctrlclient.New(conn)
 	if a.reporter == nil {
-		a.reporter = status.New(a.client, a.log.Named("status"), a.reg, 100000)
+		a.reporter = status.New(c.client, a.log.Named("status"), a.reg, 100000)
 	}
+	a.reporter.SetClient(c.client)
 	ctx, cancel := context.WithCancel(a.runCtx)
-	a.cancelCore = cancel
-	a.coreDone = make(chan struct{})
-	reporter, client, done := newReporterFor(a, a.client), a.client, a.coreDone
+	c.cancel, c.done = cancel, make(chan struct{})
+	a.core, a.client = c, c.client
+	reporter := a.reporter
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); reporter.Run(ctx, 4) }()
-	go func() { defer wg.Done(); a.heartbeat(ctx, client) }()
-	go func() { wg.Wait(); close(done) }()
+	go func() { defer wg.Done(); a.heartbeat(ctx, c.client) }()
+	go func() { wg.Wait(); close(c.done) }()
 	a.log.Info("connecting to ctrl", "url", a.cfg.ControlPlane.URL, "region", a.cfg.Region, "cluster", a.cfg.ClusterID)
-	return nil
 }
 
-// newReporterFor rebuilds the reporter on a new connection but keeps its
-// metrics registered once.
-func newReporterFor(a *Agent, client clusterv1.ClusterServiceClient) *status.Reporter {
-	a.reporter.SetClient(client)
-	return a.reporter
-}
+// reportFlushTimeout bounds sending the queued status reports at shutdown.
+const reportFlushTimeout = 5 * time.Second
 
-// stopCore stops the reporter and heartbeats and closes the connection.
-func (a *Agent) stopCore() {
+// stopCore stops the reporter's senders and heartbeats and closes the
+// connection. With flush (a shutdown), it first sends what the reporter
+// still holds, for up to reportFlushTimeout; after a reload the next core
+// sends it instead.
+func (a *Agent) stopCore(flush bool) {
 	a.mu.Lock()
-	cancel, done, conn := a.cancelCore, a.coreDone, a.conn
-	a.cancelCore, a.conn = nil, nil
+	c, reporter := a.core, a.reporter
+	a.core = nil
 	a.mu.Unlock()
-	if cancel != nil {
+	if c == nil {
+		return
+	}
+	c.cancel()
+	<-c.done
+	if flush && reporter.Depth() > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), reportFlushTimeout)
+		n := reporter.Depth()
+		left, err := reporter.Flush(ctx)
 		cancel()
-		<-done
+		if err != nil {
+			a.log.Warn("could not send every queued status report before stopping; ctrl learns the rest from the next host's reports",
+				"sent", n-left, "left", left, "error", err)
+		} else {
+			a.log.Info("sent the queued status reports before stopping", "reports", n)
+		}
 	}
-	if conn != nil {
-		conn.Close()
-	}
+	c.conn.Close()
 }
 
 func (a *Agent) heartbeat(ctx context.Context, client clusterv1.ClusterServiceClient) {
@@ -250,6 +283,13 @@ func (a *Agent) startController(ctl config.Controller) {
 func (a *Agent) claimKinds(name string, run *controllerRun, info sdk.Info) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// The hook runs in the supervisor's goroutine and may come after the
+	// controller was stopped (or replaced by a reload): such an instance
+	// claims nothing, or its kinds would stay owned by a controller that
+	// no longer runs. stopController removes run under a.mu first.
+	if a.controllers[name] != run || run.ctx.Err() != nil {
+		return fmt.Errorf("controller %q was stopped while its plugin started", name)
+	}
 	want := map[string]bool{}
 	for _, k := range info.Kinds {
 		if owner, ok := a.kindOwner[k.Kind]; ok && owner != name {
@@ -288,7 +328,7 @@ func (a *Agent) syncOptions() syncer.Options {
 	o := syncer.DefaultOptions()
 	s := a.cfg.Sync
 	o.Workers, o.ResyncInterval, o.ReconnectMin, o.ReconnectMax = s.Workers, s.ResyncInterval, s.ReconnectMin, s.ReconnectMax
-	o.ApplyTimeout, o.MaxPending = s.ApplyTimeout, s.MaxPending
+	o.ApplyTimeout, o.MaxPending, o.StreamTimeout = s.ApplyTimeout, s.MaxPending, s.StreamTimeout
 	o.GC = syncer.GCOptions{MaxDeleteFraction: a.cfg.GC.MaxDeleteFraction, MinDeletes: a.cfg.GC.MinDeletes, AllowMassDelete: a.cfg.GC.AllowMassDelete}
 	return o
 }
@@ -328,29 +368,46 @@ func (a *Agent) stopAllControllers() {
 	}
 }
 
-// Reload applies a new configuration: controllers whose block changed are
-// restarted, disabled ones stopped, new ones started; the others keep
-// running untouched. A change of identity, ctrl connection or Kubernetes
-// access restarts every controller (without restarting the process).
+// Reload applies a new configuration: controllers whose block changed, or
+// whose plugin binary changed on disk, are restarted, disabled ones
+// stopped, new ones started; the others keep running untouched. A change
+// of identity, ctrl connection or Kubernetes access restarts every
+// controller (without restarting the process). The new connection to ctrl
+// is built before anything is stopped: when it cannot be, nothing changes
+// and the error says why. The host's log level is applied at once; what a
+// reload cannot change (RestartOnly) is logged and kept as it runs.
 func (a *Agent) Reload(next *config.Config) error {
 	a.life.Lock()
 	defer a.life.Unlock()
 	a.mu.Lock()
 	prev, running := a.cfg, a.runCtx != nil
-	a.cfg = next
 	a.mu.Unlock()
+	next = a.keepRestartOnly(prev, next)
 	if !running {
+		a.mu.Lock()
+		a.cfg = next
+		a.mu.Unlock()
 		return nil
 	}
+	if prev.Log.Level != next.Log.Level {
+		a.log.SetLevel(hclog.LevelFromString(next.Log.Level))
+		a.log.Info("log level changed by reload", "level", next.Log.Level,
+			"plugins", "each plugin keeps its level until it restarts (disable and enable it to restart it now)")
+	}
 	global := prev.Region != next.Region || prev.ClusterID != next.ClusterID ||
-		prev.ControlPlane != next.ControlPlane || prev.Kubernetes != next.Kubernetes || prev.Log != next.Log
+		prev.ControlPlane != next.ControlPlane || prev.Kubernetes != next.Kubernetes
 	if global {
+		c, err := dialCore(next)
+		if err != nil {
+			return fmt.Errorf("reload not applied, the running configuration is kept: %w", err)
+		}
 		a.log.Info("identity, ctrl or Kubernetes settings changed: restarting every controller")
 		a.stopAllControllers()
-		a.stopCore()
-		if err := a.startCore(); err != nil {
-			return err
-		}
+		a.stopCore(false)
+		a.mu.Lock()
+		a.cfg = next
+		a.mu.Unlock()
+		a.startCore(c)
 		a.mu.Lock()
 		for _, ctl := range next.Enabled() {
 			a.startController(ctl)
@@ -358,6 +415,9 @@ func (a *Agent) Reload(next *config.Config) error {
 		a.mu.Unlock()
 		return nil
 	}
+	a.mu.Lock()
+	a.cfg = next
+	a.mu.Unlock()
 	names := map[string]bool{}
 	for n := range prev.Controllers {
 		names[n] = true
@@ -379,15 +439,53 @@ func (a *Agent) Reload(next *config.Config) error {
 			a.mu.Unlock()
 		case wasOn && isOn && !reflect.DeepEqual(old, nc):
 			a.log.Info("controller changed by reload; restarting it", "controller", name)
-			a.stopController(name)
-			a.mu.Lock()
-			a.startController(nc)
-			a.mu.Unlock()
+			a.restartController(nc)
+		case wasOn && isOn:
+			if p := a.Plugin(name); p != nil {
+				if changed, was, now := p.BinaryChanged(); changed {
+					a.log.Info("plugin binary changed on disk; restarting its controller", "controller", name, "path", nc.Path, "sha256_was", was, "sha256_now", now)
+					a.restartController(nc)
+				}
+			}
 		}
 	}
 	opts := a.syncOptions()
 	a.eachLoop(func(_ string, l *syncer.Loop) { l.SetOptions(opts) })
 	return nil
+}
+
+// restartController stops a controller and starts it with ctl.
+func (a *Agent) restartController(ctl config.Controller) {
+	a.stopController(ctl.Name)
+	a.mu.Lock()
+	a.startController(ctl)
+	a.mu.Unlock()
+}
+
+// RestartOnly names the settings a reload cannot change: the process
+// applies them at start only (krane validate says so too).
+var RestartOnly = []string{"server.listen", "leader_election", "log.json"}
+
+// keepRestartOnly returns next with the settings a reload cannot change
+// set back to their running values, and logs each one that differed.
+func (a *Agent) keepRestartOnly(prev, next *config.Config) *config.Config {
+	n := *next
+	warn := func(key string, was, want any) {
+		a.log.Warn("a reload cannot change this setting; restart krane to apply it", "key", key, "running", was, "configured", want)
+	}
+	if n.Server != prev.Server {
+		warn("server.listen", prev.Server.Listen, n.Server.Listen)
+		n.Server = prev.Server
+	}
+	if n.Leader != prev.Leader {
+		warn("leader_election", fmt.Sprintf("%+v", prev.Leader), fmt.Sprintf("%+v", n.Leader))
+		n.Leader = prev.Leader
+	}
+	if n.Log.JSON != prev.Log.JSON {
+		warn("log.json", prev.Log.JSON, n.Log.JSON)
+		n.Log.JSON = prev.Log.JSON
+	}
+	return &n
 }
 
 func (a *Agent) eachLoop(f func(kind string, l *syncer.Loop)) {
@@ -428,12 +526,23 @@ func (a *Agent) Plugin(name string) *supervisor.Plugin {
 }
 
 // Ready reports whether every enabled controller's plugin runs and every
-// kind it reconciles has completed a bootstrap; otherwise why not.
+// kind it reconciles has completed a bootstrap; otherwise why not. An
+// enabled controller that is not running at all (the host not started
+// yet, or stopped) makes it not ready.
 func (a *Agent) Ready() (bool, []string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var why []string
-	for name, run := range a.controllers {
+	if a.core == nil {
+		why = append(why, "not connected to ctrl")
+	}
+	for _, ctl := range a.cfg.Enabled() {
+		name := ctl.Name
+		run, ok := a.controllers[name]
+		if !ok {
+			why = append(why, fmt.Sprintf("controller %s: enabled but not running", name))
+			continue
+		}
 		if !run.plugin.Running() {
 			msg := fmt.Sprintf("controller %s: plugin not running", name)
 			if err := run.plugin.LastError(); err != nil {

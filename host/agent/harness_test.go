@@ -44,6 +44,8 @@ type harness struct {
 	agent   *agent.Agent
 	logs    *syncBuffer
 	ns      string
+	plugins string
+	logger  hclog.Logger
 	stop    func()
 }
 
@@ -79,12 +81,8 @@ func pluginDir(t *testing.T) string {
 func newHarness(t *testing.T, controllers string) *harness {
 	t.Helper()
 	cluster := kubeenv.Shared(t)
-	h := &harness{t: t, cluster: cluster, ctrl: clustertest.Start(t, region, token), dir: t.TempDir(), logs: &syncBuffer{}}
-	h.ctrl.KeepAlive = 200 * time.Millisecond
-	h.ns = strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(h.ns) > 50 {
-		h.ns = h.ns[:50]
-	}
+	h := newHostHarness(t, controllers, pluginDir(t))
+	h.cluster = cluster
 	if err := cluster.EnsureNamespace(context.Background(), h.ns); err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +90,20 @@ func newHarness(t *testing.T, controllers string) *harness {
 	// plugin's inventory is cluster-wide: start from a clean slate.
 	cleanManaged(t, cluster)
 	t.Cleanup(func() { cleanManaged(t, cluster) })
+	h.writeConfig(controllers, "")
+	return h
+}
+
+// newHostHarness prepares a host without an API server, for controllers
+// that need none (the noop plugins), with plugins found in plugins.
+func newHostHarness(t *testing.T, controllers, plugins string) *harness {
+	t.Helper()
+	h := &harness{t: t, ctrl: clustertest.Start(t, region, token), dir: t.TempDir(), logs: &syncBuffer{}, plugins: plugins}
+	h.ctrl.KeepAlive = 200 * time.Millisecond
+	h.ns = strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(h.ns) > 50 {
+		h.ns = h.ns[:50]
+	}
 	h.cfgPath = filepath.Join(h.dir, "krane.hcl")
 	h.writeConfig(controllers, "")
 	return h
@@ -122,10 +134,19 @@ log { level = "debug" }
 plugin_dir = %q
 %s
 %s
-`, region, h.ctrl.URL(), token, h.cluster.Kubeconfig, pluginDir(h.t), strings.ReplaceAll(controllers, "%NS%", h.ns), extra)
+`, region, h.ctrl.URL(), token, h.kubeconfig(), h.plugins, strings.ReplaceAll(controllers, "%NS%", h.ns), extra)
 	if err := os.WriteFile(h.cfgPath, []byte(hcl), 0o600); err != nil {
 		h.t.Fatal(err)
 	}
+}
+
+// kubeconfig is the API server's kubeconfig, or "" (in-cluster, which the
+// noop plugins never use) without one.
+func (h *harness) kubeconfig() string {
+	if h.cluster == nil {
+		return ""
+	}
+	return h.cluster.Kubeconfig
 }
 
 func (h *harness) load() *config.Config {
@@ -140,8 +161,8 @@ func (h *harness) load() *config.Config {
 // start runs the agent until the test ends.
 func (h *harness) start() {
 	h.t.Helper()
-	log := hclog.New(&hclog.LoggerOptions{Name: "krane", Level: hclog.Debug, Output: io.MultiWriter(h.logs, testWriter{h.t})})
-	h.agent = agent.New(h.load(), log, agent.Options{})
+	h.logger = hclog.New(&hclog.LoggerOptions{Name: "krane", Level: hclog.Debug, Output: io.MultiWriter(h.logs, testWriter{h.t})})
+	h.agent = agent.New(h.load(), h.logger, agent.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

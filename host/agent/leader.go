@@ -26,9 +26,21 @@ type leaderState struct {
 }
 
 // RunElected runs the agent only while this replica holds the cluster's
-// Lease (leader_election in krane.hcl). Losing the lease stops every
-// controller before another replica can start them; the loop then competes
-// again. A standby reports ready (it is healthy, just not leading).
+// Lease (leader_election in krane.hcl); a standby reports ready (it is
+// healthy, just not leading). The order of events is what keeps two
+// replicas from acting at once:
+//
+//   - Losing the lease (a renewal failed) stops every controller; the
+//     other replicas wait out the lease, renew_deadline shorter than
+//     lease_duration being the margin client-go relies on.
+//   - Stopping (ctx ends) stops every controller first and only then
+//     releases the lease, so that another replica starts at once but never
+//     while this one still acts. client-go's own ReleaseOnCancel releases
+//     as the context ends, before the teardown: it is not used.
+//   - A leader that cannot run its controllers (Run fails) stops renewing
+//     and releases the lease, so a healthy replica can take over, then
+//     waits (lease_duration, doubling to two minutes) before competing
+//     again.
 func (a *Agent) RunElected(ctx context.Context) error {
 	cfg := a.cfg
 	le := cfg.Leader
@@ -53,53 +65,106 @@ func (a *Agent) RunElected(ctx context.Context) error {
 		Client:     client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}
+	lease := le.Namespace + "/" + le.Name
+	failures := 0
 	for ctx.Err() == nil {
-		// The callback only hands its context over: the agent runs here, so
-		// this loop knows for sure when a leadership has fully stopped
-		// before it competes again.
+		// The election runs on a context of its own, ended only once the
+		// controllers stopped: then it stops renewing.
 		leading := make(chan context.Context, 1)
+		elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:          lock,
+			LeaseDuration: le.LeaseDuration,
+			RenewDeadline: le.RenewDeadline,
+			RetryPeriod:   le.RetryPeriod,
+			Name:          le.Name,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(lctx context.Context) { leading <- lctx },
+				OnStoppedLeading: func() {},
+				OnNewLeader: func(leader string) {
+					a.setObserved(leader)
+					if leader != id {
+						a.log.Info("standing by", "leader", leader)
+					}
+				},
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("leader_election: %w", err)
+		}
+		ectx, stopElection := context.WithCancel(context.Background())
 		elected := make(chan struct{})
 		go func() {
 			defer close(elected)
-			leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-				Lock:            lock,
-				LeaseDuration:   le.LeaseDuration,
-				RenewDeadline:   le.RenewDeadline,
-				RetryPeriod:     le.RetryPeriod,
-				ReleaseOnCancel: true,
-				Name:            le.Name,
-				Callbacks: leaderelection.LeaderCallbacks{
-					OnStartedLeading: func(lctx context.Context) { leading <- lctx },
-					OnStoppedLeading: func() {},
-					OnNewLeader: func(leader string) {
-						a.setObserved(leader)
-						if leader != id {
-							a.log.Info("standing by", "leader", leader)
-						}
-					},
-				},
-			})
+			elector.Run(ectx)
 		}()
+		var lctx context.Context
 		select {
-		case lctx := <-leading:
-			a.setLeading(true, id)
-			a.log.Info("acquired the lease: running controllers", "lease", le.Namespace+"/"+le.Name, "identity", id)
-			if err := a.Run(lctx); err != nil {
-				a.log.Error("agent stopped with an error", "error", err)
-			}
-			a.setLeading(false, "")
-			<-elected
-			if ctx.Err() == nil {
-				a.log.Warn("lost the lease: controllers stopped; competing again", "lease", le.Namespace+"/"+le.Name)
-			}
+		case lctx = <-leading:
+		case <-ctx.Done():
 		case <-elected:
+		}
+		if lctx == nil {
+			stopElection()
+			<-elected
+			continue
+		}
+		a.setLeading(true, id)
+		a.log.Info("acquired the lease: running controllers", "lease", lease, "identity", id)
+		rctx, stopRun := context.WithCancel(lctx)
+		stopOnShutdown := context.AfterFunc(ctx, stopRun)
+		runErr := a.Run(rctx) // returns once every controller has stopped
+		stopOnShutdown()
+		stopRun()
+		lost := lctx.Err() != nil && ctx.Err() == nil
+		stopElection()
+		<-elected
+		a.setLeading(false, "")
+		if !lost {
+			// Nothing runs any more: hand the lease over now rather than
+			// make the others wait for it to expire.
+			if err := releaseLease(lock, id); err != nil {
+				a.log.Warn("could not release the lease; another replica takes over when it expires", "lease", lease, "error", err)
+			} else {
+				a.log.Info("released the lease", "lease", lease)
+			}
+		}
+		wait := le.RetryPeriod
+		switch {
+		case runErr != nil:
+			failures++
+			wait = min(2*time.Minute, le.LeaseDuration<<min(failures-1, 8))
+			a.log.Error("could not run the controllers while leading; gave the lease up so a healthy replica can lead", "error", runErr, "lease", lease, "competing_again_in", wait)
+		case lost:
+			failures = 0
+			a.log.Warn("lost the lease: controllers stopped; competing again", "lease", lease)
+		default:
+			failures = 0
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(le.RetryPeriod):
+		case <-time.After(wait):
 		}
 	}
 	return nil
+}
+
+// releaseLease gives the lease up if id still holds it, as client-go's
+// ReleaseOnCancel would (an empty holder and a one-second duration), but
+// at the moment the caller chooses.
+func releaseLease(lock *resourcelock.LeaseLock, id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, _, err := lock.Get(ctx)
+	if err != nil {
+		return err
+	}
+	if rec.HolderIdentity != id {
+		return nil
+	}
+	now := metav1.NewTime(time.Now())
+	return lock.Update(ctx, resourcelock.LeaderElectionRecord{
+		LeaderTransitions: rec.LeaderTransitions, LeaseDurationSeconds: 1, RenewTime: now, AcquireTime: now,
+	})
 }
 
 func (a *Agent) setLeading(v bool, id string) {

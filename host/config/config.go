@@ -95,6 +95,10 @@ type Sync struct {
 	// MaxPending bounds queued changes per kind; the stream is read no
 	// faster than they are applied beyond it.
 	MaxPending int `koanf:"max_pending"`
+	// StreamTimeout is how long a stream from ctrl may stay silent (no
+	// change, no keep-alive) before it is torn down and resumed from the
+	// cursor. Keep it at three times ctrl's watch.keepalive (15s).
+	StreamTimeout time.Duration `koanf:"stream_timeout"`
 }
 
 // GC is the garbage collection brake (invariant 5).
@@ -146,6 +150,10 @@ type Controller struct {
 	Config map[string]any `koanf:"config"`
 }
 
+// leaderJitter is client-go's leaderelection.JitterFactor (not imported:
+// this package stays free of client-go).
+const leaderJitter = 1.2
+
 // Defaults are the values used when krane.hcl says nothing.
 func Defaults() map[string]any {
 	return map[string]any{
@@ -155,6 +163,7 @@ func Defaults() map[string]any {
 		"sync.workers":                   16,
 		"sync.apply_timeout":             "30s",
 		"sync.max_pending":               10000,
+		"sync.stream_timeout":            "45s",
 		"gc.max_delete_fraction":         0.25,
 		"gc.min_deletes":                 5,
 		"gc.allow_mass_delete":           false,
@@ -350,6 +359,9 @@ func (c *Config) finish(k *koanf.Koanf) error {
 	if s.MaxPending < 1 {
 		bad("sync.max_pending", "must be positive")
 	}
+	if s.StreamTimeout < time.Second {
+		bad("sync.stream_timeout", "%s is too short (minimum 1s; keep it at three times ctrl's watch.keepalive)", s.StreamTimeout)
+	}
 	if c.GC.MaxDeleteFraction <= 0 || c.GC.MaxDeleteFraction > 1 {
 		bad("gc.max_delete_fraction", "%v is out of range (0, 1]", c.GC.MaxDeleteFraction)
 	}
@@ -360,8 +372,12 @@ func (c *Config) finish(k *koanf.Koanf) error {
 		if l.Namespace == "" || l.Name == "" {
 			bad("leader_election.name", "namespace and name of the Lease are required")
 		}
-		if !(l.RetryPeriod > 0 && l.RetryPeriod < l.RenewDeadline && l.RenewDeadline < l.LeaseDuration) {
-			bad("leader_election.lease_duration", "want retry_period < renew_deadline < lease_duration (got %s, %s, %s)", l.RetryPeriod, l.RenewDeadline, l.LeaseDuration)
+		// What client-go's leader election requires: renewals are retried
+		// every retry_period with up to 20% jitter, and must have had their
+		// chance before renew_deadline, which must leave the lease time to
+		// expire before another replica takes it.
+		if !(l.RetryPeriod > 0 && float64(l.RenewDeadline) > leaderJitter*float64(l.RetryPeriod) && l.RenewDeadline < l.LeaseDuration) {
+			bad("leader_election.lease_duration", "want retry_period > 0, renew_deadline > 1.2 x retry_period and lease_duration > renew_deadline (got retry_period %s, renew_deadline %s, lease_duration %s)", l.RetryPeriod, l.RenewDeadline, l.LeaseDuration)
 		}
 	}
 	if !filepath.IsAbs(c.PluginDir) && c.Path != "" {

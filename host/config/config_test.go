@@ -1,11 +1,16 @@
 package config
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
 func write(t *testing.T, content string) string {
@@ -178,5 +183,34 @@ func TestUnrelatedEnvironmentIgnored(t *testing.T) {
 	}
 	if cfg.Controllers["my-plugin"].Enabled {
 		t.Errorf("KRANE_CONTROLLER__MY_PLUGIN__ENABLED did not reach controller my-plugin")
+	}
+}
+
+// TestLeaderTimingsMatchClientGo: krane validate accepts exactly the
+// leader election timings client-go accepts. A combination that passed
+// validation and that client-go refuses crashed the host at start.
+func TestLeaderTimingsMatchClientGo(t *testing.T) {
+	durations := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2200 * time.Millisecond,
+		2400 * time.Millisecond, 2500 * time.Millisecond, 3 * time.Second, 7 * time.Second, 10 * time.Second}
+	for _, lease := range durations {
+		for _, renew := range durations {
+			for _, retry := range durations {
+				p := write(t, base+fmt.Sprintf(`leader_election {
+  enabled = true
+  lease_duration = %q
+  renew_deadline = %q
+  retry_period = %q
+}`, lease, renew, retry))
+				_, err := Load(p, []string{})
+				_, cgErr := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+					Lock:          &resourcelock.LeaseLock{LockConfig: resourcelock.ResourceLockConfig{Identity: "x"}},
+					LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry,
+					Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: func(context.Context) {}, OnStoppedLeading: func() {}},
+				})
+				if (err == nil) != (cgErr == nil) {
+					t.Errorf("lease %s, renew %s, retry %s: krane says %v, client-go says %v", lease, renew, retry, err, cgErr)
+				}
+			}
+		}
 	}
 }

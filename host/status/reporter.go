@@ -131,14 +131,18 @@ func (r *Reporter) ApplyFailed(kind, id string, version uint64, err error) {
 	})
 }
 
-// ApplyRecovered clears a reported failure once a later apply succeeded.
+// ApplyRecovered clears a reported failure once a later apply succeeded
+// (or desired state no longer names the object). A recovery older than
+// the failure is stale and ignored.
 func (r *Reporter) ApplyRecovered(kind, id string, version uint64) {
 	k := key{kind, id}
 	r.mu.Lock()
-	_, had := r.failed[k]
-	delete(r.failed, k)
+	failedAt, had := r.failed[k]
+	if had && version >= failedAt {
+		delete(r.failed, k)
+	}
 	r.mu.Unlock()
-	if !had {
+	if !had || version < failedAt {
 		return
 	}
 	r.put(k, func(old *clusterv1.ReportStatusRequest) *clusterv1.ReportStatusRequest {
@@ -148,6 +152,20 @@ func (r *Reporter) ApplyRecovered(kind, id string, version uint64) {
 		old.ApplyError = &clusterv1.ApplyError{Version: version}
 		return old
 	})
+}
+
+// Failing lists the objects of kind with a failure reported and not
+// cleared.
+func (r *Reporter) Failing(kind string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for k := range r.failed {
+		if k.kind == kind {
+			ids = append(ids, k.id)
+		}
+	}
+	return ids
 }
 
 func (r *Reporter) put(k key, merge func(*clusterv1.ReportStatusRequest) *clusterv1.ReportStatusRequest) {
@@ -201,7 +219,7 @@ func (r *Reporter) send(ctx context.Context) {
 			}
 			continue
 		}
-		batch, wait, lingering := r.take(time.Now())
+		batch, wait, lingering := r.take(time.Now(), false)
 		if len(batch) == 0 {
 			// Nothing was sent, so a probe slot taken above must be given
 			// back: otherwise the breaker waits for a probe that never ends
@@ -230,7 +248,10 @@ func (r *Reporter) send(ctx context.Context) {
 			continue
 		}
 		if ctx.Err() != nil {
+			// Stopped mid-call (a reload, a shutdown): the batch goes back
+			// as it was, to be sent on the next connection or by Flush.
 			r.breaker.release()
+			r.putBack(again)
 			return
 		}
 		if r.breaker.failure(time.Now()) {
@@ -313,8 +334,9 @@ func (r *Reporter) judge(e *entry, err error) *entry {
 
 // take removes the oldest due entries, up to a batch, once the oldest of
 // them has lingered long enough or the batch is full. With nothing to send
-// it returns how long to wait, and whether reports are lingering.
-func (r *Reporter) take(now time.Time) ([]*entry, time.Duration, bool) {
+// it returns how long to wait, and whether reports are lingering. With
+// flush, every entry is due and none lingers.
+func (r *Reporter) take(now time.Time, flush bool) ([]*entry, time.Duration, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	wait := time.Second
@@ -322,7 +344,7 @@ func (r *Reporter) take(now time.Time) ([]*entry, time.Duration, bool) {
 	size := 0
 	for i, k := range r.order {
 		e := r.pending[k]
-		if e.notBefore.After(now) {
+		if !flush && e.notBefore.After(now) {
 			wait = min(wait, e.notBefore.Sub(now))
 			continue
 		}
@@ -337,7 +359,7 @@ func (r *Reporter) take(now time.Time) ([]*entry, time.Duration, bool) {
 	if len(due) == 0 {
 		return nil, wait, false
 	}
-	if waited := now.Sub(r.pending[r.order[due[0]]].queuedAt); len(due) < maxBatch && size < maxBatchBytes && waited < linger {
+	if waited := now.Sub(r.pending[r.order[due[0]]].queuedAt); !flush && len(due) < maxBatch && size < maxBatchBytes && waited < linger {
 		return nil, min(wait, linger-waited), true
 	}
 	batch := make([]*entry, len(due))
@@ -362,6 +384,48 @@ func (r *Reporter) take(now time.Time) ([]*entry, time.Duration, bool) {
 	}
 	r.depth.Set(float64(len(r.pending)))
 	return batch, 0, false
+}
+
+// putBack returns entries taken for a call that did not happen or was cut
+// short, at the head of the queue and without a retry delay, each unless
+// a newer report for its object arrived meanwhile.
+func (r *Reporter) putBack(entries []*entry) {
+	if len(entries) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var keys []key
+	for _, e := range entries {
+		if _, newer := r.pending[e.key]; newer {
+			continue
+		}
+		r.pending[e.key] = e
+		keys = append(keys, e.key)
+	}
+	r.order = append(keys, r.order...)
+	r.depth.Set(float64(len(r.pending)))
+}
+
+// Flush sends every queued report now, in batches, until none is left or
+// ctx ends, and returns how many are left. A graceful shutdown calls it
+// after Run has stopped, so that what the plugins last reported is not
+// lost with the process.
+func (r *Reporter) Flush(ctx context.Context) (left int, err error) {
+	for {
+		batch, _, _ := r.take(time.Now(), true)
+		if len(batch) == 0 {
+			return 0, nil
+		}
+		again, err := r.deliver(ctx, batch)
+		r.putBack(again)
+		if err == nil && len(again) > 0 {
+			err = fmt.Errorf("ctrl refused %d status reports for now", len(again))
+		}
+		if err != nil {
+			return r.Depth(), err
+		}
+	}
 }
 
 // retry puts failed reports back, each unless a newer one arrived

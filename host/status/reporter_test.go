@@ -25,8 +25,9 @@ func (bearer) GetRequestMetadata(context.Context, ...string) (map[string]string,
 }
 func (bearer) RequireTransportSecurity() bool { return false }
 
-func client(t *testing.T, srv *clustertest.Server) clusterv1.ClusterServiceClient {
-	conn, err := grpc.NewClient(srv.URL()[len("http://"):], grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer{}))
+func client(t *testing.T, srv *clustertest.Server, opts ...grpc.DialOption) clusterv1.ClusterServiceClient {
+	opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer{}))
+	conn, err := grpc.NewClient(srv.URL()[len("http://"):], opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,5 +248,86 @@ func TestDropsAReportCtrlRefuses(t *testing.T) {
 				t.Errorf("refused reports counted as %d failures of ctrl", failures)
 			}
 		})
+	}
+}
+
+// TestStaleRecoveryKeepsTheFailure: a recovery older than the reported
+// failure (the object failed again at a newer version since) does not
+// clear it.
+func TestStaleRecoveryKeepsTheFailure(t *testing.T) {
+	srv := clustertest.Start(t, "r", "tok")
+	r := New(client(t, srv), hclog.NewNullLogger(), prometheus.NewRegistry(), 10)
+	r.ApplyFailed("k", "x", 7, sdk.Permanent(errors.New("quota exceeded")))
+	r.ApplyRecovered("k", "x", 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx, 1)
+	waitFor(t, "sent", func() bool { return srv.LatestReport("k", "x") != nil })
+	if ae := srv.LatestReport("k", "x").GetApplyError(); ae.GetMessage() == "" || ae.GetVersion() != 7 {
+		t.Errorf("want the failure at version 7 reported, got %v", ae)
+	}
+	r.ApplyRecovered("k", "x", 7)
+	waitFor(t, "the failure cleared by a recovery at its version", func() bool {
+		ae := srv.LatestReport("k", "x").GetApplyError()
+		return ae != nil && ae.GetMessage() == "" && ae.GetVersion() == 7
+	})
+}
+
+// TestKeepsTheInFlightBatchOnStop: reports in a call that the reporter's
+// stop cuts short go back in the queue (a reload keeps the reporter and
+// sends them on the new connection); they are not lost.
+func TestKeepsTheInFlightBatchOnStop(t *testing.T) {
+	srv := clustertest.Start(t, "r", "tok")
+	inCall := make(chan struct{}, 1)
+	hang := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		select {
+		case inCall <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // ctrl does not answer
+		return ctx.Err()
+	})
+	r := New(client(t, srv, hang), hclog.NewNullLogger(), prometheus.NewRegistry(), 1000)
+	for o := range 50 {
+		r.Submit(report(fmt.Sprintf("o%d", o), 1))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx, 1) }()
+	<-inCall
+	cancel()
+	<-done
+	if d := r.Depth(); d != 50 {
+		t.Fatalf("%d reports queued after a stop cut the call short, want all 50", d)
+	}
+	// The next run (a reload's new connection) sends them.
+	r.SetClient(client(t, srv))
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx, 1)
+	waitFor(t, "every report", func() bool { return srv.LatestReport("k", "o49") != nil && r.Depth() == 0 })
+}
+
+// TestFlushSendsWhatIsQueued: at a graceful shutdown every queued report
+// goes out at once (no linger, no backoff); a ctrl that refuses them makes
+// Flush give up with what is left, within its deadline.
+func TestFlushSendsWhatIsQueued(t *testing.T) {
+	srv := clustertest.Start(t, "r", "tok")
+	r := New(client(t, srv), hclog.NewNullLogger(), prometheus.NewRegistry(), 1000)
+	for o := range 450 {
+		r.Submit(report(fmt.Sprintf("o%d", o), 1))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if left, err := r.Flush(ctx); err != nil || left != 0 {
+		t.Fatalf("flush: %d left, %v", left, err)
+	}
+	if srv.LatestReport("k", "o449") == nil || srv.Batches() != 3 {
+		t.Errorf("%d calls for 450 reports, want 3", srv.Batches())
+	}
+	srv.RefuseReports(true)
+	r.Submit(report("late", 2))
+	if left, err := r.Flush(ctx); err == nil || left != 1 {
+		t.Errorf("flush to a ctrl that refuses: %d left, %v; want 1 left and an error", left, err)
 	}
 }

@@ -2,8 +2,9 @@
 // starts each one (sha256 pinned when configured, AutoMTLS, dying with the
 // host), checks what it describes, validates and hands it its config,
 // forwards its status stream, restarts it with exponential backoff (1 s to
-// 2 min) when it crashes, and stops it gracefully (Shutdown RPC with a
-// deadline, then kill).
+// 2 min) when it crashes or hangs (a liveness check: go-plugin's health
+// service, with a deadline), and stops it gracefully (Shutdown RPC with a
+// deadline, then kill; a process that does not go is killed outright).
 package supervisor
 
 import (
@@ -17,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/prometheus/client_golang/prometheus"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"krane.dev/host/config"
 	"krane.dev/sdk"
@@ -70,6 +72,19 @@ var (
 	StableAfter = time.Minute
 	// ShutdownTimeout bounds the Shutdown RPC before the process is killed.
 	ShutdownTimeout = 5 * time.Second
+	// KillTimeout bounds go-plugin's own stop of the process (it asks the
+	// plugin to exit and waits); then the process is sent SIGKILL.
+	KillTimeout = 5 * time.Second
+)
+
+// Liveness: every LivenessInterval the supervisor asks the plugin's
+// health service, giving it LivenessTimeout to answer. A plugin that fails
+// LivenessFailures checks in a row is alive but not answering (stuck, or
+// stopped): it is killed and restarted like a crashed one.
+var (
+	LivenessInterval = 5 * time.Second
+	LivenessTimeout  = 5 * time.Second
+	LivenessFailures = 3
 )
 
 // Plugin supervises one controller's plugin process.
@@ -86,7 +101,10 @@ type Plugin struct {
 	changed chan struct{} // closed and replaced whenever current changes
 	lastErr error
 	info    sdk.Info
+	digest  string // sha256 of the binary the last instance started from
 	done    chan struct{}
+	// onRestart, when set, is told each restart delay (tests).
+	onRestart func(time.Duration)
 }
 
 type instance struct {
@@ -140,6 +158,25 @@ func (p *Plugin) Pid() int {
 	return 0
 }
 
+// BinaryChanged reports whether the plugin binary on disk differs from the
+// one the running (or last) instance started from, with both digests. A
+// binary that cannot be read now (half way through an upgrade) counts as
+// unchanged: restarting could only fail.
+func (p *Plugin) BinaryChanged() (changed bool, was, now string) {
+	p.mu.Lock()
+	was = p.digest
+	p.mu.Unlock()
+	if p.reattach != nil || was == "" {
+		return false, was, ""
+	}
+	now, err := fileSHA256(p.ctl.Path)
+	if err != nil {
+		p.log.Warn("cannot read the plugin binary to see whether it changed", "path", p.ctl.Path, "error", err)
+		return false, was, ""
+	}
+	return now != was, was, now
+}
+
 // Info is what the running (or last) instance described.
 func (p *Plugin) Info() sdk.Info {
 	p.mu.Lock()
@@ -184,7 +221,11 @@ func (p *Plugin) Run(ctx context.Context) {
 		delay := min(RestartMax, RestartMin<<min(failures-1, 10))
 		p.mu.Lock()
 		p.lastErr = err
+		hook := p.onRestart
 		p.mu.Unlock()
+		if hook != nil {
+			hook(delay)
+		}
 		p.metrics.Restarts.WithLabelValues(p.ctl.Name).Inc()
 		p.log.Error("plugin is down; restarting it", "error", err, "in", delay, "path", p.ctl.Path)
 		select {
@@ -226,25 +267,83 @@ func (p *Plugin) runOnce(ctx context.Context) error {
 		}
 		close(exited)
 	}()
+	hung := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := p.watchLiveness(sctx, client); err != nil {
+			hung <- err
+		}
+	}()
 
 	var result error
-	select {
-	case <-ctx.Done():
+	stop := func() {
 		p.publish(nil, info)
 		close(inst.stopped)
 		cancel()
 		wg.Wait()
+	}
+	select {
+	case <-ctx.Done():
+		stop()
 		p.shutdown(client, ctl)
 	case <-exited:
 		result = fmt.Errorf("plugin process exited unexpectedly")
-		p.publish(nil, info)
-		close(inst.stopped)
-		cancel()
-		wg.Wait()
-		client.Kill()
+		stop()
+		p.kill(client, false)
+	case err := <-hung:
+		result = err
+		stop()
+		p.kill(client, true)
 	}
 	p.metrics.Up.WithLabelValues(p.ctl.Name).Set(0)
 	return result
+}
+
+// watchLiveness checks the plugin every LivenessInterval until ctx ends,
+// and returns an error once LivenessFailures checks in a row failed.
+func (p *Plugin) watchLiveness(ctx context.Context, client *plugin.Client) error {
+	failed := 0
+	var last error
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(LivenessInterval):
+		}
+		err := ping(ctx, client)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			failed = 0
+			continue
+		}
+		failed++
+		last = err
+		p.log.Warn("plugin did not answer its liveness check", "error", err, "failed_in_a_row", failed, "of", LivenessFailures)
+		if failed >= LivenessFailures {
+			return fmt.Errorf("plugin is alive but did not answer %d liveness checks in a row (%s each): killed it; last: %w", failed, LivenessTimeout, last)
+		}
+	}
+}
+
+// ping asks go-plugin's health service of the plugin, within
+// LivenessTimeout (go-plugin's own Ping has no deadline: against a stopped
+// process it would wait forever).
+func ping(ctx context.Context, client *plugin.Client) error {
+	proto, err := client.Client()
+	if err != nil {
+		return err
+	}
+	gc, ok := proto.(*plugin.GRPCClient)
+	if !ok {
+		return fmt.Errorf("plugin client is %T, not gRPC", proto)
+	}
+	ctx, cancel := context.WithTimeout(ctx, LivenessTimeout)
+	defer cancel()
+	_, err = healthpb.NewHealthClient(gc.Conn).Check(ctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
+	return err
 }
 
 func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Info, error) {
@@ -253,9 +352,13 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 		sum = mustHex(p.ctl.SHA256)
 	}
 	if p.reattach == nil {
-		if _, err := os.Stat(p.ctl.Path); err != nil {
+		digest, err := fileSHA256(p.ctl.Path)
+		if err != nil {
 			return nil, nil, sdk.Info{}, fmt.Errorf("controller %q: plugin binary %s: %w (set controller %q { path = ... } or plugin_dir in krane.hcl)", p.ctl.Name, p.ctl.Path, err, p.ctl.Name)
 		}
+		p.mu.Lock()
+		p.digest = digest
+		p.mu.Unlock()
 	}
 	cfg, err := sdk.NewClientConfig(sdk.ClientOptions{Path: p.ctl.Path, SHA256: sum, Logger: p.log, LogLevel: p.host.LogLevel, Reattach: p.reattach, Environ: p.host.Environ})
 	if err != nil {
@@ -263,7 +366,7 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 	}
 	client := plugin.NewClient(cfg)
 	fail := func(err error) (*plugin.Client, sdk.Plugin, sdk.Info, error) {
-		client.Kill()
+		p.kill(client, false)
 		return nil, nil, sdk.Info{}, err
 	}
 	ctl, err := sdk.Dispense(client)
@@ -323,11 +426,50 @@ func (p *Plugin) forwardStatus(ctx context.Context, ctl sdk.Plugin) {
 func (p *Plugin) shutdown(client *plugin.Client, ctl sdk.Plugin) {
 	ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
+	answered := true
 	if err := ctl.Shutdown(ctx); err != nil {
 		p.log.Warn("plugin shutdown failed; killing it", "error", err)
+		answered = false
 	}
-	client.Kill()
+	p.kill(client, !answered)
 	p.log.Info("plugin stopped")
+}
+
+// kill stops the plugin process. go-plugin's Kill first asks the plugin
+// to exit and waits for it, which never ends for a process that does not
+// answer: a hung one (hard) is sent SIGKILL first, any other after
+// KillTimeout. A plugin attached in a test process is never signalled.
+func (p *Plugin) kill(client *plugin.Client, hard bool) {
+	if hard {
+		p.signalKill(client)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		client.Kill()
+	}()
+	select {
+	case <-done:
+		return
+	case <-time.After(KillTimeout):
+	}
+	p.log.Warn("plugin did not exit when asked; killing it", "timeout", KillTimeout)
+	p.signalKill(client)
+	<-done
+}
+
+// signalKill sends SIGKILL to the plugin process the supervisor started.
+func (p *Plugin) signalKill(client *plugin.Client) {
+	if p.reattach != nil {
+		return
+	}
+	rc := client.ReattachConfig()
+	if rc == nil || rc.Pid == 0 {
+		return
+	}
+	if proc, err := os.FindProcess(rc.Pid); err == nil {
+		_ = proc.Kill()
+	}
 }
 
 func (p *Plugin) publish(inst *instance, info sdk.Info) {

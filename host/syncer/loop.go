@@ -1,16 +1,3 @@
-// Package syncer runs one sync loop per resource kind: it streams desired
-// state from ctrl, applies it through the kind's plugin, garbage-collects
-// after a complete bootstrap, and resyncs periodically.
-//
-// The loop keeps the invariants of ARCHITECTURE.md §4:
-//   - per-object order and parallelism across objects (queue.go);
-//   - one bad object blocks nothing: permanent failures are parked,
-//     reported upstream and retried slowly; the cursor moves on;
-//   - the cursor V means every change <= V is applied or parked, so a
-//     reconnect resumes from V; a new plugin instance re-bootstraps from 0;
-//   - GC deletes only after an explicit BootstrapComplete, only what the
-//     plugin's inventory (objects carrying Krane's label) holds, and never
-//     more than a fraction of it in one pass unless overridden.
 package syncer
 
 import (
@@ -39,7 +26,12 @@ type PluginSource interface {
 // FailureReporter tells ctrl about changes that could not be applied.
 type FailureReporter interface {
 	ApplyFailed(kind, id string, version uint64, err error)
+	// ApplyRecovered clears a failure reported at a version <= version:
+	// the object was applied since, or desired state no longer names it.
 	ApplyRecovered(kind, id string, version uint64)
+	// Failing lists the objects of kind whose failure is reported and not
+	// cleared.
+	Failing(kind string) []string
 }
 
 // Options tune a loop.
@@ -50,6 +42,12 @@ type Options struct {
 	ReconnectMax   time.Duration
 	ApplyTimeout   time.Duration
 	MaxPending     int
+	// StreamTimeout is how long a stream from ctrl may stay silent: a
+	// Watch delivers a change or a keep-alive at least every keep-alive
+	// period of ctrl (15 s by default), so three periods of silence mean
+	// ctrl or the link is stuck. The Watch is then torn down and resumed
+	// from the cursor; a resync's listing gives up until the next pass.
+	StreamTimeout time.Duration
 	// Retry backs off retryable failures; after MaxAttempts the change is
 	// parked like a permanent one. Park backs off retries of parked changes.
 	Retry       Backoff
@@ -69,7 +67,7 @@ type GCOptions struct {
 func DefaultOptions() Options {
 	return Options{
 		Workers: 16, ResyncInterval: time.Minute, ReconnectMin: time.Second, ReconnectMax: 5 * time.Second,
-		ApplyTimeout: 30 * time.Second, MaxPending: 10000,
+		ApplyTimeout: 30 * time.Second, MaxPending: 10000, StreamTimeout: 45 * time.Second,
 		Retry: Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second}, MaxAttempts: 8,
 		Park: Backoff{Min: 30 * time.Second, Max: 10 * time.Minute},
 		GC:   GCOptions{MaxDeleteFraction: 0.25, MinDeletes: 5},
@@ -171,6 +169,15 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 	applied := make(chan struct{})
 	var once sync.Once
 	markApplied := func() { once.Do(func() { close(applied) }) }
+	// bootstrapped runs the garbage collection of a bootstrap once it is
+	// applied; the session waits for it like for its workers.
+	bootstrapped := func(max uint64, snapshot map[string]struct{}) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.afterBootstrap(ctx, ctl, q, max, snapshot, markApplied)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -186,7 +193,7 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 		if !complete {
 			after = 0
 		}
-		err := l.stream(ctx, ctl, q, after, &complete, markApplied)
+		err := l.stream(ctx, q, after, &complete, bootstrapped)
 		if ctx.Err() != nil {
 			return
 		}
@@ -201,13 +208,17 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 	}
 }
 
-// stream reads one Watch stream until it fails.
-func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after uint64, complete *bool, onApplied func()) error {
+// stream reads one Watch stream until it fails or falls silent.
+func (l *Loop) stream(ctx context.Context, q *queue, after uint64, complete *bool, bootstrapped func(max uint64, snapshot map[string]struct{})) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	q.Resume(after)
+	wd := newWatchdog(l.options().StreamTimeout, cancel)
+	defer wd.got()
+	wd.wait()
 	st, err := l.Client.Watch(sctx, &clusterv1.WatchRequest{Kind: l.Kind, Region: l.Region, AfterVersion: after})
 	if err != nil {
-		return fmt.Errorf("open watch: %w", err)
+		return wd.explain("open watch", fmt.Errorf("open watch: %w", err))
 	}
 	l.Log.Debug("watching", "after_version", after)
 	var live map[string]struct{}
@@ -215,12 +226,14 @@ func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after u
 		live = map[string]struct{}{}
 	}
 	for {
+		wd.wait()
 		ev, err := st.Recv()
+		wd.got()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return errors.New("ctrl closed the stream")
 			}
-			return err
+			return wd.explain("watch", err)
 		}
 		switch e := ev.Event.(type) {
 		case *clusterv1.WatchEvent_Change:
@@ -233,7 +246,7 @@ func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after u
 			if live != nil && !ch.Deleted {
 				live[ch.ID] = struct{}{}
 			}
-			if err := q.WaitCapacity(ctx, l.options().MaxPending); err != nil {
+			if err := q.WaitCapacity(ctx, ch.ID, l.options().MaxPending); err != nil {
 				return err
 			}
 			q.Add(ch)
@@ -245,7 +258,7 @@ func (l *Loop) stream(ctx context.Context, ctl sdk.Controller, q *queue, after u
 				*complete = true
 				snapshot := live
 				live = nil
-				go l.afterBootstrap(ctx, ctl, q, max, snapshot, onApplied)
+				bootstrapped(max, snapshot)
 			}
 		case *clusterv1.WatchEvent_KeepAlive:
 			l.Metrics.Head.WithLabelValues(l.Kind).Set(float64(e.KeepAlive.GetHeadVersion()))
@@ -282,6 +295,7 @@ func waitCursor(ctx context.Context, q *queue, v uint64) error {
 // did not name, subject to the brake.
 func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf uint64, desired map[string]struct{}, why string) {
 	o := l.options()
+	l.clearFailures(q, asOf, desired)
 	ictx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
 	inv, err := ctl.Inventory(ictx, &sdk.InventoryRequest{Kind: l.Kind})
 	cancel()
@@ -320,6 +334,22 @@ func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf u
 	l.Log.Info("garbage collecting objects desired state no longer names", "pass", why, "count", len(doomed), "managed", len(items))
 }
 
+// clearFailures clears the reported failures of objects that desired state
+// at asOf no longer names and that this session holds no work or parked
+// change for (a delete that failed stays reported): nothing will apply
+// them again, and they may never have reached the cluster for garbage
+// collection to find. A failure reported after asOf is newer and stays.
+func (l *Loop) clearFailures(q *queue, asOf uint64, desired map[string]struct{}) {
+	if l.Reports == nil {
+		return
+	}
+	for _, id := range l.Reports.Failing(l.Kind) {
+		if _, ok := desired[id]; !ok && !q.Holds(id) {
+			l.Reports.ApplyRecovered(l.Kind, id, asOf)
+		}
+	}
+}
+
 // resyncLoop re-reads desired state every interval (jittered) after the
 // first complete bootstrap, re-applies it (plugins answer UNCHANGED cheaply
 // when nothing drifted) and collects what should not exist.
@@ -345,15 +375,30 @@ func (l *Loop) resyncLoop(ctx context.Context, ctl sdk.Controller, q *queue, boo
 
 func (l *Loop) resync(ctx context.Context, ctl sdk.Controller, q *queue) error {
 	start := time.Now()
-	st, err := l.Client.ListDesired(ctx, &clusterv1.ListDesiredRequest{Kind: l.Kind, Region: l.Region})
+	// The listing below starts after the cursor reached this floor: see
+	// Forget for why that makes forgetting finished objects safe.
+	q.Forget(q.Cursor())
+	// The listing stops being read at its BootstrapComplete: cancelling
+	// is what releases the stream (and the goroutine gRPC keeps for it).
+	// A pass takes at most one interval, and a silent listing is abandoned
+	// sooner, so a stuck ctrl cannot hold resyncs (and parked retries).
+	o := l.options()
+	lctx, cancel := context.WithTimeout(ctx, o.ResyncInterval)
+	defer cancel()
+	wd := newWatchdog(o.StreamTimeout, cancel)
+	defer wd.got()
+	wd.wait()
+	st, err := l.Client.ListDesired(lctx, &clusterv1.ListDesiredRequest{Kind: l.Kind, Region: l.Region})
 	if err != nil {
-		return fmt.Errorf("list desired: %w", err)
+		return wd.explain("list desired", fmt.Errorf("list desired: %w", err))
 	}
 	desired := map[string]struct{}{}
 	for {
+		wd.wait()
 		ev, err := st.Recv()
+		wd.got()
 		if err != nil {
-			return fmt.Errorf("list desired: %w", err)
+			return wd.explain("list desired", fmt.Errorf("list desired: %w", err))
 		}
 		if c := ev.GetChange(); c != nil {
 			ch := changeFromProto(c)
@@ -385,9 +430,10 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 		resp, err := ctl.Apply(actx, &sdk.ApplyRequest{Change: t.change})
 		cancel()
 		if ctx.Err() != nil {
-			// The session is ending (plugin restart, shutdown): the next
-			// session re-bootstraps, so this task's outcome does not matter.
-			q.Done(t, retryable)
+			// The session is ending (plugin restart, shutdown) and its
+			// queue with it: the next session re-bootstraps. Recording an
+			// outcome here could only mislead: counted as an attempt, a
+			// change could be parked unreported and the cursor pass it.
 			return
 		}
 		out := succeeded
@@ -400,6 +446,7 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 		}
 		parked := q.Done(t, out)
 		l.observe(t, resp.GetResult(), err, parked, time.Since(start))
+		l.Metrics.Parked.WithLabelValues(l.Kind).Set(float64(q.Parked()))
 	}
 }
 

@@ -23,7 +23,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Head:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "krane_host_head_version", Help: "ctrl's head version as last seen on the stream; head - cursor is the lag."}, []string{"kind"}),
 		Applies:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "krane_host_applies_total", Help: "Plugin applies by source (stream, resync, gc) and result."}, []string{"kind", "source", "result"}),
 		ApplySeconds:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "krane_host_apply_seconds", Help: "Latency of one plugin apply.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"kind", "result"}),
-		Parked:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "krane_host_parked_objects", Help: "Objects whose latest change failed permanently."}, []string{"kind"}),
+		Parked:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "krane_host_parked_objects", Help: "Objects whose latest change failed permanently (parked), as of the last apply."}, []string{"kind"}),
 		Reconnects:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "krane_host_stream_reconnects_total", Help: "Watch stream reconnects."}, []string{"kind"}),
 		ResyncSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "krane_host_resync_seconds", Help: "Duration of a resync pass (listing; applies run on the workers).", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}, []string{"kind"}),
 		ResyncWrites:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "krane_host_resync_writes_total", Help: "Objects a resync had to write (drift repaired)."}, []string{"kind"}),

@@ -3,6 +3,7 @@ package syncer
 import (
 	"container/heap"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,11 +36,13 @@ type object struct {
 	queued   bool
 }
 
-// queue orders a kind's applies. It keeps invariants 2-4:
+// queue orders a kind's applies; it keeps invariants 2 to 4 of the package
+// documentation:
 //   - one apply in flight per object, and only ever a newer version than the
-//     last one applied, so a stale apply never undoes a newer delete;
+//     last one applied or parked, so a stale apply never undoes a newer one;
 //   - a newer change replaces an older pending or parked one (the latest
 //     desired state is what matters, not every intermediate step);
+//   - a parked object is not work: it never holds back the stream;
 //   - Cursor() is the highest version V such that every stream change <= V
 //     is applied or parked: restarting the stream from V loses nothing.
 type queue struct {
@@ -50,7 +53,9 @@ type queue struct {
 	outstanding versionHeap
 	finished    map[uint64]bool // versions done but still in the heap (lazy removal)
 	received    uint64
-	busy        int // objects with a pending or running task
+	streamed    uint64 // the current stream has delivered everything up to here
+	busy        int    // objects with work other than a parked retry (invariant 3)
+	parked      int    // objects whose latest change is parked
 	capacity    chan struct{}
 	backoff     Backoff
 	parkBackoff Backoff
@@ -75,17 +80,21 @@ func newQueue(retry, park Backoff, maxAttempts int) *queue {
 func (q *queue) Add(ch sdk.Change) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if ch.Version > q.received {
-		q.received = ch.Version
-	}
+	q.received = max(q.received, ch.Version)
+	q.streamed = max(q.streamed, ch.Version)
 	o := q.object(ch.ID)
 	defer q.track(o)()
-	if ch.Version <= o.applied || (o.pending != nil && ch.Version <= o.pending.change.Version) ||
-		(o.running != nil && ch.Version <= o.running.change.Version) {
-		return // replayed after a reconnect: already applied or queued
+	if ch.Version <= o.applied || slices.Contains(o.covered, ch.Version) {
+		return // replayed after a reconnect: already applied, parked or queued
 	}
 	heap.Push(&q.outstanding, ch.Version)
 	o.covered = append(o.covered, ch.Version)
+	if t := o.newest(); t != nil && t.change.Version >= ch.Version {
+		// A resync listed this state (or a newer one) before the stream
+		// delivered it, and its repair is queued or running: the repair
+		// carries the change, and the cursor waits for it.
+		return
+	}
 	q.setPending(o, &task{change: ch, kind: fromStream})
 	o.parked = nil // a newer version replaces the parked one
 	o.attempts = 0
@@ -94,7 +103,9 @@ func (q *queue) Add(ch sdk.Change) {
 }
 
 // Repair queues the current desired state from a resync, unless something
-// newer is already applied, pending or running.
+// newer is already applied, pending or running. A parked object is
+// retried now with it, instead of after its long park backoff: "retried
+// with backoff and at resync" (invariant 3).
 func (q *queue) Repair(ch sdk.Change) { q.offer(ch, repair) }
 
 // Collect queues the deletion of an object no longer desired as of version
@@ -106,9 +117,12 @@ func (q *queue) offer(ch sdk.Change, kind taskKind) {
 	defer q.mu.Unlock()
 	o := q.object(ch.ID)
 	defer q.track(o)()
-	if ch.Version < o.applied || o.pending != nil || o.running != nil {
+	if ch.Version < o.applied || o.running != nil || (o.pending != nil && o.pending != o.parked) {
 		return
 	}
+	// Either nothing is queued, or only the parked change's slow retry:
+	// this task takes its place and runs now. If it fails for good as well
+	// it is parked in its turn.
 	q.setPending(o, &task{change: ch, kind: kind})
 	o.retryAt = time.Time{}
 	q.schedule(ch.ID, o)
@@ -118,9 +132,8 @@ func (q *queue) offer(ch sdk.Change, kind taskKind) {
 // (a bootstrap's max version).
 func (q *queue) MarkReceived(v uint64) {
 	q.mu.Lock()
-	if v > q.received {
-		q.received = v
-	}
+	q.received = max(q.received, v)
+	q.streamed = max(q.streamed, v)
 	q.mu.Unlock()
 }
 
@@ -148,27 +161,65 @@ func (q *queue) Applied(id string) (applied uint64, busy bool) {
 	return o.applied, o.pending != nil || o.running != nil
 }
 
+// Holds reports whether the queue has work for id or holds it parked.
+func (q *queue) Holds(id string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.holdsLocked(id)
+}
+
+func (q *queue) holdsLocked(id string) bool {
+	o, ok := q.objects[id]
+	return ok && (o.pending != nil || o.running != nil || o.parked != nil)
+}
+
 // Parked counts objects whose latest change failed permanently.
 func (q *queue) Parked() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := 0
-	for _, o := range q.objects {
-		if o.parked != nil {
-			n++
-		}
-	}
-	return n
+	return q.parked
 }
 
-// WaitCapacity blocks while max objects have work queued: the stream is
-// then read no faster than changes are applied.
-func (q *queue) WaitCapacity(ctx context.Context, max int) error {
+// Resume records that a new stream resumes after version v: it may replay
+// every change above v, including some the queue has finished since.
+func (q *queue) Resume(v uint64) {
+	q.mu.Lock()
+	q.streamed = v
+	q.mu.Unlock()
+}
+
+// Forget drops the entries of objects that are finished at or below floor:
+// nothing queued, running or parked, and their last change applied at a
+// version <= floor. Without it the map holds every id ever seen.
+//
+// What an entry remembers is its applied version, which keeps older
+// changes from undoing newer ones. Once that version is <= floor, no older
+// change can come, provided that floor is at most what the current stream
+// has delivered (it delivers in version order, so it replays nothing below
+// that; the floor is lowered to it here) and that every resync listing whose repairs may still come started
+// after the cursor reached floor (each object is listed at a version >= the
+// one applied). So the caller passes the cursor read before such a listing.
+func (q *queue) Forget(floor uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	floor = min(floor, q.streamed)
+	for id, o := range q.objects {
+		if o.pending == nil && o.running == nil && o.parked == nil && len(o.covered) == 0 && !o.queued && o.applied <= floor {
+			delete(q.objects, id)
+		}
+	}
+}
+
+// WaitCapacity blocks while max objects have work queued, so the stream
+// is read no faster than changes are applied. A change of an object the
+// queue already holds never waits: it replaces what is queued and adds no
+// object, and it may be the very change that unparks it.
+func (q *queue) WaitCapacity(ctx context.Context, id string, max int) error {
 	for {
 		q.mu.Lock()
-		busy := q.busy
+		holds, busy := q.holdsLocked(id), q.busy
 		q.mu.Unlock()
-		if busy < max {
+		if holds || busy < max {
 			return nil
 		}
 		select {
@@ -278,12 +329,14 @@ func (q *queue) object(id string) *object {
 
 func (q *queue) setPending(o *object, t *task) { o.pending = t }
 
-// track keeps the count of objects with work (for WaitCapacity): call it
-// before changing o and run the returned func after.
+// track keeps the counts of objects with work (for WaitCapacity) and of
+// parked objects: call it before changing o and run the returned func
+// after. A parked object waiting for its slow retry is not work: counted,
+// a few parked objects would stop the stream (invariant 3).
 func (q *queue) track(o *object) func() {
-	before := o.pending != nil || o.running != nil
+	before, wasParked := o.active(), o.parked != nil
 	return func() {
-		after := o.pending != nil || o.running != nil
+		after, isParked := o.active(), o.parked != nil
 		switch {
 		case after && !before:
 			q.busy++
@@ -294,7 +347,30 @@ func (q *queue) track(o *object) func() {
 			default:
 			}
 		}
+		switch {
+		case isParked && !wasParked:
+			q.parked++
+		case wasParked && !isParked:
+			q.parked--
+		}
 	}
+}
+
+// newest is o's newest task queued or running, if any.
+func (o *object) newest() *task {
+	switch {
+	case o.pending != nil && o.pending != o.parked:
+		return o.pending
+	case o.running != nil:
+		return o.running
+	}
+	return nil
+}
+
+// active reports whether o has work other than the slow retry of a parked
+// change.
+func (o *object) active() bool {
+	return o.running != nil || (o.pending != nil && o.pending != o.parked)
 }
 
 // finish marks o's stream versions <= v done.

@@ -229,3 +229,66 @@ func BenchmarkQueue(b *testing.B) {
 		b.Fatalf("cursor %d != %d", q.Cursor(), b.N)
 	}
 }
+
+// TestQueueCursorWaitsForAPendingRepair: a resync may list an object's
+// state before the stream delivers it. The stream's change is then already
+// covered by the repair, queued or running, but the cursor must not pass
+// it until that repair is applied or parked (invariant 4).
+func TestQueueCursorWaitsForAPendingRepair(t *testing.T) {
+	for _, running := range []bool{false, true} {
+		for _, out := range []outcome{succeeded, permanent} {
+			t.Run(fmt.Sprintf("running=%v,outcome=%d", running, out), func(t *testing.T) {
+				q := testQueue()
+				q.Add(ch("a", 1))
+				q.Done(next(t, q), succeeded)
+				q.Repair(ch("a", 3)) // listed by a resync
+				var repair *task
+				if running {
+					repair = next(t, q)
+				}
+				q.Add(ch("b", 2))
+				q.Add(ch("a", 3)) // the stream catches up
+				if !running {
+					repair = next(t, q)
+				}
+				if repair.change.ID != "a" || repair.change.Version != 3 {
+					t.Fatalf("task %s@%d, want the repair a@3", repair.change.ID, repair.change.Version)
+				}
+				q.Done(next(t, q), succeeded) // b@2
+				if got := q.Cursor(); got != 2 {
+					t.Fatalf("cursor = %d with a@3 not applied, want 2", got)
+				}
+				q.Done(repair, out)
+				if got := q.Cursor(); got != 3 {
+					t.Errorf("cursor = %d after a@3 was applied or parked, want 3", got)
+				}
+				noTask(t, q)
+			})
+		}
+	}
+}
+
+// TestQueueForgetsNothingAStreamMayReplay: a stream resumed from an older
+// cursor replays changes the queue has since finished. An object must not
+// be forgotten while such a replay may still come, or the replay would be
+// applied over the newer version (invariant 2).
+func TestQueueForgetsNothingAStreamMayReplay(t *testing.T) {
+	q := testQueue()
+	q.Add(ch("a", 5))
+	q.Add(ch("b", 6))
+	q.Done(next(t, q), succeeded)
+	q.Resume(q.Cursor()) // a reconnect resumes after 5, b@6 still running
+	q.Done(next(t, q), succeeded)
+	q.Forget(q.Cursor()) // a resync: the cursor is 6 now
+	q.Add(ch("b", 6))    // the resumed stream replays b@6
+	noTask(t, q)
+	if got := q.Cursor(); got != 6 {
+		t.Errorf("cursor = %d after the replay, want 6", got)
+	}
+	q.Add(ch("a", 7)) // then goes on
+	q.Done(next(t, q), succeeded)
+	q.Forget(q.Cursor()) // past the replays: everything finished goes
+	if n := len(q.objects); n != 0 {
+		t.Errorf("%d objects kept once the stream delivered past what it replays", n)
+	}
+}

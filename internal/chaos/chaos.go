@@ -54,30 +54,59 @@ type Report struct {
 	APIDeploys    int
 	Lost          []string // mismatches left after the settle period
 	ConvergeAfter time.Duration
+	// Goroutines of each region's krane: after its start, and at the end.
+	Goroutines map[string][2]int
+	// LeakedGoroutines counts goroutines past the allowance, over all
+	// kranes; LeakedProcesses counts plugin processes without a live
+	// krane, and kranes or plugins beyond the expected ones.
+	LeakedGoroutines int
+	LeakedProcesses  int
 }
 
 func (r Report) String() string {
-	var kinds []string
 	total := 0
-	for k, n := range r.Faults {
-		kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
+	for _, n := range r.Faults {
 		total += n
 	}
-	sort.Strings(kinds)
-	s := fmt.Sprintf("chaos seed %d: %d faults (%s); %d desired-state changes and %d API deploys written; %d lost",
-		r.Seed, total, strings.Join(kinds, " "), r.Changes, r.APIDeploys, len(r.Lost))
-	if len(r.Lost) == 0 {
-		s += fmt.Sprintf("; converged %s after the last fault", r.ConvergeAfter.Round(100*time.Millisecond))
-	} else {
-		s += ":\n  " + strings.Join(r.Lost, "\n  ")
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos seed %d: %d faults of %d types; %d desired-state changes and %d API deploys written\n",
+		r.Seed, total, len(faults), r.Changes, r.APIDeploys)
+	for _, f := range faults {
+		fmt.Fprintf(&b, "  fault %-24s %4d\n", f.name, r.Faults[f.name])
 	}
-	return s
+	var regions []string
+	for region := range r.Goroutines {
+		regions = append(regions, region)
+	}
+	sort.Strings(regions)
+	for _, region := range regions {
+		g := r.Goroutines[region]
+		fmt.Fprintf(&b, "  krane %-8s goroutines %d after start, %d at the end\n", region, g[0], g[1])
+	}
+	fmt.Fprintf(&b, "lost: %d; leaked goroutines: %d; leaked processes: %d", len(r.Lost), r.LeakedGoroutines, r.LeakedProcesses)
+	if len(r.Lost) == 0 {
+		fmt.Fprintf(&b, "; converged %s after the last fault", r.ConvergeAfter.Round(100*time.Millisecond))
+	} else {
+		b.WriteString(":\n  " + strings.Join(r.Lost, "\n  "))
+	}
+	return b.String()
+}
+
+// run is what a fault acts on.
+type run struct {
+	st   *stack.Stack
+	rng  *rand.Rand
+	ch   *churn
+	ck   *checker
+	logf func(format string, args ...any)
+	// replicas counts kranes started as standbys, for their names.
+	replicas int
 }
 
 // fault is one fault type, injected and recovered from by do.
 type fault struct {
 	name string
-	do   func(ctx context.Context, st *stack.Stack, rng *rand.Rand, region string) error
+	do   func(ctx context.Context, r *run, region string) error
 }
 
 // FaultKinds names every fault type a run deals.
@@ -94,37 +123,45 @@ func FaultKinds() []string {
 // exercises them all, in an order the seed decides.
 var faults = []fault{
 	{"plugin-sigkill", killPlugin},
-	{"krane-sigkill", func(ctx context.Context, st *stack.Stack, _ *rand.Rand, region string) error {
-		return st.RestartKrane(ctx, region, true)
+	{"krane-sigkill", func(ctx context.Context, r *run, region string) error {
+		if err := r.st.RestartKrane(ctx, region, true); err != nil {
+			return err
+		}
+		return r.ck.measure(ctx, region)
 	}},
-	{"ctrl-restart", func(_ context.Context, st *stack.Stack, rng *rand.Rand, _ string) error {
-		return st.RestartCtrl(rng.IntN(2) == 0)
+	{"ctrl-restart", func(_ context.Context, r *run, _ string) error {
+		return r.st.RestartCtrl(r.rng.IntN(2) == 0)
 	}},
-	{"mysql-restart", func(_ context.Context, st *stack.Stack, rng *rand.Rand, _ string) error {
-		st.MySQL.Kill()
-		time.Sleep(time.Duration(500+rng.IntN(2000)) * time.Millisecond)
-		return st.MySQL.Start()
+	{"mysql-restart", func(_ context.Context, r *run, _ string) error {
+		r.st.MySQL.Kill()
+		time.Sleep(time.Duration(500+r.rng.IntN(2000)) * time.Millisecond)
+		return r.st.MySQL.Start()
 	}},
-	{"restate-restart", func(_ context.Context, st *stack.Stack, rng *rand.Rand, _ string) error {
-		st.Restate.Kill()
-		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
-		return st.Restate.Start()
+	{"restate-restart", func(_ context.Context, r *run, _ string) error {
+		r.st.Restate.Kill()
+		time.Sleep(time.Duration(500+r.rng.IntN(1500)) * time.Millisecond)
+		return r.st.Restate.Start()
 	}},
-	{"apiserver-crash", func(_ context.Context, st *stack.Stack, _ *rand.Rand, region string) error {
-		return st.Clusters[region].RestartAPIServer(true)
+	{"apiserver-crash", func(_ context.Context, r *run, region string) error {
+		return r.st.Clusters[region].RestartAPIServer(true)
 	}},
-	{"link-cut", func(_ context.Context, st *stack.Stack, rng *rand.Rand, region string) error {
-		st.Proxy(region).Cut()
-		time.Sleep(time.Duration(1000+rng.IntN(4000)) * time.Millisecond)
-		st.Proxy(region).Restore()
+	{"link-cut", func(_ context.Context, r *run, region string) error {
+		r.st.Proxy(region).Cut()
+		time.Sleep(time.Duration(1000+r.rng.IntN(4000)) * time.Millisecond)
+		r.st.Proxy(region).Restore()
 		return nil
 	}},
-	{"link-stall", func(_ context.Context, st *stack.Stack, rng *rand.Rand, region string) error {
-		st.Proxy(region).Stall()
-		time.Sleep(time.Duration(1000+rng.IntN(4000)) * time.Millisecond)
-		st.Proxy(region).Restore()
+	{"link-stall", func(_ context.Context, r *run, region string) error {
+		r.st.Proxy(region).Stall()
+		time.Sleep(time.Duration(1000+r.rng.IntN(4000)) * time.Millisecond)
+		r.st.Proxy(region).Restore()
 		return nil
 	}},
+	{"plugin-hung", hangPlugin},
+	{"parked-past-max-pending", parkPastMaxPending},
+	{"reload-missing-ca", reloadMissingCA},
+	{"ctrl-stall", stallCtrl},
+	{"leader-kill-mid-apply", killLeaderMidApply},
 }
 
 // Run injects faults into st (started with ProxyCtrl) for o.Duration while
@@ -141,14 +178,20 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 	defer s.Close()
 	regs := regions(st)
 	ch := &churn{s: s, rng: rand.New(rand.NewPCG(o.Seed, 1)), regions: regs}
-	ck := &checker{st: st, s: s}
+	ck := &checker{st: st, s: s, baseline: map[int]int{}}
 	if err := setup(ctx, st, ck); err != nil {
 		return rep, err
+	}
+	for _, region := range regs {
+		if err := ck.measure(ctx, region); err != nil {
+			return rep, err
+		}
 	}
 	begin := time.Now()
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(o.Out, "[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
+	r := &run{st: st, rng: rng, ch: ch, ck: ck, logf: logf}
 
 	// Churn runs for the whole schedule; a write refused while MySQL is
 	// down is simply not counted (the next one is attempted later).
@@ -192,7 +235,7 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 		deck = deck[1:]
 		region := regs[rng.IntN(len(regs))]
 		logf("fault %s (%s)", f.name, region)
-		if err := f.do(ctx, st, rng, region); err != nil {
+		if err := f.do(ctx, r, region); err != nil {
 			stopChurn()
 			<-churnDone
 			return rep, fmt.Errorf("fault %s in %s: recovery failed: %w", f.name, region, err)
@@ -201,22 +244,46 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 	}
 	stopChurn()
 	<-churnDone
-	rep.Changes = ch.written
+	rep.Changes = ch.changes()
 	last := time.Now()
-	logf("schedule over: %d changes written; waiting up to %s for convergence", ch.written, o.Settle)
+	logf("schedule over: %d changes written; waiting up to %s for convergence", rep.Changes, o.Settle)
+	progress := time.Now()
 	for {
 		mm := ck.mismatches(ctx)
 		if len(mm) == 0 {
 			rep.ConvergeAfter = time.Since(last)
 			logf("converged")
-			return rep, nil
+			break
+		}
+		if time.Since(progress) > 15*time.Second {
+			progress = time.Now()
+			logf("not converged yet: %d differences, e.g. %s", len(mm), mm[0])
 		}
 		if time.Since(last) > o.Settle || ctx.Err() != nil {
 			rep.Lost = mm
-			return rep, nil
+			break
 		}
 		time.Sleep(time.Second)
 	}
+	// Nothing may be left behind: processes at once, goroutines once
+	// they had the settle period to wind down.
+	procs := ck.processes()
+	rep.LeakedProcesses = len(procs)
+	rep.Lost = append(rep.Lost, procs...)
+	rep.Goroutines = map[string][2]int{}
+	for _, region := range regs {
+		start, end, leaked, err := ck.goroutines(ctx, region)
+		if err != nil {
+			rep.Lost = append(rep.Lost, err.Error())
+			continue
+		}
+		rep.Goroutines[region] = [2]int{start, end}
+		if leaked > 0 {
+			rep.LeakedGoroutines += leaked
+			rep.Lost = append(rep.Lost, fmt.Sprintf("%s: krane has %d goroutines, %d after its start: %d more than the allowance of %d", region, end, start, leaked, goroutineAllowance))
+		}
+	}
+	return rep, nil
 }
 
 // setup creates the churn's namespace and the look-alike objects.
@@ -257,13 +324,13 @@ func setup(ctx context.Context, st *stack.Stack, ck *checker) error {
 }
 
 // killPlugin SIGKILLs one of a region's plugin processes.
-func killPlugin(_ context.Context, st *stack.Stack, rng *rand.Rand, region string) error {
-	host := st.Krane(region).Pid()
+func killPlugin(_ context.Context, r *run, region string) error {
+	host := r.st.Krane(region).Pid()
 	plugins := childPids(host)
 	if len(plugins) == 0 {
 		return nil // all restarting right now; nothing to kill
 	}
-	return syscall.Kill(plugins[rng.IntN(len(plugins))], syscall.SIGKILL)
+	return syscall.Kill(plugins[r.rng.IntN(len(plugins))], syscall.SIGKILL)
 }
 
 func childPids(parent int) []int {

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +30,9 @@ type checker struct {
 	st         *stack.Stack
 	s          *store.Store
 	lookalikes []lookalike
+	// baseline is each krane process's goroutines once it first led and
+	// was ready, by pid.
+	baseline map[int]int
 }
 
 // lookalike is an object that looks like Krane's but lacks its label: it
@@ -345,3 +349,86 @@ func regions(st *stack.Stack) []string {
 	sort.Strings(rs)
 	return rs
 }
+
+// goroutineAllowance is how many goroutines a krane may have beyond its
+// count after its start without that being called a leak: a resync pass,
+// a batch of reports or a reconnect may be under way when it is read.
+const goroutineAllowance = 40
+
+// measure records the goroutines of a region's krane once it leads and is
+// ready: the count the end of the run compares with.
+func (c *checker) measure(ctx context.Context, region string) error {
+	if err := c.waitLeading(ctx, region); err != nil {
+		return err
+	}
+	n, err := c.goroutinesNow(ctx, region)
+	if err != nil {
+		return err
+	}
+	c.baseline[c.st.Krane(region).Pid()] = n
+	return nil
+}
+
+// goroutinesNow is the lowest go_goroutines of a region's krane over a
+// few samples (passes come and go between them).
+func (c *checker) goroutinesNow(ctx context.Context, region string) (int, error) {
+	low := -1
+	for range 5 {
+		m, err := scrape(c.st.KraneHTTP[region] + "/metrics")
+		if err != nil {
+			return 0, fmt.Errorf("%s: scrape krane: %w", region, err)
+		}
+		if n := int(m["go_goroutines"]); low < 0 || n < low {
+			low = n
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	return low, nil
+}
+
+// goroutines compares a region's krane's goroutines now with its count
+// after its start, and returns how many are past the allowance.
+func (c *checker) goroutines(ctx context.Context, region string) (start, now, leaked int, err error) {
+	pid := c.st.Krane(region).Pid()
+	start, ok := c.baseline[pid]
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("%s: no goroutine count of krane %d after its start", region, pid)
+	}
+	if now, err = c.goroutinesNow(ctx, region); err != nil {
+		return 0, 0, 0, err
+	}
+	return start, now, max(0, now-start-goroutineAllowance), nil
+}
+
+// processes lists processes that should not exist: a krane of the stack
+// besides each region's one, and plugins beyond one per enabled
+// controller of a leading krane (orphans are found by orphans).
+func (c *checker) processes() []string {
+	kranes := map[int]string{}
+	for _, r := range regions(c.st) {
+		kranes[c.st.Krane(r).Pid()] = r
+	}
+	var out []string
+	for _, pid := range allPids() {
+		cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err != nil || !strings.Contains(string(cmd), c.st.Dir()) {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if _, state := procStatus(pid); state == "Z" || filepath.Base(args[0]) != "krane" {
+			continue
+		}
+		region, ok := kranes[pid]
+		if !ok {
+			out = append(out, fmt.Sprintf("krane process %d (%s) is not any region's krane", pid, strings.Join(args, " ")))
+			continue
+		}
+		if n := len(childPids(pid)); n != len(builtInControllers) {
+			out = append(out, fmt.Sprintf("%s: krane %d runs %d plugin processes, want %d", region, pid, n, len(builtInControllers)))
+		}
+	}
+	return out
+}
+
+// builtInControllers are the controllers krane.hcl enables.
+var builtInControllers = []string{"deployment", "sentinel", "cilium"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 
 	"krane.dev/ctrl/store"
 )
@@ -15,8 +16,11 @@ import (
 // ClusterService like any other.
 type churn struct {
 	s       *store.Store
-	rng     *rand.Rand
 	regions []string
+
+	// mu serialises the churn's own steps with the faults' writes.
+	mu  sync.Mutex
+	rng *rand.Rand
 	// written counts committed changes (a write that failed because MySQL
 	// was down is retried later and counted once).
 	written int
@@ -30,6 +34,8 @@ const (
 )
 
 func (c *churn) step(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var err error
 	switch c.rng.IntN(3) {
 	case 0:
@@ -43,6 +49,24 @@ func (c *churn) step(ctx context.Context) error {
 		c.written++
 	}
 	return err
+}
+
+// write commits one transaction of a fault's own and counts it.
+func (c *churn) write(ctx context.Context, f func(context.Context, *store.Tx) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, err := c.s.WriteTx(ctx, f)
+	if err == nil {
+		c.written++
+	}
+	return err
+}
+
+// changes is how many changes were committed so far.
+func (c *churn) changes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.written
 }
 
 func (c *churn) deployment(ctx context.Context) error {

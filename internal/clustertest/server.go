@@ -49,6 +49,13 @@ type Server struct {
 	refuse   bool
 	refused  int
 	batches  int
+	// stalled holds every stream silent (no change, no keep-alive), as a
+	// ctrl that is alive but not answering; stallChanged wakes them.
+	stalled      bool
+	stallChanged chan struct{}
+	open         int // Watch and ListDesired calls being served
+	openLists    int
+	lists        int
 	// Older ctrl (no ReportStatuses) and objects ctrl does not know.
 	noBatches bool
 	unknown   map[string]bool
@@ -63,7 +70,8 @@ type key struct{ kind, id string }
 func Start(tb testing.TB, region, token string) *Server {
 	tb.Helper()
 	s := &Server{Region: region, Token: token, objects: map[key]*clusterv1.ResourceChange{}, notify: make(chan struct{}),
-		reports: map[key][]*clusterv1.ReportStatusRequest{}, streams: map[int]context.CancelFunc{}, KeepAlive: time.Second}
+		reports: map[key][]*clusterv1.ReportStatusRequest{}, streams: map[int]context.CancelFunc{}, KeepAlive: time.Second,
+		stallChanged: make(chan struct{})}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -130,6 +138,63 @@ func (s *Server) DropStreams() {
 	}
 }
 
+// Stall makes every stream go silent, new ones included: no change, no
+// keep-alive, no error, as from a ctrl that is stopped (SIGSTOP) or behind
+// a black-holed link. Resume ends it.
+func (s *Server) Stall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stalled = true
+}
+
+// Resume ends a Stall: silent streams carry on where they were.
+func (s *Server) Resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stalled = false
+	close(s.stallChanged)
+	s.stallChanged = make(chan struct{})
+}
+
+// waitUnstalled blocks while the server is stalled.
+func (s *Server) waitUnstalled(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		stalled, changed := s.stalled, s.stallChanged
+		s.mu.Unlock()
+		if !stalled {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return status.Error(codes.Canceled, "stream closed while stalled")
+		case <-changed:
+		}
+	}
+}
+
+// OpenStreams counts Watch and ListDesired calls being served now: a
+// client that forgets a stream shows up here.
+func (s *Server) OpenStreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.open
+}
+
+// OpenLists counts ListDesired calls being served now.
+func (s *Server) OpenLists() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.openLists
+}
+
+// Lists counts ListDesired calls so far (one per resync).
+func (s *Server) Lists() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lists
+}
+
 // Watches returns every Watch request so far (reconnects included).
 func (s *Server) Watches() []*clusterv1.WatchRequest {
 	s.mu.Lock()
@@ -160,6 +225,9 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 	s.watches = append(s.watches, req)
 	s.mu.Unlock()
 	cursor := req.GetAfterVersion()
+	if err := s.waitUnstalled(ctx); err != nil {
+		return err
+	}
 	if cursor == 0 {
 		snap, head := s.snapshot(req.GetKind())
 		for _, c := range snap {
@@ -186,6 +254,9 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 		}
 		notify, head := s.notify, s.head
 		s.mu.Unlock()
+		if err := s.waitUnstalled(ctx); err != nil {
+			return err
+		}
 		for _, c := range batch {
 			if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: c}}); err != nil {
 				return err
@@ -196,6 +267,9 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 			return status.Error(codes.Unavailable, "stream closed by the server")
 		case <-notify:
 		case <-time.After(s.KeepAlive):
+			if err := s.waitUnstalled(ctx); err != nil {
+				return err
+			}
 			ka := &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now()}
 			if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_KeepAlive{KeepAlive: ka}}); err != nil {
 				return err
@@ -205,6 +279,20 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 }
 
 func (s *Server) ListDesired(req *clusterv1.ListDesiredRequest, st clusterv1.ClusterService_ListDesiredServer) error {
+	ctx, done := s.track(st.Context())
+	defer done()
+	s.mu.Lock()
+	s.lists++
+	s.openLists++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.openLists--
+		s.mu.Unlock()
+	}()
+	if err := s.waitUnstalled(ctx); err != nil {
+		return err
+	}
 	snap, head := s.snapshot(req.GetKind())
 	for _, c := range snap {
 		if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_Change{Change: c}}); err != nil {
@@ -346,11 +434,13 @@ func (s *Server) track(ctx context.Context) (context.Context, func()) {
 	s.streamID++
 	id := s.streamID
 	s.streams[id] = cancel
+	s.open++
 	s.mu.Unlock()
 	return ctx, func() {
 		cancel()
 		s.mu.Lock()
 		delete(s.streams, id)
+		s.open--
 		s.mu.Unlock()
 	}
 }

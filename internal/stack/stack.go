@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -431,33 +432,48 @@ func (s *Stack) register() error {
 }
 
 func (s *Stack) startKrane(ctx context.Context, region string) error {
+	p, addr, err := s.launchKrane(ctx, region, "krane-"+region)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.kranes[region] = p
+	s.KraneHTTP[region] = addr
+	s.mu.Unlock()
+	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, addr+"/readyz") })
+}
+
+// launchKrane starts one krane process for region, named name, serving
+// /healthz, /readyz and /metrics on a port of its own, and returns it with
+// that address.
+func (s *Stack) launchKrane(ctx context.Context, region, name string) (*testenv.Process, string, error) {
 	c := s.Clusters[region]
 	// What deploy/README.md tells an operator to apply without kustomize,
 	// in that order.
 	for _, f := range []string{"deploy/base/krane/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/cilium/rbac.yaml", "deploy/base/krane/rbac.yaml"} {
 		p, err := repoFile(f)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		manifest, err := os.ReadFile(p)
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		if err := c.ApplyYAML(ctx, manifest); err != nil {
-			return fmt.Errorf("apply %s: %w", f, err)
+			return nil, "", fmt.Errorf("apply %s: %w", f, err)
 		}
 	}
 	// krane reaches its API server as the ServiceAccount of deploy/, so the
 	// RBAC it ships with is proven sufficient (and no broader is used).
 	_, kubeconfig, err := c.ServiceAccountConfig(ctx, "krane", "krane")
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	port, err := testenv.FreePort()
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	s.KraneHTTP[region] = fmt.Sprintf("http://127.0.0.1:%d", port)
+	addr := fmt.Sprintf("http://127.0.0.1:%d", port)
 	ctrlAddr := s.CtrlAddr
 	if s.opts.ProxyCtrl {
 		s.mu.Lock()
@@ -465,7 +481,7 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 		s.mu.Unlock()
 		if !ok {
 			if p, err = testenv.NewProxy(s.CtrlAddr); err != nil {
-				return err
+				return nil, "", err
 			}
 			s.mu.Lock()
 			s.proxies[region] = p
@@ -476,7 +492,6 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 	env := []string{
 		"KRANE_REGION=" + region,
 		"KRANE_CLUSTER_ID=" + ClusterID(region),
-		"KRANE_CONTROL_PLANE__URL=http://" + ctrlAddr,
 		"KRANE_TOKEN=" + s.ClusterTokens[region],
 		"KRANE_KUBERNETES__KUBECONFIG=" + kubeconfig,
 		fmt.Sprintf("KRANE_SERVER__LISTEN=127.0.0.1:%d", port),
@@ -486,18 +501,17 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 	env = append(env, s.opts.KraneEnv[region]...)
 	s.kraneEnvs[region] = env
 	s.mu.Unlock()
-	cfg, err := s.kraneConfig(region)
+	// ctrl's address goes in the region's file rather than the
+	// environment, so that an edit of control_plane (a reload) applies.
+	cfg, err := s.kraneConfig(region, "http://"+ctrlAddr)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	p, err := testenv.StartProcess(s.dir, "krane-"+region, s.bin["krane"], []string{"run", "-c", cfg}, env)
+	p, err := testenv.StartProcess(s.dir, name, s.bin["krane"], []string{"run", "-c", cfg}, env)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	s.mu.Lock()
-	s.kranes[region] = p
-	s.mu.Unlock()
-	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, s.KraneHTTP[region]+"/readyz") })
+	return p, addr, nil
 }
 
 // KraneProcessEnv is every KRANE_* setting a region's krane runs with, so
@@ -509,11 +523,53 @@ func (s *Stack) KraneProcessEnv(region string) []string {
 }
 
 // KraneConfigPath is a region's own krane.hcl.
-func (s *Stack) KraneConfigPath(region string) (string, error) { return s.kraneConfig(region) }
+func (s *Stack) KraneConfigPath(region string) (string, error) { return s.kraneConfig(region, "") }
 
-// kraneConfig is the region's own copy of krane.hcl (made on first use), so
-// a test can edit one region's configuration and reload it.
-func (s *Stack) kraneConfig(region string) (string, error) {
+// KraneReplica is a further krane of a region's cluster, standing by while
+// the region's krane holds the leader election Lease (the stack's kranes
+// must run with leader_election enabled, through KraneEnv).
+type KraneReplica struct {
+	P    *testenv.Process
+	HTTP string // http://host:port (health, metrics)
+}
+
+// StartKraneReplica starts another krane for region and waits until it
+// answers /readyz (a standby does, with "standby").
+func (s *Stack) StartKraneReplica(ctx context.Context, region, name string) (*KraneReplica, error) {
+	p, addr, err := s.launchKrane(ctx, region, name)
+	if err != nil {
+		return nil, err
+	}
+	r := &KraneReplica{P: p, HTTP: addr}
+	if err := p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, addr+"/readyz") }); err != nil {
+		p.Kill()
+		return nil, err
+	}
+	return r, nil
+}
+
+// PromoteKrane makes r the region's krane (Krane, KraneHTTP, restarts),
+// as when it took over from a leader that died.
+func (s *Stack) PromoteKrane(region string, r *KraneReplica) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kranes[region] = r.P
+	s.KraneHTTP[region] = r.HTTP
+}
+
+// SignalCtrl sends sig to ctrl (SIGSTOP and SIGCONT: a ctrl that is alive
+// but answers nothing).
+func (s *Stack) SignalCtrl(sig os.Signal) error {
+	s.mu.Lock()
+	p := s.ctrl
+	s.mu.Unlock()
+	return p.Signal(sig)
+}
+
+// kraneConfig is the region's own copy of krane.hcl (made on first use,
+// with control_plane.url set to ctrlURL), so a test can edit one region's
+// configuration and reload it.
+func (s *Stack) kraneConfig(region, ctrlURL string) (string, error) {
 	p := filepath.Join(s.dir, "krane-"+region+".hcl")
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
@@ -522,13 +578,21 @@ func (s *Stack) kraneConfig(region string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return p, os.WriteFile(p, b, 0o600)
+	loc := urlRE.FindSubmatchIndex(b)
+	if loc == nil {
+		return "", fmt.Errorf("%s: no control_plane url line to set", s.opts.KraneConfig)
+	}
+	out := append(append(append([]byte{}, b[:loc[2]]...), fmt.Sprintf("%q", ctrlURL)...), b[loc[3]:]...)
+	return p, os.WriteFile(p, out, 0o600)
 }
+
+// urlRE finds the value of control_plane's url in krane.hcl.
+var urlRE = regexp.MustCompile(`(?s)control_plane\s*\{.*?\burl\s*=\s*("[^"]*")`)
 
 // EditKraneConfig rewrites a region's krane.hcl with edit and makes its
 // krane reload it (SIGHUP).
 func (s *Stack) EditKraneConfig(region string, edit func(string) string) error {
-	p, err := s.kraneConfig(region)
+	p, err := s.kraneConfig(region, "")
 	if err != nil {
 		return err
 	}
