@@ -86,6 +86,13 @@ controller "deployment" {
   enabled = true
   config {
     runtime_class = "gvisor"
+    # A change of the pod template (this block, a plugin upgrade) rolls at
+    # most this many deployments at once, each new ReplicaSet available
+    # before its old one goes.
+    max_concurrent_rolls = 10
+    # Pull credentials per registry host (Secrets that must exist in every
+    # workload namespace), e.g.:
+    # image_pull_secrets = { "registry.example.com" = "build-registry" }
   }
 }
 

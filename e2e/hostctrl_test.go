@@ -198,6 +198,19 @@ func TestHostAgainstCtrl(t *testing.T) {
 	})
 }
 
+// waitReady waits until an in-process krane is ready: its controllers run,
+// bootstrapped, and ctrl has accepted a heartbeat naming them (so a deploy
+// to its region passes ctrl's fail-fast check).
+func waitReady(t *testing.T, a *agent.Agent) {
+	t.Helper()
+	waitFor(t, 2*time.Minute, "krane ready", func() error {
+		if ok, why := a.Ready(); !ok {
+			return fmt.Errorf("%v", why)
+		}
+		return nil
+	})
+}
+
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)

@@ -116,6 +116,9 @@ func TestSecretsEndToEnd(t *testing.T) {
 	// must not inherit it.
 	t.Setenv("E2E_CLUSTER_TOKEN", token)
 	plugin := testenv.Build(t, "krane.dev/plugins/deployment", "krane-plugin-deployment")
+	// The sentinel plugin too: a deploy waits for the sentinel it creates.
+	// Each build has a directory of its own, so it is named by path.
+	sentinelPlugin := testenv.Build(t, "krane.dev/plugins/sentinel", "krane-plugin-sentinel")
 	kraneLogs := &syncBuffer{}
 	cfgPath := filepath.Join(t.TempDir(), "krane.hcl")
 	hcl := fmt.Sprintf(`region = %q
@@ -133,7 +136,11 @@ log { level = "trace" }
 plugin_dir = %q
 controller "deployment" {
   config { secret_cache_ttl = "2s" }
-}`, region, region, srv.GRPCAddr(), cluster.Kubeconfig, filepath.Dir(plugin))
+}
+controller "sentinel" {
+  path = %q
+  config { namespace = "sentinel-e2e-secrets" }
+}`, region, region, srv.GRPCAddr(), cluster.Kubeconfig, filepath.Dir(plugin), sentinelPlugin)
 	if err := os.WriteFile(cfgPath, []byte(hcl), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -146,6 +153,7 @@ controller "deployment" {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(actx) }()
 	t.Cleanup(func() { acancel(); <-done })
+	waitReady(t, a)
 
 	// The operator deploys with two secrets.
 	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),

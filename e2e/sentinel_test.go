@@ -102,6 +102,7 @@ controller "sentinel" {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+	waitReady(t, a)
 }
 
 func operatorConn(t *testing.T, srv *serve.Server) *grpc.ClientConn {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/otlptest"
 	"krane.dev/internal/stack"
 	"krane.dev/internal/testenv"
 )
@@ -20,6 +21,9 @@ var (
 	stackOnce sync.Once
 	shared    *stack.Stack
 	stackErr  error
+	// traces receives the spans of the shared stack's processes (ctrl,
+	// each krane and its plugins export to it through OTEL_*).
+	traces *otlptest.Receiver
 )
 
 // sharedStack is the package's whole system: two regions, real binaries
@@ -28,13 +32,18 @@ var (
 func sharedStack(t *testing.T) *stack.Stack {
 	t.Helper()
 	stackOnce.Do(func() {
-		env := []string{"KRANE_SYNC__RESYNC_INTERVAL=5s"}
+		if traces, stackErr = otlptest.Start(); stackErr != nil {
+			return
+		}
+		testenv.OnStop(traces.Stop)
+		env := append([]string{"KRANE_SYNC__RESYNC_INTERVAL=5s"}, traces.Env()...)
 		out := &lineWriter{t: t}
 		begin := time.Now()
 		shared, stackErr = stack.Start(context.Background(), stack.Options{
 			BinDir:   os.Getenv("KRANE_BIN_DIR"),
 			Progress: out,
 			KraneEnv: map[string][]string{"local-a": env, "local-b": env},
+			CtrlEnv:  traces.Env(),
 		})
 		if stackErr != nil {
 			stackErr = fmt.Errorf("%w\n%s", stackErr, out.String())

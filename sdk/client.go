@@ -59,7 +59,11 @@ func (c *grpcController) Configure(ctx context.Context, req ConfigureRequest) er
 }
 
 func (c *grpcController) Apply(ctx context.Context, req *ApplyRequest) (*ApplyResponse, error) {
-	resp, err := c.client.Apply(ctx, applyToProto(req))
+	out := applyToProto(req)
+	if tp := traceParentOf(ctx); tp != "" {
+		out.Traceparent = tp // the caller's span: the plugin's is its child
+	}
+	resp, err := c.client.Apply(ctx, out)
 	if err != nil {
 		return nil, c.wrap("apply", err)
 	}

@@ -164,6 +164,11 @@ type Change struct {
 	// with ctrl by its authors arrives as a google.protobuf.Struct: decode
 	// it with [Spec.DecodeJSON].
 	Spec Spec
+	// TraceParent is the W3C trace context (traceparent value) of the
+	// operation that made the change, e.g. a deploy; empty when untraced.
+	// The sdk runs Apply inside a child span of it, so a controller that
+	// traces its own calls passes ctx on and nothing more.
+	TraceParent string
 }
 
 // ApplyRequest asks the plugin to make one object match its desired state.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	pluginv1 "krane.dev/sdk/internal/pluginv1"
 )
@@ -31,6 +32,23 @@ type Host interface {
 	DecryptEnv(ctx context.Context, deploymentID string, sealed []byte) (map[string]string, error)
 }
 
+// DesiredStates is the part of the host that answers what ctrl wants for
+// one object now. The Host a plugin receives implements it (an older krane
+// host answers with an Unimplemented error); a plugin author's fake Host
+// may leave it out, so assert it:
+//
+//	if ds, ok := host.(sdk.DesiredStates); ok { ... }
+//
+// kube.Repairer uses it to repair a hand-edited object at once instead of
+// at the next resync.
+type DesiredStates interface {
+	// GetDesiredState returns the object's current desired state as a
+	// Change (Deleted when ctrl wants it gone). The host answers only for
+	// kinds the calling plugin reconciles. The version may be newer than
+	// the last one the plugin applied: the host has not delivered it yet.
+	GetDesiredState(ctx context.Context, kind, id string) (Change, error)
+}
+
 // ErrNoHostService is returned by the Host of a plugin whose host serves
 // none (an older krane host).
 var ErrNoHostService = errors.New("this krane host serves no host services to plugins (it sent no host_service_id): upgrade the krane host")
@@ -40,6 +58,10 @@ type noHost struct{}
 
 func (noHost) DecryptEnv(context.Context, string, []byte) (map[string]string, error) {
 	return nil, ErrNoHostService
+}
+
+func (noHost) GetDesiredState(context.Context, string, string) (Change, error) {
+	return Change{}, ErrNoHostService
 }
 
 // hostServer serves krane.plugin.v1.Host in the host process by calling
@@ -62,6 +84,29 @@ func (s *hostServer) DecryptEnv(ctx context.Context, req *pluginv1.DecryptEnvReq
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	return &pluginv1.DecryptEnvResponse{Env: env}, nil
+}
+
+func (s *hostServer) GetDesiredState(ctx context.Context, req *pluginv1.GetDesiredStateRequest) (*pluginv1.GetDesiredStateResponse, error) {
+	h := s.impl.Load()
+	if h == nil {
+		return nil, status.Error(codes.Unavailable, "the krane host has not configured its host services yet")
+	}
+	ds, ok := (*h).(DesiredStates)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this krane host does not look up desired state for plugins")
+	}
+	ch, err := ds.GetDesiredState(ctx, req.GetKind(), req.GetId())
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	resp := &pluginv1.GetDesiredStateResponse{Version: ch.Version, Deleted: ch.Deleted}
+	if ch.Spec.TypeURL != "" {
+		resp.Spec = &anypb.Any{TypeUrl: ch.Spec.TypeURL, Value: ch.Spec.Value}
+	}
+	return resp, nil
 }
 
 // hostBroker is the host side: it serves one plugin's Host once per plugin
@@ -104,6 +149,18 @@ func (h *hostClient) DecryptEnv(ctx context.Context, deploymentID string, sealed
 		return nil, fmt.Errorf("open the secret environment of deployment %s through the krane host: %w", deploymentID, err)
 	}
 	return resp.GetEnv(), nil
+}
+
+func (h *hostClient) GetDesiredState(ctx context.Context, kind, id string) (Change, error) {
+	resp, err := h.client.GetDesiredState(ctx, &pluginv1.GetDesiredStateRequest{Kind: kind, Id: id})
+	if err != nil {
+		return Change{}, fmt.Errorf("get the desired state of %s %s through the krane host: %w", kind, id, err)
+	}
+	ch := Change{Kind: kind, ID: id, Version: resp.GetVersion(), Deleted: resp.GetDeleted()}
+	if a := resp.GetSpec(); a != nil {
+		ch.Spec = Spec{TypeURL: a.GetTypeUrl(), Value: a.GetValue()}
+	}
+	return ch, nil
 }
 
 // hostDialer is the plugin side of the broker: it dials the host's

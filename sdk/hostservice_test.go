@@ -156,3 +156,45 @@ func TestServeWithHost(t *testing.T) {
 		t.Fatalf("Serve WithHost: %v, %v", env, err)
 	}
 }
+
+// desiredTestHost answers GetDesiredState too.
+type desiredTestHost struct{ testHost }
+
+func (h *desiredTestHost) GetDesiredState(_ context.Context, kind, id string) (sdk.Change, error) {
+	if id == "gone" {
+		return sdk.Change{}, status.Errorf(codes.NotFound, "no %s %s", kind, id)
+	}
+	return sdk.Change{Kind: kind, ID: id, Version: 7, Spec: sdk.Spec{TypeURL: "type.googleapis.com/google.protobuf.Struct", Value: []byte{0x0a, 0x00}}}, nil
+}
+
+// TestDesiredStateIsBrokered: GetDesiredState crosses the broker with the
+// change intact and ctrl's status code; a host that does not implement
+// it answers Unimplemented.
+func TestDesiredStateIsBrokered(t *testing.T) {
+	ctx := context.Background()
+	p := &hostUser{}
+	ctl := plugintest.New(t, p)
+	configure(t, ctl, &desiredTestHost{testHost{name: "a"}})
+	ds, ok := p.Host().(sdk.DesiredStates)
+	if !ok {
+		t.Fatalf("the plugin's Host %T does not offer GetDesiredState", p.Host())
+	}
+	ch, err := ds.GetDesiredState(ctx, "thing", "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Kind != "thing" || ch.ID != "t1" || ch.Version != 7 || ch.Deleted || ch.Spec.TypeURL != "type.googleapis.com/google.protobuf.Struct" || len(ch.Spec.Value) != 2 {
+		t.Errorf("change %+v", ch)
+	}
+	if _, err := ds.GetDesiredState(ctx, "thing", "gone"); status.Code(err) != codes.NotFound {
+		t.Errorf("missing object: %v, want NotFound", err)
+	}
+
+	p2 := &hostUser{}
+	ctl2 := plugintest.New(t, p2)
+	configure(t, ctl2, &testHost{name: "old"})
+	_, err = p2.Host().(sdk.DesiredStates).GetDesiredState(ctx, "thing", "t1")
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("host without the capability: %v, want Unimplemented", err)
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -13,6 +15,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
+
+	"krane.dev/sdk/telemetry"
 )
 
 // EnvLogLevel is how the host passes its log level to plugins.
@@ -33,7 +37,9 @@ type Factory func(log hclog.Logger) Controller
 //   - serves krane.plugin.v1 with a raised message limit (AutoMTLS is used
 //     whenever the host asks for it, as the krane host always does);
 //   - exits when the host process goes away (parent watcher) and shuts down
-//     the controller on SIGTERM.
+//     the controller on SIGTERM;
+//   - turns OpenTelemetry tracing on when the OTEL_* variables ask for it
+//     (package telemetry) and continues the host's trace around Apply.
 func Serve(factory Factory) {
 	log := hclog.New(&hclog.LoggerOptions{
 		Level:      hclog.LevelFromString(envOr(EnvLogLevel, "info")),
@@ -60,10 +66,24 @@ func Serve(factory Factory) {
 		}
 	}
 
+	// Tracing from the OTEL_* variables the host passes on (see package
+	// telemetry); the plugin reports under its own name, not the host's.
+	service := filepath.Base(os.Args[0])
+	if !strings.HasPrefix(service, "krane-plugin-") {
+		service = "krane-plugin-" + service
+	}
+	flush, err := telemetry.Setup(context.Background(), service, telemetry.Options{IgnoreServiceNameEnv: true})
+	if err != nil {
+		log.Error("tracing is off: the OTEL_* environment cannot be used", "error", err)
+	}
+
 	go exitWithParent(log, impl)
 	go shutdownOnSIGTERM(log, impl)
 
 	plugin.Serve(ServeConfig(impl, log))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = flush(ctx)
+	cancel()
 	os.Exit(0)
 }
 

@@ -65,7 +65,11 @@ func (s *server) Apply(ctx context.Context, req *pluginv1.ApplyRequest) (resp *p
 			}}
 		}
 	}()
-	return applyResultToProto(s.impl.Apply(ctx, applyFromProto(req))), nil
+	ar := applyFromProto(req)
+	ctx, span := startApplySpan(ctx, ar)
+	out, err := s.impl.Apply(ctx, ar)
+	endApplySpan(span, out, err)
+	return applyResultToProto(out, err), nil
 }
 
 func (s *server) Inventory(req *pluginv1.InventoryRequest, stream pluginv1.Controller_InventoryServer) error {

@@ -81,7 +81,7 @@ func configureFromProto(req *pluginv1.ConfigureRequest) ConfigureRequest {
 }
 
 func applyToProto(req *ApplyRequest) *pluginv1.ApplyRequest {
-	out := &pluginv1.ApplyRequest{Kind: req.Kind, Id: req.ID, Version: req.Version, Deleted: req.Deleted}
+	out := &pluginv1.ApplyRequest{Kind: req.Kind, Id: req.ID, Version: req.Version, Deleted: req.Deleted, Traceparent: req.TraceParent}
 	if !req.Spec.IsZero() {
 		out.Spec = &anypb.Any{TypeUrl: req.Spec.TypeURL, Value: req.Spec.Value}
 	}
@@ -89,7 +89,7 @@ func applyToProto(req *ApplyRequest) *pluginv1.ApplyRequest {
 }
 
 func applyFromProto(req *pluginv1.ApplyRequest) *ApplyRequest {
-	c := Change{Kind: req.GetKind(), ID: req.GetId(), Version: req.GetVersion(), Deleted: req.GetDeleted()}
+	c := Change{Kind: req.GetKind(), ID: req.GetId(), Version: req.GetVersion(), Deleted: req.GetDeleted(), TraceParent: req.GetTraceparent()}
 	if a := req.GetSpec(); a != nil {
 		c.Spec = Spec{TypeURL: a.GetTypeUrl(), Value: a.GetValue()}
 	}

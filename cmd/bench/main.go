@@ -120,6 +120,7 @@ var measurements = []measurement{
 	{"versions", bench.Versions},
 	{"watch", bench.WatchBootstrap},
 	{"propagation", bench.Propagation},
+	{"repair", bench.DriftRepair},
 	{"rollout", bench.Rollout},
 	{"bootstrap", bench.Bootstrap},
 	{"writes", bench.Writes},

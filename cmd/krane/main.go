@@ -23,6 +23,7 @@ import (
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
 	"krane.dev/internal/version"
+	"krane.dev/sdk/telemetry"
 )
 
 func main() {
@@ -75,6 +76,16 @@ func runAgent(path string) error {
 	log.Info("starting krane", "version", version.Version, "config", path)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Tracing from OTEL_* (off when unset); plugins inherit the variables.
+	flush, err := telemetry.Setup(ctx, "krane", telemetry.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = flush(fctx)
+	}()
 
 	a := agent.New(cfg, log, agent.Options{})
 	l, err := net.Listen("tcp", cfg.Server.Listen)

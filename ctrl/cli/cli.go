@@ -21,9 +21,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/version"
+	"krane.dev/sdk/telemetry"
 )
 
 // NewRoot returns the `ctrl` command. Other parts of ctrl add their command
@@ -75,6 +77,11 @@ func newServe() *cobra.Command {
 				return err
 			}
 			log := serve.NewLogger(cfg.Log, cmd.ErrOrStderr())
+			flush, err := telemetry.Setup(cmd.Context(), "krane-ctrl", telemetry.Options{})
+			if err != nil {
+				return err
+			}
+			defer flushTraces(flush)
 			srv, err := serve.Start(cmd.Context(), cfg, log, serve.Deps{})
 			if err != nil {
 				return err
@@ -277,32 +284,30 @@ func newCluster() *cobra.Command {
 	revoke.Flags().StringVar(&revokeID, "cluster", "", "cluster id (required)")
 	_ = revoke.MarkFlagRequired("cluster")
 
+	var listRegion, listOutput string
 	list := &cobra.Command{
-		Use:   "list",
-		Short: "List registered clusters, their valid tokens and last heartbeat",
+		Use:   "list [--region R] [-o json]",
+		Short: "List clusters: tokens, heartbeat, controllers and versions, per kind lag (versions and seconds), parked objects (as `ctrl fleet list`)",
+		Long:  fleetListLong + "\n\nThis command reads ctrl's database (like `cluster register`); `ctrl fleet list` prints the same through ctrl's API with an operator token.",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if listOutput != "text" && listOutput != "json" {
+				return fmt.Errorf("--output %q: want text or json", listOutput)
+			}
 			st, err := openStore(cmd, true)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			clusters, err := st.ListClusters(cmd.Context())
+			resp, err := fleetapi.Load(cmd.Context(), st, listRegion)
 			if err != nil {
-				return err
+				return fmt.Errorf("read the fleet: %w", err)
 			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "CLUSTER\tREGION\tTOKENS\tLAST HEARTBEAT\tAGENT")
-			for _, c := range clusters {
-				hb := "never"
-				if !c.LastHeartbeatAt.IsZero() {
-					hb = c.LastHeartbeatAt.UTC().Format(time.RFC3339)
-				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", c.ID, c.Region, c.ActiveTokens, hb, c.AgentVersion)
-			}
-			return w.Flush()
+			return printFleet(cmd, resp, listRegion, listOutput == "json")
 		},
 	}
+	list.Flags().StringVar(&listRegion, "region", "", "only this region's clusters")
+	list.Flags().StringVarP(&listOutput, "output", "o", "text", "output format: text (tables) or json (protobuf JSON, as `ctrl fleet list -o json`)")
 	cmd.AddCommand(register, revoke, list)
 	return cmd
 }

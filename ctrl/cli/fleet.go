@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -10,22 +12,31 @@ import (
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
+// fleetListLong explains what `ctrl fleet list` and `ctrl cluster list`
+// print; the two print the same (fleetapi.Load is their one source).
+const fleetListLong = "Per cluster: region, valid tokens, last heartbeat, krane version and the controllers its host runs (plugin versions; " +
+	"\"not reported\" for a host older than ctrl). Per cluster and kind: the cursor it last reported, ctrl's newest version, " +
+	"LAG = newest minus cursor (versions are global, so a distance, not a count of changes), LAG AGE = how long the oldest change above " +
+	"the cursor had been committed when the cluster sent its last heartbeat (0s: it had applied everything committed before), " +
+	"PARKED = objects its host holds parked, APPLY ERRORS = objects it reported it could not apply. \"-\" means not reported. " +
+	"Cursors and parked counts are as of the last heartbeat (every 30s). -o json prints the FleetService's ListClustersResponse as protobuf JSON, for scripts."
+
 func newFleet() *cobra.Command {
 	var api apiFlags
 	cmd := &cobra.Command{
 		Use:   "fleet",
-		Short: "Show the clusters ctrl serves: heartbeats, and per kind how far each cluster is behind",
-		Long: "Talks to ctrl's FleetService with an operator token (CTRL_TOKEN) at CTRL_ADDR (the web console's Fleet page makes the same call).\n" +
+		Short: "Show the clusters ctrl serves (the same view as `ctrl cluster list`, through the API)",
+		Long: "Talks to ctrl's FleetService with an operator token (CTRL_TOKEN) at CTRL_ADDR (the web console's Fleet page makes the same call). " +
+			"`ctrl cluster list` prints the same, reading ctrl's database instead.\n" +
 			"Text output is for people; -o json prints protobuf JSON for scripts.",
 	}
 	api.add(cmd)
 	var region string
 	list := &cobra.Command{
 		Use:   "list [--region R]",
-		Short: "List clusters by region: last heartbeat, krane version, per kind cursor, newest version and apply errors",
-		Long: "Cursors are what each cluster reported in its last heartbeat (every 30s): a cluster shown behind may have caught up since. " +
-			"APPLY ERRORS counts the objects the cluster reported it could not apply.",
-		Args: cobra.NoArgs,
+		Short: "List clusters by region: heartbeat, krane and controller versions, per kind lag (versions and seconds), parked objects, apply errors",
+		Long:  fleetListLong,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := api.json()
 			if err != nil {
@@ -40,46 +51,96 @@ func newFleet() *cobra.Command {
 			if err != nil {
 				return apiError("list clusters", err)
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "REGION\tCLUSTER\tLAST HEARTBEAT\tKRANE\tKIND\tCURSOR\tNEWEST\tLAG\tAPPLY ERRORS")
-			for _, c := range resp.GetClusters() {
-				hb := "never"
-				if t := c.GetLastHeartbeatAt(); t != nil {
-					hb = timestamp(t.AsTime()) + " (" + time.Since(t.AsTime()).Round(time.Second).String() + " ago)"
-				}
-				agent := c.GetAgentVersion()
-				if agent == "" {
-					agent = "-"
-				}
-				if len(c.GetKinds()) == 0 {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t-\t-\t-\t-\t-\n", c.GetRegion(), c.GetId(), hb, agent)
-				}
-				for _, k := range c.GetKinds() {
-					cursor, lag := "-", "caught up"
-					if k.Cursor != nil {
-						cursor = fmt.Sprint(k.GetCursor())
-					}
-					if k.GetBehind() {
-						lag = "behind"
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\n", c.GetRegion(), c.GetId(), hb, agent, k.GetKind(), cursor, k.GetHeadVersion(), lag, k.GetApplyErrors())
-				}
-			}
-			if err := w.Flush(); err != nil {
-				return err
-			}
-			if len(resp.GetClusters()) == 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "No cluster is registered"+regionSuffix(region)+": register one with `ctrl cluster register --region R --cluster C`.")
-			}
-			return nil
+			return printFleet(cmd, resp, region, asJSON)
 		},
 	}
 	list.Flags().StringVar(&region, "region", "", "only this region's clusters")
 	cmd.AddCommand(list)
 	return cmd
+}
+
+// printFleet prints the fleet view as `ctrl fleet list` and `ctrl cluster
+// list` do.
+func printFleet(cmd *cobra.Command, resp *ctrlv1.ListClustersResponse, region string, asJSON bool) error {
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), resp)
+	}
+	if len(resp.GetClusters()) == 0 {
+		fmt.Fprintln(cmd.ErrOrStderr(), "No cluster is registered"+regionSuffix(region)+": register one with `ctrl cluster register --region R --cluster C`.")
+		return nil
+	}
+	return writeFleet(cmd.OutOrStdout(), resp, time.Now())
+}
+
+// writeFleet writes the two tables: clusters, then their kinds; then the
+// errors of controllers that do not run.
+func writeFleet(out io.Writer, resp *ctrlv1.ListClustersResponse, now time.Time) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CLUSTER\tREGION\tTOKENS\tLAST HEARTBEAT\tKRANE\tCONTROLLERS")
+	var down []string
+	for _, c := range resp.GetClusters() {
+		hb := "never"
+		if t := c.GetLastHeartbeatAt(); t != nil {
+			hb = now.Sub(t.AsTime()).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", c.GetId(), c.GetRegion(), c.GetActiveTokens(), hb, or(c.GetAgentVersion(), "-"), controllers(c))
+		for _, ctl := range c.GetControllers() {
+			if !ctl.GetRunning() {
+				down = append(down, fmt.Sprintf("%s: controller %s is not running: %s", c.GetId(), ctl.GetName(), or(ctl.GetLastError(), "no error reported")))
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "CLUSTER\tKIND\tCURSOR\tNEWEST\tLAG\tLAG AGE\tPARKED\tAPPLY ERRORS")
+	for _, c := range resp.GetClusters() {
+		for _, k := range c.GetKinds() {
+			cursor, lag, age, parked := "-", "-", "-", "-"
+			if k.Cursor != nil {
+				cursor = fmt.Sprint(k.GetCursor())
+			}
+			if k.LagVersions != nil {
+				lag = fmt.Sprint(k.GetLagVersions())
+			}
+			if k.LagSeconds != nil {
+				age = (time.Duration(k.GetLagSeconds() * float64(time.Second))).Round(100 * time.Millisecond).String()
+			}
+			if k.Parked != nil {
+				parked = fmt.Sprint(k.GetParked())
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", c.GetId(), k.GetKind(), cursor, k.GetHeadVersion(), lag, age, parked, k.GetApplyErrors())
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(down) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(out, strings.Join(down, "\n"))
+	}
+	return nil
+}
+
+// controllers is "name version, ..." with "(not running)" marks, or "not
+// reported".
+func controllers(c *ctrlv1.ClusterInfo) string {
+	if !c.GetControllersReported() {
+		return "not reported"
+	}
+	if len(c.GetControllers()) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(c.GetControllers()))
+	for _, ctl := range c.GetControllers() {
+		p := ctl.GetName()
+		if v := ctl.GetPluginVersion(); v != "" {
+			p += " " + v
+		}
+		if !ctl.GetRunning() {
+			p += " (not running)"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func regionSuffix(region string) string {

@@ -185,4 +185,26 @@ func TestSentinelCommands(t *testing.T) {
 	if code, _, errOut := run(t, "sentinel", "deploy", "sen-nope", "--image", sentinelV2); code != 1 || !strings.Contains(errOut, `no sentinel "sen-nope"`) {
 		t.Fatalf("deploy of an unknown sentinel: %d %q", code, errOut)
 	}
+
+	// stop: stopped at a new version; again: nothing to do; deploy starts
+	// it again.
+	if code, out, errOut := run(t, "sentinel", "stop", ids[0]); code != 0 ||
+		!regexp.MustCompile(`^sentinel `+ids[0]+` stopped at version \d+; its cluster in eu deletes its objects\n$`).MatchString(out) {
+		t.Fatalf("sentinel stop: %d %q %q", code, out, errOut)
+	}
+	if code, out, _ := run(t, "sentinel", "get", ids[0]); code != 0 || !strings.Contains(out, "Desired state:        stopped") {
+		t.Fatalf("sentinel get after stop:\n%s", out)
+	}
+	if code, out, errOut := run(t, "sentinel", "stop", ids[0]); code != 0 || !strings.Contains(out, "sentinel "+ids[0]+" was already stopped") {
+		t.Fatalf("second sentinel stop: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := run(t, "sentinel", "stop", "sen-nope"); code != 1 || !strings.Contains(errOut, `no sentinel "sen-nope"`) {
+		t.Fatalf("stop of an unknown sentinel: %d %q", code, errOut)
+	}
+	if code, out, errOut := run(t, "sentinel", "deploy", ids[0], "--wait", "--poll-interval", "20ms"); code != 0 || !strings.Contains(out, "sentinel "+ids[0]+" is ready") {
+		t.Fatalf("deploy of a stopped sentinel: %d\n%s%s", code, out, errOut)
+	}
+	if code, out, _ := run(t, "sentinel", "get", ids[0]); code != 0 || !strings.Contains(out, "Desired state:        running") {
+		t.Fatalf("sentinel get after the deploy:\n%s", out)
+	}
 }

@@ -24,7 +24,7 @@ func newSentinel() *cobra.Command {
 	s := &sentinelCmd{}
 	cmd := &cobra.Command{
 		Use:   "sentinel",
-		Short: "Deploy, show and list sentinels (one environment's routing proxy in one region)",
+		Short: "Deploy, stop, show and list sentinels (one environment's routing proxy in one region)",
 		Long: "Talks to ctrl's SentinelService with an operator token (CTRL_TOKEN) at CTRL_ADDR.\n" +
 			"Text output is for people; -o json prints protobuf JSON for scripts. " +
 			"`deploy --wait` follows the sentinel until its cluster runs the new configuration and exits 0 only when it is ready.",
@@ -32,7 +32,7 @@ func newSentinel() *cobra.Command {
 	s.api.add(cmd)
 	cmd.PersistentFlags().DurationVar(&s.poll, "poll-interval", 500*time.Millisecond, "how often --wait asks for progress")
 	_ = cmd.PersistentFlags().MarkHidden("poll-interval")
-	cmd.AddCommand(s.deploy(), s.get(), s.list())
+	cmd.AddCommand(s.deploy(), s.stop(), s.get(), s.list())
 	return cmd
 }
 
@@ -170,6 +170,43 @@ func healthName(h clusterv1.Health) string {
 		return "unknown"
 	}
 	return strings.ToLower(strings.TrimPrefix(h.String(), "HEALTH_"))
+}
+
+func (s *sentinelCmd) stop() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop SENTINEL_ID",
+		Short: "Stop a sentinel: its cluster deletes its objects; the row stays (deploy starts it again)",
+		Long: "Sets the sentinel's desired state to stopped with a new version. Its cluster's sentinel plugin deletes the " +
+			"sentinel's objects; ctrl keeps the row, so `ctrl sentinel deploy SENTINEL_ID` (or the next deploy of its " +
+			"environment) starts it again with the same configuration. A deploy of the sentinel in progress ends failed. " +
+			"Stopping a stopped sentinel changes nothing.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := s.api.json()
+			if err != nil {
+				return err
+			}
+			api, closeConn, err := s.client()
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := api.StopSentinel(cmd.Context(), &ctrlv1.StopSentinelRequest{SentinelId: args[0]})
+			if err != nil {
+				return apiError("stop sentinel "+args[0], err)
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			si := resp.GetSentinel()
+			if resp.GetStopped() {
+				fmt.Fprintf(cmd.OutOrStdout(), "sentinel %s stopped at version %d; its cluster in %s deletes its objects\n", si.GetId(), si.GetVersion(), si.GetRegion())
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "sentinel %s was already stopped (version %d)\n", si.GetId(), si.GetVersion())
+			}
+			return nil
+		},
+	}
 }
 
 func (s *sentinelCmd) get() *cobra.Command {

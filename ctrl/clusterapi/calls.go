@@ -72,7 +72,7 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 	if err != nil {
 		return nil, err
 	}
-	err = s.store.Heartbeat(ctx, who.ClusterID, who.Region, req.GetAgentVersion(), req.GetCursors())
+	err = s.store.Heartbeat(ctx, who.ClusterID, who.Region, heartbeatData(req))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl cluster register`)", who.ClusterID, who.Region)
 	}
@@ -84,4 +84,55 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 		return nil, storeError(ctx, err, "reading the head version failed")
 	}
 	return &clusterv1.HeartbeatResponse{HeadVersion: head}, nil
+}
+
+// Limits on what a heartbeat may say of its host, so one cluster cannot
+// make its row (read by every fleet listing) arbitrarily large.
+const (
+	maxHeartbeatControllers = 64
+	maxHeartbeatKinds       = 256
+	maxHeartbeatText        = 1024
+)
+
+// heartbeatData is what the store keeps of a heartbeat: the host report
+// only from hosts that send one, trimmed to sane sizes.
+func heartbeatData(req *clusterv1.HeartbeatRequest) store.HeartbeatData {
+	hb := store.HeartbeatData{AgentVersion: req.GetAgentVersion(), Cursors: req.GetCursors()}
+	if !req.GetHostReport() {
+		return hb
+	}
+	h := &store.HostReport{Controllers: []store.ControllerStatus{}}
+	for i, c := range req.GetControllers() {
+		if i == maxHeartbeatControllers {
+			break
+		}
+		kinds := c.GetKinds()
+		if len(kinds) > maxHeartbeatKinds {
+			kinds = kinds[:maxHeartbeatKinds]
+		}
+		h.Controllers = append(h.Controllers, store.ControllerStatus{
+			Name: clip(c.GetName()), PluginVersion: clip(c.GetPluginVersion()), Kinds: kinds,
+			Running: c.GetRunning(), LastError: clip(c.GetLastError()),
+		})
+	}
+	if p := req.GetParked(); len(p) > 0 {
+		h.Parked = make(map[string]int, len(p))
+		for kind, n := range p {
+			if len(h.Parked) == maxHeartbeatKinds {
+				break
+			}
+			if n > 0 {
+				h.Parked[kind] = int(n)
+			}
+		}
+	}
+	hb.Host = h
+	return hb
+}
+
+func clip(s string) string {
+	if len(s) <= maxHeartbeatText {
+		return s
+	}
+	return s[:maxHeartbeatText] + "…"
 }

@@ -376,18 +376,41 @@ func runScenario(t *testing.T, sc scenario) result {
 			res.problems = append(res.problems, fmt.Sprintf("%s: the database holds the content of a write that failed: %v", o, c.Spec))
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, w := range watchers {
-		h := heads[store.HeadKey{Region: w.region, Kind: w.kind}]
-		for !w.caughtUp(h) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not reach head %d within 30s", w.name, h)
+	waitCaughtUp := func(heads map[store.HeadKey]uint64) {
+		deadline := time.Now().Add(3 * time.Minute) // generous: only a lost change misses it
+		for _, w := range watchers {
+			h := heads[store.HeadKey{Region: w.region, Kind: w.kind}]
+			for !w.caughtUp(h) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s did not reach head %d", w.name, h)
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	// Let any late stragglers arrive (there must be none to arrive).
-	time.Sleep(300 * time.Millisecond)
+	waitCaughtUp(heads)
+	// A late straggler (an old change sent after the head) would arrive
+	// before anything newer on its ordered stream. So write one marker per
+	// stream and wait for it: whatever was still in flight has arrived and
+	// been checked by then, without guessing how long to wait.
+	rng := rand.New(rand.NewPCG(sc.seed, 1<<32))
+	if _, err := env.Store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		for _, k := range kindList {
+			for _, r := range regions {
+				if err := writeOnce(ctx, tx, object{k, r, fmt.Sprintf("marker-%s-%s", k[:3], r)}, rng, false); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("write the end markers: %v", err)
+	}
+	markerHeads, err := env.Store.ChangeHeads(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(markerHeads)
 	cancel()
 	wwg.Wait()
 
@@ -478,9 +501,8 @@ func TestNoLostChangeUnderShuffledCommits(t *testing.T) {
 	t.Logf("%d commits by %d writers, %d objects, 24 watchers: commit->send latency p50=%s p99=%s max=%s (n=%d)",
 		res.commits, sc.writers, 8*sc.perPair, p50.Round(time.Millisecond), p99.Round(time.Millisecond),
 		percentile(res.latencies, 1).Round(time.Millisecond), len(res.latencies))
-	if p99 >= time.Second {
-		t.Errorf("commit->send p99 %s, want well under 1s", p99)
-	}
+	// The latency is logged, not asserted: speed targets live in the
+	// benchmarks (make bench, make bench-fleet), not in timed tests.
 }
 
 // With a feed window of a few changes, streams keep falling behind it and

@@ -107,6 +107,7 @@ func (s *Server) reportAll(ctx context.Context, who auth.Identity, reqs []*clust
 		return nil, storeError(ctx, err, "storing the reports failed")
 	}
 	for j, r := range stored {
+		s.m.observeStarted(r.Started)
 		id := deployments[j].Status.GetDeploymentId()
 		accepted, err := s.outcome(ctx, who, decodedReport{kind: kinds.Deployment, id: id, obs: deployments[j].Obs}, r.Accepted, r.Err)
 		if results[deploymentAt[j]], err = result(accepted, err); err != nil {
@@ -295,7 +296,11 @@ func (s *Server) report(ctx context.Context, who auth.Identity, d decodedReport)
 	var err error
 	switch st := d.msg.(type) {
 	case *clusterv1.DeploymentStatus:
-		accepted, err = s.store.ReportDeployment(ctx, who.Region, who.ClusterID, d.obs, st)
+		var res []store.ReportResult
+		if res, err = s.store.ReportDeployments(ctx, who.Region, who.ClusterID, []store.DeploymentReport{{Obs: d.obs, Status: st}}); err == nil {
+			accepted, err = res[0].Accepted, res[0].Err
+			s.m.observeStarted(res[0].Started)
+		}
 	case *clusterv1.SentinelStatus:
 		accepted, err = s.store.ReportSentinel(ctx, who.Region, who.ClusterID, d.obs, st)
 	case *clusterv1.CiliumNetworkPolicyStatus:

@@ -245,7 +245,7 @@ func (s *Server) convertible(c store.Change, region string) bool {
 
 // resourceChange is the generic wire form: no payload for deletes.
 func resourceChange(c store.Change) (*clusterv1.ResourceChange, error) {
-	rc := &clusterv1.ResourceChange{Kind: c.Kind, Id: c.ID, Version: c.Version, Deleted: c.Deleted}
+	rc := &clusterv1.ResourceChange{Kind: c.Kind, Id: c.ID, Version: c.Version, Deleted: c.Deleted, Traceparent: c.TraceParent}
 	if !c.Deleted {
 		spec, err := anypb.New(c.Spec)
 		if err != nil {

@@ -143,6 +143,16 @@ func TestSignInExchangesTheTokenForAStrictCookie(t *testing.T) {
 	if _, err := env.Cluster(t, cluster).Heartbeat(context.Background(), &clusterv1.HeartbeatRequest{AgentVersion: "9.9.9"}); err != nil {
 		t.Fatal(err)
 	}
+	// eu-2's host reports its controllers and parked objects.
+	if _, err := env.Cluster(t, env.ClusterToken(t, "eu", "eu-2")).Heartbeat(context.Background(), &clusterv1.HeartbeatRequest{
+		AgentVersion: "9.9.9", HostReport: true, Cursors: map[string]uint64{"deployment": 0}, Parked: map[string]int32{"deployment": 7},
+		Controllers: []*clusterv1.ControllerStatus{
+			{Name: "deployment", PluginVersion: "4.5.6", Kinds: []string{"deployment"}, Running: true},
+			{Name: "sentinel", PluginVersion: "4.5.7", Kinds: []string{"sentinel"}, LastError: "plugin process exited unexpectedly"},
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	b := newBrowser(t, env.Server.ConsoleURL())
 
 	resp, _ := b.get("/fleet")
@@ -168,9 +178,16 @@ func TestSignInExchangesTheTokenForAStrictCookie(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "eu-1") || !strings.Contains(body, "9.9.9") || !strings.Contains(body, p.ID) {
 		t.Fatalf("/fleet signed in: %s\n%s", resp.Status, body)
 	}
-	// Heartbeats carry no controllers or parked counts yet: said so.
+	// eu-1's host reports no controllers or parked counts: said so.
 	if !strings.Contains(body, "not reported") {
 		t.Errorf("/fleet does not say which heartbeat data is not reported:\n%s", body)
+	}
+	// eu-2's are shown: controllers with versions, the one not running,
+	// parked objects.
+	for _, want := range []string{"deployment 4.5.6", "sentinel 4.5.7", `title="plugin process exited unexpectedly">not running`, `<td class="num">7</td>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/fleet does not show %q of eu-2:\n%s", want, body)
+		}
 	}
 	for _, h := range []string{"Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options"} {
 		if resp.Header.Get(h) == "" {

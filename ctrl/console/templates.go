@@ -49,6 +49,13 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprint(*p)
 	},
+	// secs is a lag in seconds as a short duration ("" when unset).
+	"secs": func(p *float64) string {
+		if p == nil {
+			return ""
+		}
+		return (time.Duration(*p * float64(time.Second))).Round(100 * time.Millisecond).String()
+	},
 	"join": strings.Join,
 	"pct":  func(f float64) string { return fmt.Sprintf("%.3f", f) },
 	"addf": func(a, b float64) float64 { return a + b },

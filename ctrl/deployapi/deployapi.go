@@ -35,6 +35,7 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
+	"krane.dev/internal/kinds"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -49,6 +50,10 @@ type Options struct {
 	// Vault seals secret variables; nil when ctrl has no keyring (requests
 	// with secrets are then refused).
 	Vault *vault.Source
+	// LiveClusterWithin is deploy.live_cluster_within: a deploy to a
+	// region with no cluster heard from this recently running the
+	// deployment controller is refused at once. 0: no check.
+	LiveClusterWithin time.Duration
 }
 
 // Server implements ctrlv1.DeploymentServiceServer.
@@ -59,6 +64,7 @@ type Server struct {
 	log     hclog.Logger
 	timeout time.Duration
 	vault   *vault.Source
+	live    time.Duration
 }
 
 // New returns a Server.
@@ -69,7 +75,7 @@ func New(o Options) *Server {
 	if o.DefaultTimeout <= 0 {
 		o.DefaultTimeout = 5 * time.Minute
 	}
-	return &Server{store: o.Store, ingress: o.Ingress, log: o.Log.Named("deployapi"), timeout: o.DefaultTimeout, vault: o.Vault}
+	return &Server{store: o.Store, ingress: o.Ingress, log: o.Log.Named("deployapi"), timeout: o.DefaultTimeout, vault: o.Vault, live: o.LiveClusterWithin}
 }
 
 // Register adds the service to gs.
@@ -104,6 +110,9 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 		return nil, invalid(err)
 	}
 	if err := s.checkRegions(ctx, req.GetRegions()); err != nil {
+		return nil, err
+	}
+	if err := checkServed(ctx, s.store, req.GetRegions(), kinds.Deployment, s.live); err != nil {
 		return nil, err
 	}
 	// Sealed now, for this deployment's id, before the row is written:
@@ -343,6 +352,9 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 		}
 	}
 	if err := s.checkRegions(ctx, regions); err != nil {
+		return nil, err
+	}
+	if err := checkServed(ctx, s.store, regions, kinds.Deployment, s.live); err != nil {
 		return nil, err
 	}
 	id := deployspec.NewDeploymentID()

@@ -55,8 +55,9 @@ func TestSecretEnv(t *testing.T) {
 	operator := env.OperatorToken(t, "secrets test")
 	api := ctrlv1.NewDeploymentServiceClient(env.Dial(t, operator))
 	euToken, usToken := env.ClusterToken(t, "eu", "eu-1"), env.ClusterToken(t, "us", "us-1")
-	eu := &ctrltest.FakeCluster{Region: "eu", ID: "eu-1", Client: env.Cluster(t, euToken)}
+	eu := ctrltest.NewFakeCluster(t, "eu", "eu-1", env.Cluster(t, euToken))
 	us := env.Cluster(t, usToken)
+	ctrltest.KeepHeartbeating(t, us)
 	ctx := context.Background()
 
 	secretsX := map[string]string{"DB_PASSWORD": secret(t), "API_TOKEN": secret(t)}

@@ -16,6 +16,7 @@ import (
 	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
+	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -27,6 +28,8 @@ type SentinelOptions struct {
 	// caller's deadline bounds it), for deploys that wait minutes.
 	Ingress, Waiting *workflows.Ingress
 	Log              hclog.Logger
+	// LiveClusterWithin: see Options.
+	LiveClusterWithin time.Duration
 }
 
 // Sentinels serves krane.ctrl.v1.SentinelService (one sentinel: deploy,
@@ -39,6 +42,7 @@ type Sentinels struct {
 	// caller's deadline bounds it) for deploys that wait minutes.
 	ingress, waiting *workflows.Ingress
 	log              hclog.Logger
+	live             time.Duration
 }
 
 // NewSentinels returns the sentinel and rollout APIs.
@@ -47,7 +51,7 @@ func NewSentinels(o SentinelOptions) *Sentinels {
 		o.Log = hclog.NewNullLogger()
 	}
 	return &Sentinels{store: o.Store, ingress: o.Ingress, waiting: o.Waiting,
-		log: o.Log.Named("sentinelapi")}
+		log: o.Log.Named("sentinelapi"), live: o.LiveClusterWithin}
 }
 
 // Register adds both services to gs.
@@ -73,8 +77,9 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	if err != nil {
 		return nil, err
 	}
-	if row.DesiredState != "running" {
-		return nil, status.Errorf(codes.FailedPrecondition, "sentinel %s is %s: its environment runs no deployment; a deploy of the environment starts it again", row.ID, row.DesiredState)
+	// A stopped sentinel is started again by its deploy (SentinelService).
+	if err := checkServed(ctx, s.store, []string{row.Region}, kinds.Sentinel, s.live); err != nil {
+		return nil, err
 	}
 	inv, err := workflows.StartSentinelDeploy(ctx, s.ingress, row.ID, dr)
 	if err != nil {
@@ -108,6 +113,28 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	}
 	resp.Sentinel = sentinelInfo(row)
 	return resp, nil
+}
+
+// StopSentinel sets a sentinel's desired state to stopped with a new
+// version (a soft delete); its cluster deletes the sentinel's objects. A
+// deploy of the sentinel in progress ends failed ("stopped while it
+// deployed"). DeploySentinel, or a deploy of its environment, starts it
+// again.
+func (s *Sentinels) StopSentinel(ctx context.Context, req *ctrlv1.StopSentinelRequest) (*ctrlv1.StopSentinelResponse, error) {
+	if _, err := s.sentinel(ctx, req.GetSentinelId()); err != nil {
+		return nil, err
+	}
+	row, stopped, err := s.store.StopSentinel(ctx, req.GetSentinelId())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "sentinel_id: no sentinel %q (see `ctrl sentinel list`)", req.GetSentinelId())
+	}
+	if err != nil {
+		return nil, s.storeError(ctx, err, "stopping the sentinel failed")
+	}
+	if stopped {
+		s.log.Info("sentinel stopped", "sentinel", row.ID, "region", row.Region, "environment", row.EnvironmentID, "version", row.Version, "by", caller(ctx))
+	}
+	return &ctrlv1.StopSentinelResponse{Sentinel: sentinelInfo(row), Stopped: stopped}, nil
 }
 
 // GetSentinel returns one sentinel: desired state, what its cluster

@@ -1,7 +1,13 @@
 // Package fleetapi serves krane.ctrl.v1.FleetService: the clusters ctrl
-// serves, by region, with each cluster's last heartbeat, agent version and,
-// per kind, its reported cursor against ctrl's newest version for the
-// region, and the objects it could not apply.
+// serves, by region, with each cluster's last heartbeat, agent version, the
+// controllers its host runs and, per kind, its reported cursor against
+// ctrl's newest version for the region (lag in versions and in seconds),
+// its parked objects and the objects it could not apply.
+//
+// Load is the one reader of that view: FleetService, `ctrl cluster list`
+// and the lag metric (metrics.go) all use it. Live reports, from the same
+// data, whether a region has a live cluster running the controller of a
+// kind (the deploy API's fail-fast check).
 //
 // It reads what the clusters' heartbeats and reports stored; it needs no
 // Restate, so ctrl serves it whether or not the deploy API is on. Every
@@ -11,6 +17,7 @@ package fleetapi
 import (
 	"context"
 	"sort"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -42,24 +49,49 @@ func (s *Server) Register(gs *grpc.Server) { ctrlv1.RegisterFleetServiceServer(g
 
 // ListClusters returns every registered cluster (or one region's).
 func (s *Server) ListClusters(ctx context.Context, req *ctrlv1.ListClustersRequest) (*ctrlv1.ListClustersResponse, error) {
-	clusters, err := s.store.ListClusters(ctx)
+	resp, err := Load(ctx, s.store, req.GetRegion())
 	if err != nil {
-		return nil, s.unavailable(ctx, err, "listing clusters failed")
+		return nil, s.unavailable(ctx, err, "reading the fleet failed")
 	}
-	heads, err := s.store.ChangeHeads(ctx)
+	return resp, nil
+}
+
+// Load reads the fleet view of every cluster (of region, when not empty),
+// by region and cluster id. It is the one source of FleetService, `ctrl
+// cluster list` and the lag metric, so they never disagree.
+func Load(ctx context.Context, st *store.Store, region string) (*ctrlv1.ListClustersResponse, error) {
+	clusters, err := st.ListClusters(ctx)
 	if err != nil {
-		return nil, s.unavailable(ctx, err, "reading the newest versions failed")
+		return nil, err
 	}
-	errCounts, err := s.store.ApplyErrorCounts(ctx)
+	heads, err := st.ChangeHeads(ctx)
 	if err != nil {
-		return nil, s.unavailable(ctx, err, "counting apply errors failed")
+		return nil, err
+	}
+	errCounts, err := st.ApplyErrorCounts(ctx)
+	if err != nil {
+		return nil, err
 	}
 	resp := &ctrlv1.ListClustersResponse{}
+	var pending []store.PendingKey
 	for _, c := range clusters {
-		if r := req.GetRegion(); r != "" && c.Region != r {
+		if region != "" && c.Region != region {
 			continue
 		}
-		resp.Clusters = append(resp.Clusters, clusterInfo(c, heads, errCounts))
+		info := clusterInfo(c, heads, errCounts)
+		resp.Clusters = append(resp.Clusters, info)
+		for _, k := range info.GetKinds() {
+			if k.Cursor != nil && k.GetBehind() && info.GetLastHeartbeatAt() != nil {
+				pending = append(pending, store.PendingKey{Region: c.Region, Kind: k.GetKind(), Cursor: k.GetCursor()})
+			}
+		}
+	}
+	since, err := st.PendingSince(ctx, pending)
+	if err != nil {
+		return nil, err
+	}
+	for _, info := range resp.Clusters {
+		fillLagSeconds(info, since)
 	}
 	return resp, nil
 }
@@ -86,6 +118,11 @@ func clusterInfo(c store.Cluster, heads map[store.HeadKey]uint64, errCounts map[
 			kinds[k.Kind] = true
 		}
 	}
+	if c.Host != nil {
+		for k := range c.Host.Parked {
+			kinds[k] = true
+		}
+	}
 	names := make([]string, 0, len(kinds))
 	for k := range kinds {
 		names = append(names, k)
@@ -99,16 +136,62 @@ func clusterInfo(c store.Cluster, heads map[store.HeadKey]uint64, errCounts map[
 		if cur, ok := c.Cursors[kind]; ok {
 			p.Cursor = &cur
 			p.Behind = p.HeadVersion > cur
+			lag := uint64(0)
+			if p.Behind {
+				lag = p.HeadVersion - cur
+			}
+			p.LagVersions = &lag
 		} else {
 			// No cursor reported: behind whenever there is anything to apply.
 			p.Behind = p.HeadVersion > 0
 		}
+		if c.Host != nil {
+			n := int32(c.Host.Parked[kind])
+			p.Parked = &n
+		}
 		info.Kinds = append(info.Kinds, p)
 	}
-	// The heartbeat does not carry the host's controllers or its parked
-	// objects yet: controllers_reported stays false and parked unset, so
-	// clients say "not reported" instead of showing an empty list or 0.
+	// A host that does not report its controllers (older than this ctrl,
+	// or no heartbeat yet) leaves controllers_reported false and parked
+	// unset, so clients say "not reported" instead of "none" or 0.
+	if c.Host != nil {
+		info.ControllersReported = true
+		for _, ctl := range c.Host.Controllers {
+			info.Controllers = append(info.Controllers, &ctrlv1.ControllerInfo{
+				Name: ctl.Name, PluginVersion: ctl.PluginVersion, Kinds: ctl.Kinds, Running: ctl.Running, LastError: ctl.LastError,
+			})
+		}
+	}
 	return info
+}
+
+// fillLagSeconds sets each kind's lag in seconds as of the cluster's last
+// heartbeat: how long the oldest change above its cursor had been
+// committed then. Measured at the heartbeat, not now, because the cursor
+// is as of then: a healthy cluster is not shown lagging by the time since
+// its heartbeat for a change it applied a moment after.
+func fillLagSeconds(info *ctrlv1.ClusterInfo, since map[store.PendingKey]time.Time) {
+	hbAt := info.GetLastHeartbeatAt()
+	if hbAt == nil {
+		return
+	}
+	hb := hbAt.AsTime()
+	for _, k := range info.GetKinds() {
+		if k.Cursor == nil {
+			continue
+		}
+		if !k.GetBehind() {
+			zero := 0.0
+			k.LagSeconds = &zero
+			continue
+		}
+		at, ok := since[store.PendingKey{Region: info.GetRegion(), Kind: k.GetKind(), Cursor: k.GetCursor()}]
+		if !ok {
+			continue // versioned before ctrl recorded commit times
+		}
+		lag := max(0, hb.Sub(at).Seconds())
+		k.LagSeconds = &lag
+	}
 }
 
 // unavailable turns a store error into UNAVAILABLE (or the context's own

@@ -3,6 +3,7 @@ package fleetapi_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -29,23 +30,38 @@ func putPolicy(t *testing.T, st *store.Store, id, region string) uint64 {
 }
 
 // TestListClustersShowsHeartbeatsLagAndApplyErrors: per cluster, the last
-// heartbeat and agent version; per kind the reported cursor against the
-// newest version of the cluster's region, and the objects it could not
-// apply. Heartbeat data the cluster does not send stays unreported.
+// heartbeat, agent version and the controllers its host runs; per kind the
+// reported cursor against the newest version of the cluster's region, the
+// lag in versions and in seconds, parked objects and the objects it could
+// not apply. What an older host does not send stays "not reported".
 func TestListClustersShowsHeartbeatsLagAndApplyErrors(t *testing.T) {
 	env := ctrltest.Start(t, ctrltest.Options{})
 	ctx := context.Background()
 	euTok := env.ClusterToken(t, "eu", "eu-1")
-	env.ClusterToken(t, "us", "us-1") // never sends a heartbeat
+	usTok := env.ClusterToken(t, "us", "us-1")
 	v1 := putPolicy(t, env.Store, "pol-1", "eu")
+	v2 := putPolicy(t, env.Store, "pol-2", "eu") // before the heartbeat, not applied by it
+	// pol-2 committed a minute ago, as far as the lag is concerned.
+	if _, err := env.Store.DB().ExecContext(ctx, "UPDATE cilium_network_policies SET version_at = version_at - 60000 WHERE id = 'pol-2'"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := env.Cluster(t, euTok).Heartbeat(ctx, &clusterv1.HeartbeatRequest{
 		AgentVersion: "1.2.3", Cursors: map[string]uint64{kinds.CiliumNetworkPolicy: v1, kinds.Deployment: 0},
+		HostReport: true, Parked: map[string]int32{kinds.CiliumNetworkPolicy: 2},
+		Controllers: []*clusterv1.ControllerStatus{
+			{Name: "cilium", PluginVersion: "0.4.0", Kinds: []string{kinds.CiliumNetworkPolicy}, Running: true},
+			{Name: "deployment", PluginVersion: "0.3.0", Kinds: []string{kinds.Deployment}, Running: false, LastError: "plugin process exited unexpectedly"},
+		},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	v2 := putPolicy(t, env.Store, "pol-2", "eu") // after the heartbeat: eu-1 is behind on it
+	v3 := putPolicy(t, env.Store, "pol-3", "eu") // after the heartbeat
 	if err := env.Store.ReportApplyError(ctx, kinds.CiliumNetworkPolicy, "eu", "eu-1", "pol-2",
 		&clusterv1.ApplyError{Version: v2, Message: "bad policy", Permanent: true}, v2); err != nil {
+		t.Fatal(err)
+	}
+	// us-1 runs a host that does not report its controllers.
+	if _, err := env.Cluster(t, usTok).Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "1.0.0"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -61,26 +77,53 @@ func TestListClustersShowsHeartbeatsLagAndApplyErrors(t *testing.T) {
 	if eu.GetLastHeartbeatAt() == nil || eu.GetAgentVersion() != "1.2.3" || eu.GetActiveTokens() != 1 || eu.GetRegion() != "eu" {
 		t.Fatalf("eu-1: %v", eu)
 	}
-	if eu.GetControllersReported() || len(eu.GetControllers()) != 0 {
-		t.Fatalf("eu-1 reports controllers its heartbeat never sent: %v", eu)
+	ctls := eu.GetControllers()
+	if !eu.GetControllersReported() || len(ctls) != 2 ||
+		ctls[0].GetName() != "cilium" || ctls[0].GetPluginVersion() != "0.4.0" || !ctls[0].GetRunning() || len(ctls[0].GetKinds()) != 1 ||
+		ctls[1].GetName() != "deployment" || ctls[1].GetRunning() || ctls[1].GetLastError() == "" {
+		t.Fatalf("eu-1 controllers: reported %v, %v", eu.GetControllersReported(), ctls)
 	}
 	byKind := map[string]*ctrlv1.KindProgress{}
 	for _, k := range eu.GetKinds() {
 		byKind[k.GetKind()] = k
-		if k.Parked != nil {
-			t.Errorf("kind %s: parked %d, but no heartbeat reports parked objects", k.GetKind(), k.GetParked())
-		}
 	}
 	cnp := byKind[kinds.CiliumNetworkPolicy]
-	if cnp == nil || cnp.Cursor == nil || cnp.GetCursor() != v1 || cnp.GetHeadVersion() != v2 || !cnp.GetBehind() || cnp.GetApplyErrors() != 1 {
-		t.Fatalf("ciliumnetworkpolicy of eu-1: %v (want cursor %d, head %d, behind, 1 apply error)", cnp, v1, v2)
+	if cnp == nil || cnp.Cursor == nil || cnp.GetCursor() != v1 || cnp.GetHeadVersion() != v3 || !cnp.GetBehind() || cnp.GetApplyErrors() != 1 {
+		t.Fatalf("ciliumnetworkpolicy of eu-1: %v (want cursor %d, head %d, behind, 1 apply error)", cnp, v1, v3)
+	}
+	if cnp.LagVersions == nil || cnp.GetLagVersions() != v3-v1 || cnp.Parked == nil || cnp.GetParked() != 2 {
+		t.Fatalf("ciliumnetworkpolicy of eu-1: %v (want lag %d versions, 2 parked)", cnp, v3-v1)
+	}
+	// pol-2 (the oldest change above the cursor) was a minute old at the heartbeat.
+	if cnp.LagSeconds == nil || cnp.GetLagSeconds() < 59 || cnp.GetLagSeconds() > 120 {
+		t.Fatalf("ciliumnetworkpolicy of eu-1: lag %v seconds, want about 60 (pol-2 committed a minute before the heartbeat)", cnp.LagSeconds)
 	}
 	dep := byKind[kinds.Deployment]
-	if dep == nil || dep.Cursor == nil || dep.GetCursor() != 0 || dep.GetHeadVersion() != 0 || dep.GetBehind() {
+	if dep == nil || dep.Cursor == nil || dep.GetCursor() != 0 || dep.GetHeadVersion() != 0 || dep.GetBehind() ||
+		dep.GetLagVersions() != 0 || dep.LagSeconds == nil || dep.GetLagSeconds() != 0 || dep.Parked == nil || dep.GetParked() != 0 {
 		t.Fatalf("deployment of eu-1 (nothing desired, cursor 0): %v", dep)
 	}
-	if us.GetLastHeartbeatAt() != nil || len(us.GetKinds()) != 0 {
-		t.Fatalf("us-1 never sent a heartbeat and its region has nothing desired: %v", us)
+	if us.GetLastHeartbeatAt() == nil || us.GetControllersReported() || len(us.GetControllers()) != 0 || len(us.GetKinds()) != 0 {
+		t.Fatalf("us-1 runs a host that reports no controllers, and its region has nothing desired: %v", us)
+	}
+
+	// A heartbeat that catches up: no lag left, in versions or seconds.
+	if _, err := env.Cluster(t, euTok).Heartbeat(ctx, &clusterv1.HeartbeatRequest{
+		AgentVersion: "1.2.3", Cursors: map[string]uint64{kinds.CiliumNetworkPolicy: v3}, HostReport: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = api.ListClusters(ctx, &ctrlv1.ListClustersRequest{Region: "eu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range resp.GetClusters()[0].GetKinds() {
+		if k.GetKind() == kinds.CiliumNetworkPolicy && (k.GetBehind() || k.GetLagVersions() != 0 || k.LagSeconds == nil || k.GetLagSeconds() != 0 || k.GetParked() != 0) {
+			t.Fatalf("ciliumnetworkpolicy of eu-1 after catching up: %v", k)
+		}
+	}
+	if c := resp.GetClusters()[0]; !c.GetControllersReported() || len(c.GetControllers()) != 0 {
+		t.Fatalf("eu-1 now reports running no controller: %v", c)
 	}
 
 	// us gets a change: us-1, with no cursor reported, is behind.
@@ -92,8 +135,8 @@ func TestListClustersShowsHeartbeatsLagAndApplyErrors(t *testing.T) {
 	if len(resp.GetClusters()) != 1 || len(resp.GetClusters()[0].GetKinds()) != 1 {
 		t.Fatalf("region us: %v", resp.GetClusters())
 	}
-	if k := resp.GetClusters()[0].GetKinds()[0]; k.Cursor != nil || !k.GetBehind() {
-		t.Fatalf("us-1 without a cursor: %v (want no cursor, behind)", k)
+	if k := resp.GetClusters()[0].GetKinds()[0]; k.Cursor != nil || !k.GetBehind() || k.LagVersions != nil || k.LagSeconds != nil || k.Parked != nil {
+		t.Fatalf("us-1 without a cursor: %v (want no cursor, behind, no lag or parked figures)", k)
 	}
 
 	// Operators only.
@@ -104,5 +147,80 @@ func TestListClustersShowsHeartbeatsLagAndApplyErrors(t *testing.T) {
 	_, err = ctrlv1.NewFleetServiceClient(env.Dial(t, "")).ListClusters(ctx, &ctrlv1.ListClustersRequest{})
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("ListClusters without a token: %v, want Unauthenticated", err)
+	}
+}
+
+// gauge returns the value of the series of name with labels, and whether
+// ctrl exports it.
+func gauge(t *testing.T, env *ctrltest.Env, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := env.Server.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue series
+				}
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// TestLagMetricPerClusterAndKind: ctrl's /metrics has the lag of each
+// (region, cluster, kind) in versions and seconds, and the series of a
+// cluster that is no longer registered go away.
+func TestLagMetricPerClusterAndKind(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{})
+	ctx := context.Background()
+	tok := env.ClusterToken(t, "eu", "eu-1")
+	v1 := putPolicy(t, env.Store, "pol-1", "eu")
+	v2 := putPolicy(t, env.Store, "pol-2", "eu")
+	if _, err := env.Store.DB().ExecContext(ctx, "UPDATE cilium_network_policies SET version_at = version_at - 30000 WHERE id = 'pol-2'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Cluster(t, tok).Heartbeat(ctx, &clusterv1.HeartbeatRequest{
+		Cursors: map[string]uint64{kinds.CiliumNetworkPolicy: v1}, HostReport: true, Parked: map[string]int32{kinds.CiliumNetworkPolicy: 1},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]string{"region": "eu", "cluster": "eu-1", "kind": kinds.CiliumNetworkPolicy}
+	if v, ok := gauge(t, env, "krane_ctrl_cluster_lag_versions", series); !ok || v != float64(v2-v1) {
+		t.Fatalf("krane_ctrl_cluster_lag_versions%v = %v (exported %v), want %d", series, v, ok, v2-v1)
+	}
+	if v, ok := gauge(t, env, "krane_ctrl_cluster_lag_seconds", series); !ok || v < 29 || v > 90 {
+		t.Fatalf("krane_ctrl_cluster_lag_seconds%v = %v (exported %v), want about 30", series, v, ok)
+	}
+	if v, ok := gauge(t, env, "krane_ctrl_cluster_parked_objects", series); !ok || v != 1 {
+		t.Fatalf("krane_ctrl_cluster_parked_objects%v = %v (exported %v), want 1", series, v, ok)
+	}
+	if _, ok := gauge(t, env, "krane_ctrl_cluster_heartbeat_age_seconds", map[string]string{"cluster": "eu-1"}); !ok {
+		t.Fatal("no krane_ctrl_cluster_heartbeat_age_seconds for eu-1")
+	}
+
+	// The cluster is removed from the database: its series go (within the
+	// collector's few seconds of caching).
+	if _, err := env.Store.DB().ExecContext(ctx, "DELETE FROM clusters WHERE id = 'eu-1'"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, lag := gauge(t, env, "krane_ctrl_cluster_lag_versions", series)
+		_, hb := gauge(t, env, "krane_ctrl_cluster_heartbeat_age_seconds", map[string]string{"cluster": "eu-1"})
+		if !lag && !hb {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the series of a removed cluster are still exported after a minute")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -96,6 +96,9 @@ func (c RestateConfig) Enabled() bool { return c.IngressURL != "" }
 type DeployConfig struct {
 	Timeout        time.Duration `koanf:"timeout"`
 	ResyncInterval time.Duration `koanf:"resync_interval"`
+	// LiveClusterWithin is how recent a cluster's heartbeat must be for a
+	// deploy to count on it; 0 turns the check off.
+	LiveClusterWithin time.Duration `koanf:"live_cluster_within"`
 }
 
 type SentinelConfig struct {
@@ -105,6 +108,8 @@ type SentinelConfig struct {
 	DefaultMemoryMiB     int    `koanf:"default_memory_mib"`
 	// DeployTimeout bounds a SentinelService.Deploy's wait.
 	DeployTimeout time.Duration `koanf:"deploy_timeout"`
+	// IdleStopAfter: a sentinel unused this long is stopped (0: never).
+	IdleStopAfter time.Duration `koanf:"idle_stop_after"`
 }
 
 type DBConfig struct {
@@ -190,12 +195,14 @@ var settings = []setting{
 	{"restate.identity_keys", "", "public keys (publickeyv1_..., comma separated) Restate signs its requests to the endpoint with (restate-server's worker.invoker.request-identity-private-key-pem-file); the endpoint refuses requests without such a signature"},
 	{"restate.allow_unsigned", false, "serve the endpoint without restate.identity_keys, answering unsigned requests: only where nothing but Restate can reach restate.endpoint.listen"},
 	{"deploy.timeout", 5 * time.Minute, "how long a deploy waits for every region to run when its request does not say"},
+	{"deploy.live_cluster_within", 2 * time.Minute, "a deployment (or sentinel) deploy is refused at once when no cluster of a region it targets sent a heartbeat this recently naming a running controller for the kind (hosts send one every 30s); 0 turns the check off"},
 	{"deploy.resync_interval", 30 * time.Second, "how often deploys in progress are checked again (lost wake-ups, workflows that never started, overdue deploys)"},
 	{"sentinel.default_image", "", "image of the sentinel a deploy creates for an environment that has none (required with restate.ingress_url)"},
 	{"sentinel.default_replicas", 2, "replicas of a new sentinel"},
 	{"sentinel.default_cpu_millicores", 250, "CPU of a new sentinel, in millicores"},
 	{"sentinel.default_memory_mib", 256, "memory of a new sentinel, in MiB"},
 	{"sentinel.deploy_timeout", 10 * time.Minute, "how long a sentinel deploy (and each sentinel of a rollout) waits for its cluster to run the new configuration healthy, when the request does not say"},
+	{"sentinel.idle_stop_after", time.Hour, "stop an environment's sentinel in a region once the environment has had no live or in-progress deployment there for this long (its objects are deleted, the row stays; the next deploy starts it again); 0 never stops one"},
 	{"vault.keyring_file", "", "keyring file sealing deployments' secret variables (mode 0600; `ctrl vault init` creates it, reloaded when it changes); empty: no secrets"},
 	{"console.addr", "", "listen address of the web console, e.g. :8080; empty: no console"},
 	{"console.tls_cert", "", "TLS certificate file (PEM) of the console; without it the console serves plain HTTP (keep it on a private network or behind a TLS proxy)"},
@@ -419,6 +426,9 @@ func (c Config) validateRestate() []error {
 	if c.Deploy.Timeout <= 0 || c.Deploy.Timeout > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("deploy.timeout %s is out of range (0, 24h]", c.Deploy.Timeout))
 	}
+	if w := c.Deploy.LiveClusterWithin; w != 0 && (w < time.Minute || w > 24*time.Hour) {
+		errs = append(errs, fmt.Errorf("deploy.live_cluster_within %s is out of range: 0 (no check) or 1m..24h (hosts send a heartbeat every 30s)", w))
+	}
 	if c.Deploy.ResyncInterval < time.Second {
 		errs = append(errs, fmt.Errorf("deploy.resync_interval %s is below 1s", c.Deploy.ResyncInterval))
 	}
@@ -428,6 +438,9 @@ func (c Config) validateRestate() []error {
 	}
 	if s.DeployTimeout <= 0 || s.DeployTimeout > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("sentinel.deploy_timeout %s is out of range (0, 24h]", s.DeployTimeout))
+	}
+	if s.IdleStopAfter < 0 {
+		errs = append(errs, fmt.Errorf("sentinel.idle_stop_after %s is negative (0 turns the idle stop off)", s.IdleStopAfter))
 	}
 	if s.DefaultReplicas < 1 || s.DefaultCPUMillicores < 1 || s.DefaultMemoryMiB < 1 {
 		errs = append(errs, errors.New("sentinel.default_replicas, sentinel.default_cpu_millicores and sentinel.default_memory_mib must be at least 1"))

@@ -87,13 +87,16 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		notifier: workflows.NewNotifier(workflows.NotifierOptions{
 			Store: st, Ingress: ingress, Log: log, Registerer: reg,
 			ResyncInterval: cfg.Deploy.ResyncInterval, DefaultTimeout: cfg.Deploy.Timeout,
+			SentinelTimeout: cfg.Sentinel.DeployTimeout,
 		}),
 	}
 	// The operator APIs backed by Restate. Another one registers here too;
 	// ctrl/auth already requires an operator token for every service but
 	// the ClusterService.
-	deployapi.New(deployapi.Options{Store: st, Ingress: ingress, Log: log, DefaultTimeout: cfg.Deploy.Timeout, Vault: keys}).Register(gs)
-	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: workflows.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log}).Register(gs)
+	deployapi.New(deployapi.Options{Store: st, Ingress: ingress, Log: log, DefaultTimeout: cfg.Deploy.Timeout, Vault: keys,
+		LiveClusterWithin: cfg.Deploy.LiveClusterWithin}).Register(gs)
+	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: workflows.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log,
+		LiveClusterWithin: cfg.Deploy.LiveClusterWithin}).Register(gs)
 
 	r.wg.Go(func() {
 		if err := endpoint.Serve(lis); err != nil {
@@ -101,6 +104,8 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		}
 	})
 	r.wg.Go(func() { r.notifier.Run(ctx) })
+	sweeper := workflows.NewSentinelSweeper(workflows.SentinelSweeperOptions{Store: st, Log: log, Registerer: reg, IdleAfter: cfg.Sentinel.IdleStopAfter})
+	r.wg.Go(func() { sweeper.Run(ctx) })
 	if cfg.Restate.RegisterOnStart {
 		r.wg.Go(func() { r.register(ctx, cfg.Restate.AdminURL, services, log) })
 	} else {

@@ -264,6 +264,22 @@ func TestRestateConfigKeysAndValidation(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "publickeyv1_nope") {
 		t.Errorf("Validate with a malformed identity key = %v; want it named", err)
 	}
+	// deploy.live_cluster_within: 2m by default, 0 (off) or 1m..24h.
+	cfg.Restate.IdentityKeys = identityKey
+	if cfg.Deploy.LiveClusterWithin != 2*time.Minute {
+		t.Errorf("deploy.live_cluster_within defaults to %s, want 2m", cfg.Deploy.LiveClusterWithin)
+	}
+	for _, w := range []time.Duration{0, time.Minute, 24 * time.Hour} {
+		cfg.Deploy.LiveClusterWithin = w
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("deploy.live_cluster_within %s: %v", w, err)
+		}
+	}
+	cfg.Deploy.LiveClusterWithin = 20 * time.Second
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "deploy.live_cluster_within 20s is out of range") {
+		t.Errorf("Validate with deploy.live_cluster_within 20s = %v; want it refused", err)
+	}
+	cfg.Deploy.LiveClusterWithin = 2 * time.Minute
 	// Without an ingress URL, Restate is off and needs nothing.
 	cfg.Restate.IngressURL, cfg.Restate.AdminURL = "", ""
 	if err := cfg.Validate(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -52,6 +53,10 @@ type Cluster struct {
 	AgentVersion    string
 	Cursors         map[string]uint64
 	ActiveTokens    int // neither revoked nor expired
+	// Host is what the cluster's host last reported of its controllers
+	// and parked objects; nil when its heartbeats do not report them (an
+	// older host, or no heartbeat yet).
+	Host *HostReport
 }
 
 // ErrClusterRegionConflict is returned when a cluster id is registered again
@@ -375,7 +380,7 @@ func (s *Store) RevokeClusterTokens(ctx context.Context, clusterID string) (int,
 
 // ListClusters returns every registered cluster, by region and id.
 func (s *Store) ListClusters(ctx context.Context) ([]Cluster, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT c.id, c.region, c.created_at, c.last_heartbeat_at, c.agent_version, c.cursors,
+	rows, err := s.db.QueryContext(ctx, `SELECT c.id, c.region, c.created_at, c.last_heartbeat_at, c.agent_version, c.cursors, c.controllers, c.parked,
   (SELECT COUNT(*) FROM api_tokens t WHERE t.cluster_id = c.id AND t.kind = 'cluster' AND t.revoked_at IS NULL
      AND (t.expires_at IS NULL OR t.expires_at > ?))
 FROM clusters c ORDER BY c.region, c.id`, nowMillis())
@@ -387,30 +392,106 @@ FROM clusters c ORDER BY c.region, c.id`, nowMillis())
 	for rows.Next() {
 		var c Cluster
 		var created, heartbeat int64
-		var cursors []byte
-		if err := rows.Scan(&c.ID, &c.Region, &created, &heartbeat, &c.AgentVersion, &cursors, &c.ActiveTokens); err != nil {
-			return nil, err
+		var cursors, controllers, parked []byte
+		if err := rows.Scan(&c.ID, &c.Region, &created, &heartbeat, &c.AgentVersion, &cursors, &controllers, &parked, &c.ActiveTokens); err != nil {
+			return nil, fmt.Errorf("store: list clusters: %w", err)
 		}
 		c.CreatedAt = time.UnixMilli(created)
 		if heartbeat > 0 {
 			c.LastHeartbeatAt = time.UnixMilli(heartbeat)
 		}
+		// The JSON columns are written only by Heartbeat from typed
+		// values; a row that does not parse is shown as not reported
+		// rather than failing the whole list.
 		if len(cursors) > 0 {
-			_ = json.Unmarshal(cursors, &c.Cursors) // informational only
+			_ = json.Unmarshal(cursors, &c.Cursors)
+		}
+		if controllers != nil {
+			h := &HostReport{}
+			if json.Unmarshal(controllers, &h.Controllers) == nil && (parked == nil || json.Unmarshal(parked, &h.Parked) == nil) {
+				c.Host = h
+			}
 		}
 		out = append(out, c)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list clusters: %w", err)
+	}
+	return out, nil
 }
 
-// Heartbeat records that a cluster is alive, its agent version and cursors.
-func (s *Store) Heartbeat(ctx context.Context, clusterID, region, agentVersion string, cursors map[string]uint64) error {
+// HeartbeatData is what one heartbeat of a cluster says.
+type HeartbeatData struct {
+	AgentVersion string
+	Cursors      map[string]uint64
+	// Host is nil for a host that does not report its controllers.
+	Host *HostReport
+}
+
+// HostReport is what a host says of itself in its heartbeats.
+type HostReport struct {
+	Controllers []ControllerStatus `json:"controllers"`
+	// Parked objects by kind.
+	Parked map[string]int `json:"parked,omitempty"`
+}
+
+// ControllerStatus is one controller a host runs (or fails to run).
+type ControllerStatus struct {
+	Name          string   `json:"name"`
+	PluginVersion string   `json:"plugin_version,omitempty"`
+	Kinds         []string `json:"kinds,omitempty"`
+	Running       bool     `json:"running"`
+	LastError     string   `json:"last_error,omitempty"`
+}
+
+// Owns reports whether a running controller of the host reconciles kind.
+func (h *HostReport) Owns(kind string) bool {
+	if h == nil {
+		return false
+	}
+	for _, c := range h.Controllers {
+		if c.Running && slices.Contains(c.Kinds, kind) {
+			return true
+		}
+	}
+	return false
+}
+
+// Heartbeat records that a cluster is alive, its agent version, cursors
+// and, when hb.Host is set, its controllers and parked objects: one
+// UPDATE of the cluster's row, whatever it carries (heartbeats from
+// thousands of clusters stay one cheap statement each).
+func (s *Store) Heartbeat(ctx context.Context, clusterID, region string, hb HeartbeatData) error {
+	cursors := hb.Cursors
 	if cursors == nil {
 		cursors = map[string]uint64{}
 	}
-	raw, _ := json.Marshal(cursors)
-	res, err := s.db.ExecContext(ctx, "UPDATE clusters SET last_heartbeat_at = ?, agent_version = ?, cursors = ? WHERE id = ? AND region = ?",
-		nowMillis(), agentVersion, string(raw), clusterID, region)
+	raw, err := json.Marshal(cursors)
+	if err != nil {
+		return fmt.Errorf("store: heartbeat of cluster %s: encode cursors: %w", clusterID, err)
+	}
+	var controllers, parked sql.NullString
+	if h := hb.Host; h != nil {
+		list := h.Controllers
+		if list == nil {
+			list = []ControllerStatus{}
+		}
+		b, err := json.Marshal(list)
+		if err != nil {
+			return fmt.Errorf("store: heartbeat of cluster %s: encode controllers: %w", clusterID, err)
+		}
+		controllers = sql.NullString{String: string(b), Valid: true}
+		p := h.Parked
+		if p == nil {
+			p = map[string]int{}
+		}
+		if b, err = json.Marshal(p); err != nil {
+			return fmt.Errorf("store: heartbeat of cluster %s: encode parked counts: %w", clusterID, err)
+		}
+		parked = sql.NullString{String: string(b), Valid: true}
+	}
+	res, err := s.db.ExecContext(ctx, "UPDATE clusters SET last_heartbeat_at = ?, agent_version = ?, cursors = ?, controllers = ?, parked = ? WHERE id = ? AND region = ?",
+		nowMillis(), hb.AgentVersion, string(raw), controllers, parked, clusterID, region)
 	if err != nil {
 		return fmt.Errorf("store: record heartbeat of cluster %s: %w", clusterID, err)
 	}

@@ -554,22 +554,24 @@ ORDER BY c.region`, nowMillis())
 // region, all in one transaction:
 //   - none: the candidate is inserted and versioned in the same
 //     transaction;
-//   - a stopped one: it is set running again, keeping its image and size;
+//   - a stopped one: it is set running again, keeping its image and size,
+//     with a new version;
 //   - a running one: nothing changes (a deploy never upgrades a sentinel).
 //
-// It returns the ids it inserted or restarted for this deployment
-// (sentinels.ensured_by), in candidate order. Running it again changes
-// nothing and returns the same ids, so it is safe in a step that may run
-// twice.
-func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candidates []Sentinel) ([]string, error) {
-	var ensured []string
+// It returns the sentinels the deploy must wait for (see SentinelWait), in
+// candidate order, and files "waiting for sentinel S in region R" in the
+// deployment's history for each, once. Running it again changes nothing
+// and returns the same, so it is safe in a step that may run twice.
+func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candidates []Sentinel) ([]SentinelWait, error) {
+	var waits []SentinelWait
 	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
-		ensured = nil
+		waits = nil
 		for _, c := range candidates {
-			var id, state string
+			var id, state, deployStatus string
 			var by sql.NullString
-			err := tx.QueryRow(ctx, "SELECT id, desired_state, ensured_by FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
-				c.EnvironmentID, c.Region).Scan(&id, &state, &by)
+			err := tx.QueryRow(ctx, "SELECT id, desired_state, deploy_status, ensured_by FROM sentinels WHERE environment_id = ? AND region = ? FOR UPDATE",
+				c.EnvironmentID, c.Region).Scan(&id, &state, &deployStatus, &by)
+			w := SentinelWait{Region: c.Region}
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				if err := tx.PutSentinel(ctx, c); err != nil {
@@ -584,19 +586,41 @@ func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candid
 				}
 				tx.Touch(kinds.Sentinel, c.Region, id)
 			case by.String == deploymentID:
-				ensured = append(ensured, id) // an earlier run of this deploy's step
+				// An earlier run of this deploy's step created or restarted
+				// it (and noted it).
+				w.ID, w.Ensured = id, true
+				waits = append(waits, w)
 				continue
 			default:
+				// Someone else's sentinel: wait only when nothing routes
+				// through it yet (no live deployment) and it has not been
+				// ready since it was created or restarted.
+				live, err := tx.liveDeploymentNoLock(ctx, c.EnvironmentID)
+				if err != nil {
+					return err
+				}
+				if live != "" || deployStatus == SentinelReady {
+					continue
+				}
+				w.ID = id
+				if err := tx.noteOnce(ctx, deploymentID, w.Note()); err != nil {
+					return err
+				}
+				waits = append(waits, w)
 				continue
 			}
 			if _, err := tx.Exec(ctx, "UPDATE sentinels SET ensured_by = ? WHERE id = ?", deploymentID, id); err != nil {
 				return fmt.Errorf("store: record which deploy ensured sentinel %s: %w", id, err)
 			}
-			ensured = append(ensured, id)
+			w.ID, w.Ensured = id, true
+			if err := tx.noteOnce(ctx, deploymentID, w.Note()); err != nil {
+				return err
+			}
+			waits = append(waits, w)
 		}
 		return nil
 	})
-	return ensured, err
+	return waits, err
 }
 
 // LiveDeployment returns an environment's live deployment ("" when none),

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"krane.dev/ctrl/deploytrace"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -41,6 +42,10 @@ type Change struct {
 	// column, say); Spec is then nil. Version is still valid, so a stream can
 	// move past the row.
 	Err error
+	// TraceParent is the W3C trace context the change travels with: the
+	// deploy's (see ctrl/deploytrace) while a deployment's deploy is in
+	// progress, empty otherwise.
+	TraceParent string
 }
 
 // kindPattern is what a kind name may look like: lowercase DNS-like words.
@@ -92,7 +97,7 @@ var builtinKinds = map[string]*kindDef{
 		keyArgs: func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT dt.deployment_id, dt.region, dt.version, dt.desired_replicas, dt.desired_status,
   d.workspace_id, d.project_id, d.environment_id, d.app_id, d.k8s_namespace, d.k8s_name, d.image,
-  d.cpu_millicores, d.memory_mib, d.env_vars, d.encrypted_env, d.healthcheck, d.port, d.command, d.shutdown_signal
+  d.cpu_millicores, d.memory_mib, d.env_vars, d.encrypted_env, d.healthcheck, d.port, d.command, d.shutdown_signal, d.status
 FROM deployment_topology dt JOIN deployments d ON d.id = dt.deployment_id`,
 		regionCond: "dt.region = ?",
 		regionArgs: func(_, region string) []any { return []any{region} },
@@ -159,14 +164,18 @@ func IsBuiltIn(kind string) bool {
 func scanDeployment(s scanner, kind string) (Change, error) {
 	c := Change{Kind: kind}
 	d := &clusterv1.Deployment{}
-	var desiredStatus string
+	var desiredStatus, status string
 	var envVars, healthcheck, command []byte
 	if err := s.Scan(&c.ID, &c.Region, &c.Version, &d.Replicas, &desiredStatus,
 		&d.WorkspaceId, &d.ProjectId, &d.EnvironmentId, &d.AppId, &d.K8SNamespace, &d.K8SName, &d.Image,
-		&d.CpuMillicores, &d.MemoryMib, &envVars, &d.EncryptedEnv, &healthcheck, &d.Port, &command, &d.ShutdownSignal); err != nil {
+		&d.CpuMillicores, &d.MemoryMib, &envVars, &d.EncryptedEnv, &healthcheck, &d.Port, &command, &d.ShutdownSignal, &status); err != nil {
 		return c, err
 	}
 	d.Id = c.ID
+	if status == StatusDeploying || status == StatusNetwork {
+		// The deploy is in progress: the clusters' applies join its trace.
+		c.TraceParent = deploytrace.TraceParent(c.ID)
+	}
 	c.Deleted = desiredStatus != "running" || d.Replicas <= 0
 	if err := json.Unmarshal(envVars, &d.EnvVars); err != nil {
 		c.Err = fmt.Errorf("deployments.env_vars of %s is not a JSON object of strings: %w", c.ID, err)

@@ -138,6 +138,10 @@ type DeploymentReport struct {
 type ReportResult struct {
 	Accepted bool
 	Err      error
+	// Started holds, for an accepted report, how long each instance it
+	// shows running for the first time took from its creation (instances
+	// with a creation time only).
+	Started []time.Duration
 }
 
 // ReportDeployments records many reports of one cluster, as
@@ -237,6 +241,10 @@ func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string
 	if err := tx.writeGuards(ctx, kinds.Deployment, region, clusterID, taken, now); err != nil {
 		return err
 	}
+	started, err := startedInstances(ctx, tx, region, clusterID, reps, take)
+	if err != nil {
+		return err
+	}
 	if err := upsertInstances(ctx, tx, region, clusterID, reps, take); err != nil {
 		return err
 	}
@@ -247,7 +255,7 @@ func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string
 		return err
 	}
 	for _, i := range take {
-		results[i].Accepted = true
+		results[i].Accepted, results[i].Started = true, started[i]
 	}
 	return nil
 }

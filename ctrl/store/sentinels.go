@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"krane.dev/internal/kinds"
 )
 
 // Sentinel deploy statuses (sentinels.deploy_status). A SentinelService
@@ -204,4 +206,167 @@ func (s *Store) SentinelsDeploying(ctx context.Context, after Updated, limit int
 		return nil, fmt.Errorf("store: list deploying sentinels: %w", err)
 	}
 	return scanUpdated(rows)
+}
+
+// SentinelWait is a sentinel a deploy waits for before its deployment may
+// become ready: one the deploy created or set running again (Ensured), or
+// one another deploy created that has not been ready yet while its
+// environment has no live deployment (nothing routes through it yet, and
+// this deploy may become the first live one).
+type SentinelWait struct {
+	ID      string `json:"id"`
+	Region  string `json:"region"`
+	Ensured bool   `json:"ensured,omitempty"`
+}
+
+// Note is the deployment-history entry of the wait.
+func (w SentinelWait) Note() string {
+	if w.Ensured {
+		return fmt.Sprintf("waiting for sentinel %s in region %s", w.ID, w.Region)
+	}
+	return fmt.Sprintf("waiting for sentinel %s in region %s (created by another deploy, not ready yet)", w.ID, w.Region)
+}
+
+// ReadyNote is the deployment-history entry when the wait for the
+// sentinel ended ready.
+func (w SentinelWait) ReadyNote() string {
+	return fmt.Sprintf("sentinel %s ready in region %s", w.ID, w.Region)
+}
+
+// NoteDeploymentOnce files each message, in order and in one transaction,
+// in a deployment's history under its current status, unless an entry
+// with that message is there already: a step that runs twice notes once.
+func (s *Store) NoteDeploymentOnce(ctx context.Context, id string, messages ...string) error {
+	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		for _, m := range messages {
+			if err := tx.noteOnce(ctx, id, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+func (t *Tx) noteOnce(ctx context.Context, id, message string) error {
+	status, err := t.LockDeployment(ctx, id)
+	if err != nil {
+		return err
+	}
+	var n int
+	if err := t.QueryRow(ctx, "SELECT COUNT(*) FROM deployment_events WHERE deployment_id = ? AND message = ?", id, message).Scan(&n); err != nil {
+		return fmt.Errorf("store: read history of deployment %s: %w", id, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	return t.RecordEvent(ctx, id, status, message)
+}
+
+// liveDeploymentNoLock is an environment's live deployment ("" when none),
+// read without locking the environment's row.
+func (t *Tx) liveDeploymentNoLock(ctx context.Context, environmentID string) (string, error) {
+	var live sql.NullString
+	err := t.QueryRow(ctx, "SELECT live_deployment_id FROM environments WHERE id = ?", environmentID).Scan(&live)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("store: read live deployment of environment %s: %w", environmentID, err)
+	}
+	return live.String, nil
+}
+
+// StopSentinel sets a sentinel's desired state to stopped with a new
+// version (a soft delete: the row stays, its cluster deletes the
+// sentinel's objects). A sentinel stopped already is left as it is. It
+// returns the row afterwards and whether this call stopped it;
+// ErrNotFound when there is no such sentinel.
+func (s *Store) StopSentinel(ctx context.Context, id string) (SentinelRow, bool, error) {
+	var changed bool
+	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		row, err := tx.LockSentinel(ctx, id)
+		if err != nil {
+			return err
+		}
+		changed = row.DesiredState == "running"
+		if changed {
+			return tx.stopSentinel(ctx, row)
+		}
+		return nil
+	})
+	if err != nil {
+		return SentinelRow{}, false, err
+	}
+	row, err := s.GetSentinel(ctx, id)
+	return row, changed, err
+}
+
+func (t *Tx) stopSentinel(ctx context.Context, row SentinelRow) error {
+	if _, err := t.Exec(ctx, "UPDATE sentinels SET desired_state = 'stopped', updated_at = ? WHERE id = ?", nowMillis(), row.ID); err != nil {
+		return fmt.Errorf("store: stop sentinel %s: %w", row.ID, err)
+	}
+	t.Touch(kinds.Sentinel, row.Region, row.ID)
+	return nil
+}
+
+// unusedSentinelCond holds for a sentinel (alias s) that nothing needs
+// since quietSince (2 args, both quietSince in ms): it runs, no deploy of
+// it is in progress, it was not changed since, its environment has no
+// deployment in progress (in any region) and none that changed since, and
+// the environment's live deployment (if any) does not run in its region.
+const unusedSentinelCond = `s.desired_state = 'running' AND s.deploy_status <> 'progressing' AND s.updated_at < ?
+  AND NOT EXISTS (SELECT 1 FROM deployments d WHERE d.environment_id = s.environment_id
+    AND (d.status IN ('pending', 'deploying', 'network') OR d.updated_at >= ?))
+  AND NOT EXISTS (SELECT 1 FROM environments e JOIN deployment_topology dt ON dt.deployment_id = e.live_deployment_id
+    WHERE e.id = s.environment_id AND dt.region = s.region AND dt.desired_status = 'running')`
+
+// UnusedSentinels returns up to limit ids (> after, in id order) of
+// sentinels nothing has needed since quietSince: running, not deploying,
+// unchanged since then, in an environment with no deployment in progress,
+// none changed since then, and no live deployment in the sentinel's
+// region. StopUnusedSentinel stops one after checking again.
+func (s *Store) UnusedSentinels(ctx context.Context, quietSince time.Time, after string, limit int) ([]string, error) {
+	since := quietSince.UnixMilli()
+	rows, err := s.db.QueryContext(ctx, "SELECT s.id FROM sentinels s WHERE "+unusedSentinelCond+" AND s.id > ? ORDER BY s.id LIMIT ?", since, since, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: list unused sentinels: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// StopUnusedSentinel stops the sentinel (as StopSentinel) if it is still
+// unused since quietSince, checked under its row lock: a deploy that
+// ensures the environment's sentinel locks the same row, so the two are
+// ordered, and whichever comes second sees the other's work (a deploy
+// after the stop sets it running again). It reports whether it stopped it.
+func (s *Store) StopUnusedSentinel(ctx context.Context, id string, quietSince time.Time) (bool, error) {
+	since := quietSince.UnixMilli()
+	var stopped bool
+	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
+		stopped = false
+		row, err := tx.LockSentinel(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var n int
+		if err := tx.QueryRow(ctx, "SELECT COUNT(*) FROM sentinels s WHERE s.id = ? AND "+unusedSentinelCond, id, since, since).Scan(&n); err != nil {
+			return fmt.Errorf("store: check sentinel %s is unused: %w", id, err)
+		}
+		if n == 0 {
+			return nil
+		}
+		stopped = true
+		return tx.stopSentinel(ctx, row)
+	})
+	return stopped, err
 }

@@ -423,8 +423,10 @@ func stampRows(ctx context.Context, tx execer, group []Ref, versions map[Ref]uin
 	// version it would get, or a higher one, does not match, and the count
 	// below fails).
 	guard, guardArgs := versionCase(def, group, versions, "0")
-	query := "UPDATE " + def.table + " FORCE INDEX (PRIMARY) SET version = " + set + " WHERE (" + cond + ") AND version < " + guard
-	args := append(append(setArgs, condArgs...), guardArgs...)
+	// version_at: when the row got this version (lag in seconds, fleet
+	// view); the stamp runs just before COMMIT.
+	query := "UPDATE " + def.table + " FORCE INDEX (PRIMARY) SET version = " + set + ", version_at = ? WHERE (" + cond + ") AND version < " + guard
+	args := append(append(append(setArgs, nowMillis()), condArgs...), guardArgs...)
 	res, err := tx.ExecContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: stamp %d %s rows (first %s): %w", len(group), def.table, group[0], err)

@@ -139,12 +139,19 @@ func TestDeploySurvivesRestateKillAndCtrlRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var statuses []string
+	// Each status once; the deploying entries after the first are the
+	// notes of the sentinel wait, each once too.
+	var statuses, messages []string
 	for _, e := range events {
-		statuses = append(statuses, e.Status)
+		if len(statuses) == 0 || statuses[len(statuses)-1] != e.Status {
+			statuses = append(statuses, e.Status)
+		} else if slices.Contains(messages, e.Message) {
+			t.Fatalf("history %+v: %q twice", events, e.Message)
+		}
+		messages = append(messages, e.Message)
 	}
-	if !slices.Equal(statuses, []string{"pending", "deploying", "network", "ready"}) {
-		t.Fatalf("history %v, want each status exactly once: pending, deploying, network, ready", statuses)
+	if !slices.Equal(statuses, []string{"pending", "deploying", "network", "ready"}) || len(events) != 4+4 {
+		t.Fatalf("history %+v, want each status exactly once (pending, deploying, network, ready) and the wait for the two new sentinels", events)
 	}
 	topo = topology(t, db, id)
 	sens := sentinels(t, db, "env-crash")

@@ -147,6 +147,19 @@ type scenario struct {
 }
 
 var crashScenarios = []scenario{
+	// The sentinel scenarios come first: a deploy calls SentinelService too,
+	// and whether its sentinel's deploy stores an awakeable depends on how
+	// fast the fake cluster reports; each step is covered by the first
+	// scenario that runs it, which must run it every time.
+	{name: "sentinel-deploy", run: func(r *crashRun) any {
+		id, _ := r.sentinel()
+		return r.sentinelDeploy(id, 60)
+	}},
+	{name: "sentinel-deploy-times-out", run: func(r *crashRun) any {
+		id, c := r.sentinel()
+		c.Hold(id)
+		return r.sentinelDeploy(id, 1)
+	}},
 	{name: "deploy", regions: []string{"eu", "us"}, run: func(r *crashRun) any {
 		id := r.createDeployment(&ctrlv1.CreateDeploymentRequest{EnvironmentId: r.prefix + "-env", Image: "registry.test/app:1", Replicas: 2})
 		r.waitStatus(id, network)
@@ -159,6 +172,21 @@ var crashScenarios = []scenario{
 		id := r.createDeployment(&ctrlv1.CreateDeploymentRequest{EnvironmentId: r.prefix + "-env", Image: "registry.test/app:1", Replicas: 1})
 		r.waitStatus(id, network)
 		r.cluster("eu").ReportApplyError(r.t, id, "image", "the registry refuses this image", true)
+		return r.deployResult(id)
+	}},
+	{name: "deploy-sentinel-fails", regions: []string{"eu"}, run: func(r *crashRun) any {
+		// The deploy's new sentinel cannot be applied: the deploy fails
+		// with the sentinel's reason.
+		c := r.cluster("eu").Sentinels
+		c.Hold()
+		id := r.createDeployment(&ctrlv1.CreateDeploymentRequest{EnvironmentId: r.prefix + "-env", Image: "registry.test/app:1", Replicas: 1})
+		var sid string
+		select {
+		case sid = <-c.Seen():
+		case <-time.After(90 * time.Second):
+			r.t.Fatal("the cluster never received the deploy's sentinel")
+		}
+		c.ReportApplyError(r.t, sid, "image", "the registry refuses this image", true)
 		return r.deployResult(id)
 	}},
 	{name: "deploy-times-out", regions: []string{"eu"}, run: func(r *crashRun) any {
@@ -185,15 +213,6 @@ var crashScenarios = []scenario{
 		r.waitStatus(id, network)
 		r.cluster("eu").ReportRunning(r.t, id, 1)
 		return r.deployResult(id)
-	}},
-	{name: "sentinel-deploy", run: func(r *crashRun) any {
-		id, _ := r.sentinel()
-		return r.sentinelDeploy(id, 60)
-	}},
-	{name: "sentinel-deploy-times-out", run: func(r *crashRun) any {
-		id, c := r.sentinel()
-		c.Hold(id)
-		return r.sentinelDeploy(id, 1)
 	}},
 	{name: "rollout", freshRestate: true, run: func(r *crashRun) any {
 		r.env.SentinelCluster(r.t, "eu", "eu-1")

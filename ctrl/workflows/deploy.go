@@ -31,6 +31,7 @@ var (
 	deployToDeploying   = newStep(DeployWorkflowName, "status-deploying")
 	deployTopology      = newStep(DeployWorkflowName, "topology")
 	deploySentinels     = newStep(DeployWorkflowName, "sentinels")
+	deploySentinelReady = newStep(DeployWorkflowName, "sentinel-ready")
 	deployToNetwork     = newStep(DeployWorkflowName, "status-network")
 	deployCheck         = newStep(DeployWorkflowName, "check")
 	deployFinalCheck    = newStep(DeployWorkflowName, "final-check")
@@ -52,8 +53,12 @@ type DeployResult struct {
 	Regions []string `json:"regions,omitempty"`
 	// Versions the topology rows got (one VersioningService call).
 	Versions []Version `json:"versions,omitempty"`
-	// Sentinels the workflow created (or set running again).
+	// Sentinels the workflow created (or set running again), and those it
+	// waited for.
 	Sentinels []string `json:"sentinels,omitempty"`
+	// SentinelWaits are the sentinels the deploy waited for before its
+	// deployment could become ready (see awaitSentinels).
+	SentinelWaits []store.SentinelWait `json:"sentinel_waits,omitempty"`
 	// Promoted is true when the deployment became its environment's live
 	// one.
 	Promoted bool `json:"promoted,omitempty"`
@@ -66,13 +71,14 @@ type deploy struct {
 	hooks    Hooks
 	// bypassed counts stamps the deploy made itself (see stampVersions).
 	bypassed prometheus.Counter
+	m        *deployMetrics
 }
 
 // NewDeployWorkflow is the DeployWorkflow: Run deploys one deployment,
 // Notify (shared) ends its wait for readiness. See the package
 // documentation for the steps.
 func NewDeployWorkflow(d Deps) restate.ServiceDefinition {
-	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks, bypassed: d.metrics().versioningBypassed}
+	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks, bypassed: d.metrics().versioningBypassed, m: d.metrics().deploy}
 	if w.timeout <= 0 {
 		w.timeout = 5 * time.Minute
 	}
@@ -205,7 +211,10 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	// VersioningService call for every region.
 	p.topologyWritten = true
 	refs, err := runStep(ctx, w.hooks, deployTopology, func(rc restate.RunContext) ([]store.Ref, error) {
-		return w.writeTopology(rc, req.Deployment, regions)
+		start := time.Now()
+		refs, err := w.writeTopology(rc, req.Deployment, regions)
+		traceTopology(rc, id, regions, start, err)
+		return refs, err
 	})
 	if err != nil {
 		return Outcome{}, err
@@ -213,7 +222,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	if len(refs) == 0 {
 		return Outcome{Result: ResultStopped, Message: "stopped before its topology was written"}, nil
 	}
-	if res.Versions, err = w.stampVersions(ctx, id, refs); err != nil {
+	if res.Versions, err = w.stampTraced(ctx, id, refs); err != nil {
 		return Outcome{}, err
 	}
 
@@ -234,7 +243,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 			CPUMillicores: w.sentinel.CPUMillicores, MemoryMiB: w.sentinel.MemoryMiB,
 		}
 	}
-	if res.Sentinels, err = runStep(ctx, w.hooks, deploySentinels, func(rc restate.RunContext) ([]string, error) {
+	if res.SentinelWaits, err = runStep(ctx, w.hooks, deploySentinels, func(rc restate.RunContext) ([]store.SentinelWait, error) {
 		if w.sentinel.Image == "" {
 			return nil, restate.ToTerminalError(errors.New("ctrl has no sentinel.default_image configured: it cannot create the environment's sentinels"),
 				restate.WithErrorCode(codePrecondition))
@@ -243,11 +252,84 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 	}); err != nil {
 		return Outcome{}, err
 	}
+	for _, sw := range res.SentinelWaits {
+		if sw.Ensured {
+			res.Sentinels = append(res.Sentinels, sw.ID)
+		}
+	}
+	if out, err := w.awaitSentinels(ctx, id, res.SentinelWaits); err != nil || out.Decided() {
+		return out, err
+	}
 
 	if ok, cur, err := w.transition(ctx, deployToNetwork, id, []string{store.StatusDeploying}, store.StatusNetwork, ""); err != nil || !ok {
 		return Outcome{Result: ResultGone, Status: cur, Message: "the deployment is " + cur}, err
 	}
 	return w.await(ctx, id, timeout)
+}
+
+// awaitSentinels waits until every sentinel in waits has converged:
+// SentinelService.Deploy with an empty request changes nothing and returns
+// once the sentinel runs its configuration healthy, fails at a permanent
+// apply error, or at its own timeout (sentinel.deploy_timeout). The calls
+// run in parallel; the first failure fails the deploy with the sentinel's
+// reason. The deploy's outcome promise is raced along: a failure of the
+// deployment's own instances, or an operator's stop, ends the wait at
+// once; a ready outcome waits for the sentinels (the promise keeps it for
+// await). Once all are ready, the history notes each (one step).
+func (w *deploy) awaitSentinels(ctx restate.WorkflowContext, id string, waits []store.SentinelWait) (Outcome, error) {
+	if len(waits) == 0 {
+		return Outcome{}, nil
+	}
+	promise := restate.Promise[Outcome](ctx, outcomePromise)
+	futs := make([]restate.ResponseFuture[SentinelDeployResult], len(waits))
+	all := []restate.Future{promise}
+	for i, sw := range waits {
+		futs[i] = restate.Object[SentinelDeployResult](ctx, SentinelServiceName, sw.ID, "Deploy").RequestFuture(SentinelDeployRequest{})
+		all = append(all, futs[i])
+	}
+	left := len(futs)
+	it := restate.WaitIter(ctx, all...)
+	for left > 0 && it.Next() {
+		f := it.Value()
+		if f == promise {
+			o, err := promise.Result()
+			if err != nil {
+				return Outcome{}, err
+			}
+			if o.Result == ResultFailed || o.Result == ResultStopped {
+				return o, nil
+			}
+			continue // ready: the sentinels still decide
+		}
+		i := slices.IndexFunc(futs, func(rf restate.ResponseFuture[SentinelDeployResult]) bool { return restate.Future(rf) == f })
+		if i < 0 {
+			continue
+		}
+		left--
+		sw := waits[i]
+		res, err := futs[i].Response()
+		switch {
+		case err != nil:
+			// Terminal: the sentinel is gone or stopped meanwhile, or its
+			// deploy was cancelled in Restate.
+			return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s in region %s: %v", sw.ID, sw.Region, err)}, nil
+		case res.Status != ResultReady:
+			return Outcome{Result: ResultFailed, Message: fmt.Sprintf("sentinel %s in region %s did not become ready: %s", sw.ID, sw.Region, res.Message)}, nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return Outcome{}, err // cancelled
+	}
+	// All ready: noted together, in the order of waits, so the history does
+	// not depend on which cluster reported first.
+	notes := make([]string, len(waits))
+	for i, sw := range waits {
+		notes[i] = sw.ReadyNote()
+	}
+	_, err := runStep(ctx, w.hooks, deploySentinelReady, func(rc restate.RunContext) (restate.Void, error) {
+		return restate.Void{}, w.store.NoteDeploymentOnce(rc, id, notes...)
+	})
+	return Outcome{}, err
 }
 
 // await waits for the deploy to be decided. The promise can be resolved
@@ -382,6 +464,7 @@ func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool
 	type result struct {
 		Promoted bool   `json:"promoted"`
 		Status   string `json:"status"`
+		changed  bool   // not journaled: only this run of the body counts it
 	}
 	r, err := runStep(ctx, w.hooks, deployReady, func(rc restate.RunContext) (result, error) {
 		var r result
@@ -400,7 +483,7 @@ func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool
 			if err != nil {
 				return err
 			}
-			r.Status = cur
+			r.Status, r.changed = cur, changed
 			if changed && promote {
 				r.Promoted = true
 				return tx.SetLiveDeployment(ctx, s.EnvironmentID, s.ID)
@@ -408,6 +491,9 @@ func (w *deploy) markReady(ctx restate.WorkflowContext, s deployspec.Spec) (bool
 			r.Promoted = live == s.ID // this step ran before and promoted it
 			return nil
 		})
+		if err == nil && r.changed {
+			w.m.entered(rc, s.ID, store.StatusReady, "")
+		}
 		return r, err
 	})
 	return r.Promoted, r.Status, err
@@ -453,6 +539,9 @@ func (w *deploy) transition(ctx restate.WorkflowContext, step Step, id string, f
 		changed, cur, err := w.store.TransitionDeployment(rc, id, from, to, msg)
 		if errors.Is(err, store.ErrNotFound) {
 			return result{Status: "missing"}, nil
+		}
+		if err == nil && changed {
+			w.m.entered(rc, id, to, msg)
 		}
 		return result{Changed: changed, Status: cur}, err
 	})

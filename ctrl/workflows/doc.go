@@ -59,8 +59,25 @@
 //  6. ensures the environment has a sentinel per region (insert and version
 //     in one transaction; an existing sentinel is never upgraded, a stopped
 //     one is set running again), configured from sentinel.default_*;
-//  7. deploying -> network;
-//  8. waits for readiness: every region with at least its desired replicas
+//  7. waits, still deploying, for the sentinels it created or set running
+//     again, and for any sentinel of the environment that has not been
+//     ready yet while the environment has no live deployment (another
+//     deploy created it and may still wait; this one could otherwise go
+//     live first with nothing to route through). A sentinel that is ready,
+//     or that serves a live deployment, is not waited for: a failed fleet
+//     rollout must not hold every deploy of its environments. The wait is
+//     SentinelService.Deploy with an empty request (change nothing, return
+//     once converged), one call per sentinel in parallel, each bounded by
+//     sentinel.deploy_timeout; the history notes "waiting for sentinel S in
+//     region R" and "sentinel S ready in region R". A sentinel that fails
+//     (its timeout, a permanent apply error, stopped or cancelled) fails
+//     the deploy with its reason, and the failure path below runs; the
+//     sentinel stays for the next deploy (or the idle sweep, see
+//     SentinelSweeper). The outcome promise is raced along, so a failed
+//     instance or an operator's stop ends the wait at once. The deploy's
+//     own timeout starts after this wait;
+//  8. deploying -> network;
+//  9. waits for readiness: every region with at least its desired replicas
 //     running (as clusters report them in instances). A failed instance, or
 //     a permanent apply error of the deployment, fails it at once with the
 //     region, the pods and their reasons, or the cluster's own message.
@@ -70,7 +87,7 @@
 //     database check right after taking the promise covers reports that
 //     came before ctrl could notify. restate.WaitFirst races it against the
 //     deploy's timeout (request timeout_seconds, else deploy.timeout);
-//  9. ready: network -> ready and, in the same transaction, the deployment
+//  10. ready: network -> ready and, in the same transaction, the deployment
 //     becomes its environment's live one when the environment has none, or
 //     when it is a rollback; otherwise it waits for an explicit Promote.
 //     Failed or timed out: the topology is soft-deleted (stopped, new
@@ -109,6 +126,14 @@
 // window in which a report would find no awakeable (see deploy in
 // sentinel.go). Ready and failed are compare-and-sets on the owner, so a
 // late step never overwrites a newer deploy. No rollback of one sentinel.
+// A Deploy of a stopped sentinel sets it running again.
+//
+// Sentinels end by a soft delete (store.StopSentinel: desired_state
+// stopped at a new version, the row stays): through the operator API's
+// StopSentinel, or by the SentinelSweeper, which every ctrl runs and which
+// stops a sentinel its environment has not needed for
+// sentinel.idle_stop_after (no live deployment in its region, no deploy in
+// progress). The next deploy of the environment starts it again.
 //
 // # SentinelRolloutService: fleet rollouts
 //
@@ -131,6 +156,22 @@
 // singleton for good. Transitions
 // are posted to Slack in order, in a Run with bounded retries; a webhook
 // failure never fails the rollout.
+//
+// # Observability: metrics and one trace per deploy, despite replays
+//
+// Restate runs a handler's code again on every replay and may run a Run
+// body twice, so nothing is counted or traced in handler code. Metrics
+// (metrics.go) are counted in the Run body of a status change, only when
+// its compare-and-set moved the row. A deploy's trace (tracing.go, and
+// ctrl/deploytrace for the span tree) has ids derived from the deployment
+// id and spans created with explicit start and end times inside the Run
+// body that did the work: topology.create in the topology step,
+// events.emit in the VersioningService's stamp step unless it found its
+// grant recorded already, workflow and status.poll in the step that moved
+// the deployment to ready or failed. The watch streams attach the
+// events.emit span's context to the deployment's changes while the deploy
+// is in progress, so each cluster's apply continues the trace with nothing
+// stored.
 //
 // # Who may call: CtrlIngress and request identity
 //

@@ -26,6 +26,9 @@ type NotifierOptions struct {
 	ResyncInterval time.Duration
 	// DefaultTimeout is deploy.timeout, for deployments that set none.
 	DefaultTimeout time.Duration
+	// SentinelTimeout is sentinel.deploy_timeout: how long a deploy may
+	// stay deploying while it waits for a new sentinel.
+	SentinelTimeout time.Duration
 	// Workers evaluate queued deployments. Default 4.
 	Workers int
 	// QueueSize bounds the deployments waiting for a worker, and the
@@ -414,6 +417,9 @@ func (n *Notifier) resync(ctx context.Context) {
 				return true
 			}
 			deadline := d.UpdatedAt.Add(overdueGrace)
+			if status == store.StatusDeploying {
+				deadline = deadline.Add(n.o.SentinelTimeout) // the wait for new sentinels
+			}
 			if status == store.StatusNetwork {
 				timeout := n.o.DefaultTimeout
 				if d.TimeoutSeconds > 0 {

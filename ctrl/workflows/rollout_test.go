@@ -178,7 +178,7 @@ func TestRolloutOf100Sentinels(t *testing.T) {
 		timeline = append(timeline, time.Since(begin).Round(10*time.Millisecond).String()+" "+what)
 	}
 
-	st, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2, SlackWebhookUrl: slack.srv.URL, DeployTimeoutSeconds: 3})
+	st, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2, SlackWebhookUrl: slack.srv.URL, DeployTimeoutSeconds: 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestRolloutOf100Sentinels(t *testing.T) {
 	if st.GetState() != "in_progress" || st.GetTotal() != 100 || !slices.Equal(waveSizes(st), []int32{1, 4, 20, 25, 50}) {
 		t.Fatalf("started: %v", st)
 	}
-	st = e.waitState(t, time.Minute, "paused", 3)
+	st = e.waitState(t, 5*time.Minute, "paused", 3)
 	mark("paused at wave 3")
 	if !slices.Equal(st.GetFailedIds(), []string{badWave3}) || st.GetSucceeded() != 24 ||
 		!slices.Equal(waveStates(st), []string{"completed", "completed", "failed", "pending", "pending"}) || st.GetWaves()[2].GetFailed() != 1 {
@@ -204,7 +204,7 @@ func TestRolloutOf100Sentinels(t *testing.T) {
 	if st, err = e.api.ResumeRollout(ctx, &ctrlv1.ResumeRolloutRequest{RetryFailed: true}); err != nil || st.GetState() != "in_progress" {
 		t.Fatalf("resume with retry: %v, %v", st, err)
 	}
-	st = e.waitState(t, time.Minute, "paused", 3)
+	st = e.waitState(t, 5*time.Minute, "paused", 3)
 	mark("retry failed, paused at wave 3 again")
 	if !slices.Equal(st.GetFailedIds(), []string{badWave3}) {
 		t.Fatalf("after the retry: %v", st)
@@ -217,7 +217,7 @@ func TestRolloutOf100Sentinels(t *testing.T) {
 	if _, err := e.api.RollbackAll(ctx, &ctrlv1.RollbackAllRequest{}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("rollback while in progress: %v", err)
 	}
-	st = e.waitState(t, time.Minute, "paused", 4)
+	st = e.waitState(t, 5*time.Minute, "paused", 4)
 	mark("paused at wave 4")
 	if !slices.Equal(st.GetFailedIds(), []string{badWave3, badWave4}) || st.GetSucceeded() != 48 ||
 		!slices.Equal(waveStates(st), []string{"completed", "completed", "failed", "failed", "pending"}) {
@@ -267,7 +267,7 @@ func TestRolloutOf100Sentinels(t *testing.T) {
 		"rollback started: 50 touched sentinels",
 		"rollback completed: rolled back: 50 of 50",
 	)
-	t.Logf("timeline (deploy timeout 3s):\n  %s", strings.Join(timeline, "\n  "))
+	t.Logf("timeline (deploy timeout 30s):\n  %s", strings.Join(timeline, "\n  "))
 	t.Logf("slack messages:\n  %s", strings.Join(slack.messages(), "\n  "))
 }
 
@@ -283,7 +283,7 @@ func TestRolloutCompletes(t *testing.T) {
 	if _, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2}); err != nil {
 		t.Fatal(err)
 	}
-	st := e.waitState(t, 2*time.Minute, "completed", 0)
+	st := e.waitState(t, 5*time.Minute, "completed", 0)
 	took := time.Since(begin)
 	if st.GetSucceeded() != 100 || st.GetFailed() != 0 || !slices.Equal(waveStates(st), []string{"completed", "completed", "completed", "completed", "completed"}) {
 		t.Fatalf("completed: %v", st)
@@ -342,7 +342,7 @@ func TestRolloutCancelDuringLongWave(t *testing.T) {
 	if err != nil || !slices.Equal(waveSizes(st), []int32{2, 4, 4}) {
 		t.Fatalf("start: %v, %v", st, err)
 	}
-	e.waitState(t, 30*time.Second, "in_progress", 2)
+	e.waitState(t, 3*time.Minute, "in_progress", 2)
 	wait(t, "wave 2 to reach its cluster", 10*time.Second, func() bool {
 		for _, id := range wave2 {
 			if _, spec, ok := e.clusters["eu"].Latest(id); !ok || spec.GetImage() != imgV2 {
@@ -498,7 +498,7 @@ func TestRolloutSurvivesRestateKillAndCtrlRestart(t *testing.T) {
 	eu = env.HeldSentinelCluster(t, "eu", "eu-2")
 	api := env.Rollouts(t)
 	e := &rolloutEnv{env: env, api: api}
-	e.waitState(t, time.Minute, "in_progress", 2)
+	e.waitState(t, 5*time.Minute, "in_progress", 2)
 	wait(t, "the new cluster to receive the desired state", 30*time.Second, func() bool {
 		_, spec, ok := eu.Latest(wave2[len(wave2)-1])
 		return ok && spec.GetImage() == imgV2
@@ -513,7 +513,7 @@ func TestRolloutSurvivesRestateKillAndCtrlRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	begin := time.Now()
-	st := e.waitState(t, 2*time.Minute, "completed", 0)
+	st := e.waitState(t, 5*time.Minute, "completed", 0)
 	t.Logf("after Restate came back, the rollout completed in %s", time.Since(begin).Round(time.Millisecond))
 	if st.GetSucceeded() != 20 || st.GetFailed() != 0 {
 		t.Fatalf("after the crashes: %v", st)
@@ -550,7 +550,7 @@ func TestStuckRollbackCanBeCancelled(t *testing.T) {
 	if _, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2, WavePercentages: []int32{50, 100}, DeployTimeoutSeconds: 3600}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitState(t, 30*time.Second, "in_progress", 1)
+	e.waitState(t, 3*time.Minute, "in_progress", 1)
 	if _, err := e.api.CancelRollout(ctx, &ctrlv1.CancelRolloutRequest{}); err != nil {
 		t.Fatal(err)
 	}
@@ -561,7 +561,7 @@ func TestStuckRollbackCanBeCancelled(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("RollbackAll of held sentinels: %v, want it still waiting at its deadline", err)
 	}
-	e.waitState(t, 10*time.Second, "rolling_back", 0)
+	e.waitState(t, 2*time.Minute, "rolling_back", 0)
 
 	st, err := e.api.CancelRollout(ctx, &ctrlv1.CancelRolloutRequest{})
 	if err != nil {

@@ -171,7 +171,8 @@ type deployWrite struct {
 //     and (when something changed) write the configuration with a new
 //     version; record this invocation as the owner of deploy_status =
 //     progressing. Nothing changed and already converged: ready at once.
-//     A missing or stopped sentinel is a terminal error.
+//     A stopped sentinel is set running again (a change, a new version); a
+//     missing one is a terminal error.
 //  2. create an awakeable and store it (notifyReadyKey) with the owner;
 //  3. fence: an empty step; Restate acknowledges it only after it has
 //     applied every earlier entry, so from here on NotifyReady sees the
@@ -265,11 +266,8 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 			w.Image, w.Version, w.Changed, w.Ready = row.Image, row.Version, row.DeployChanged, row.DeployStatus == store.SentinelReady
 			return nil
 		}
-		if row.DesiredState != "running" {
-			return restate.ToTerminalError(fmt.Errorf("sentinel %s is %s: its environment runs no deployment; a deploy of the environment starts it again", id, row.DesiredState),
-				restate.WithErrorCode(codePrecondition))
-		}
 		next := row.Sentinel
+		next.DesiredState = "running" // a deploy of a stopped sentinel starts it again
 		if req.Image != "" {
 			next.Image = req.Image
 		}

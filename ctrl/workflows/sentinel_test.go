@@ -18,6 +18,7 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -162,18 +163,35 @@ func TestSentinelDeploy(t *testing.T) {
 	if _, err := api.DeploySentinel(ctx, &ctrlv1.DeploySentinelRequest{SentinelId: "sen-nope", Image: imgV2}); status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown sentinel: %v", err)
 	}
-	if _, err := env.Store.DB().Exec("UPDATE sentinels SET desired_state = 'stopped' WHERE id = ?", id); err != nil {
-		t.Fatal(err)
+	// Stop: stopped at a new version, a delete for its cluster; stopping
+	// again changes nothing; a deploy starts it again.
+	running := getSentinel(t, env.Store, id)
+	st, err := api.StopSentinel(ctx, &ctrlv1.StopSentinelRequest{SentinelId: id})
+	if err != nil || !st.GetStopped() || st.GetSentinel().GetDesiredState() != "stopped" || st.GetSentinel().GetVersion() <= running.Version {
+		t.Fatalf("stop: %v, %v; want stopped at a version above %d", st, err, running.Version)
 	}
-	if _, err := api.DeploySentinel(ctx, &ctrlv1.DeploySentinelRequest{SentinelId: id, Image: imgV3}); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("stopped sentinel: %v", err)
+	if ds, err := eu.Client.GetDesiredSentinelState(ctx, &clusterv1.GetDesiredSentinelStateRequest{SentinelId: id}); err != nil ||
+		ds.GetDelete() == nil || ds.GetVersion() != st.GetSentinel().GetVersion() {
+		t.Fatalf("desired state of the stopped sentinel: %v, %v; want a delete at version %d", ds, err, st.GetSentinel().GetVersion())
+	}
+	again, err := api.StopSentinel(ctx, &ctrlv1.StopSentinelRequest{SentinelId: id})
+	if err != nil || again.GetStopped() || again.GetSentinel().GetVersion() != st.GetSentinel().GetVersion() {
+		t.Fatalf("second stop: %v, %v; want no change", again, err)
+	}
+	if _, err := api.StopSentinel(ctx, &ctrlv1.StopSentinelRequest{SentinelId: "sen-nope"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("stop of an unknown sentinel: %v", err)
+	}
+	resp, err = api.DeploySentinel(ctx, &ctrlv1.DeploySentinelRequest{SentinelId: id, Wait: true, TimeoutSeconds: 30})
+	if s := resp.GetSentinel(); err != nil || resp.GetResult() != "ready" || s.GetDesiredState() != "running" || s.GetVersion() <= st.GetSentinel().GetVersion() ||
+		s.GetImage() != running.Image {
+		t.Fatalf("deploy of a stopped sentinel: %v, %v; want it running again on %s at a new version", resp, err, running.Image)
 	}
 	// Straight to Restate (no API check first): a terminal error, at once.
 	ing := env.Ingress(t, true)
 	for _, c := range []struct {
 		id   string
 		code int
-	}{{id, 412}, {"sen-deleted", 404}} {
+	}{{"sen-deleted", 404}} {
 		inv, err := workflows.StartSentinelDeploy(ctx, ing, c.id, workflows.SentinelDeployRequest{Image: imgV3})
 		if err != nil {
 			t.Fatal(err)

@@ -39,6 +39,7 @@ type Deps struct {
 // metrics are the services' own metrics (the Notifier has its own).
 type metrics struct {
 	versioningBypassed prometheus.Counter
+	deploy             *deployMetrics
 }
 
 // metrics returns the services' metrics, registering them on first use.
@@ -48,9 +49,10 @@ func (d *Deps) metrics() *metrics {
 		d.m = &metrics{versioningBypassed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "krane_ctrl_versioning_bypassed_total",
 			Help: "Deploys that stamped their rows themselves because the VersioningService did not answer in time: one of its invocations is paused or stuck (see `restate invocations ls`).",
-		})}
+		}), deploy: newDeployMetrics(d.Store, d.Log)}
 		if d.Registerer != nil {
 			d.Registerer.MustRegister(d.m.versioningBypassed)
+			d.Registerer.MustRegister(d.m.deploy.collectors()...)
 		}
 	}
 	return d.m

@@ -30,6 +30,10 @@ type Ref struct {
 // StampRequest asks for new versions of rows whose content is committed.
 type StampRequest struct {
 	Refs []Ref `json:"refs"`
+	// TraceDeployment names the deployment whose deploy this stamp
+	// publishes: the stamp step records its deployment.events.emit span
+	// (see tracing.go). Empty for every other stamp.
+	TraceDeployment string `json:"trace_deployment,omitempty"`
 }
 
 // Version is the version a row was given.
@@ -98,7 +102,11 @@ func (v *versioning) stamp(ctx restate.ObjectContext, req StampRequest) (StampRe
 	}
 	grantKey := ctx.Request().ID
 	grant, err := runStep(ctx, v.hooks, versioningStamp, func(rc restate.RunContext) (store.Grant, error) {
+		start := time.Now()
 		g, err := v.store.StampCommitted(rc, refs, grantKey)
+		if err == nil && !g.Reused && req.TraceDeployment != "" {
+			traceEmit(rc, req.TraceDeployment, g, len(refs), start)
+		}
 		if errors.Is(err, store.ErrNotFound) {
 			// Stamping never creates rows: the caller must commit the
 			// content first. Retrying cannot help.
@@ -142,10 +150,23 @@ const versioningWait = time.Minute
 // the deployment's history, and krane_ctrl_versioning_bypassed_total
 // counts it.
 func (w *deploy) stampVersions(ctx restate.WorkflowContext, id string, refs []store.Ref) ([]Version, error) {
+	return w.stamp(ctx, id, refs, false)
+}
+
+// stampTraced is stampVersions for the deploy's own rows: the stamp
+// records the deploy's deployment.events.emit span.
+func (w *deploy) stampTraced(ctx restate.WorkflowContext, id string, refs []store.Ref) ([]Version, error) {
+	return w.stamp(ctx, id, refs, true)
+}
+
+func (w *deploy) stamp(ctx restate.WorkflowContext, id string, refs []store.Ref, traced bool) ([]Version, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	req := StampRequest{Refs: make([]Ref, len(refs))}
+	if traced {
+		req.TraceDeployment = id
+	}
 	for i, r := range refs {
 		req.Refs[i] = Ref{Kind: r.Kind, Region: r.Region, ID: r.ID}
 	}
@@ -170,11 +191,16 @@ func (w *deploy) stampVersions(ctx restate.WorkflowContext, id string, refs []st
 	restate.CancelInvocation(ctx, stuck)
 	grantKey := ctx.Request().ID + "/" + stuck // unique per call
 	grant, err := runStep(ctx, w.hooks, deployStampItself, func(rc restate.RunContext) (store.Grant, error) {
-		return w.store.StampCommittedThen(rc, refs, grantKey, func(ctx context.Context, tx *store.Tx, g store.Grant) error {
+		start := time.Now()
+		g, err := w.store.StampCommittedThen(rc, refs, grantKey, func(ctx context.Context, tx *store.Tx, g store.Grant) error {
 			w.bypassed.Inc()
 			return tx.NoteDeployment(ctx, id, fmt.Sprintf("the VersioningService did not answer within %s (an invocation of %s/%s is paused or stuck: "+
 				"find it with `restate invocations ls`); the deploy stamped its %d rows itself, versions %d..%d", wait, VersioningServiceName, VersioningKey, len(refs), g.First, g.Last))
 		})
+		if err == nil && !g.Reused && traced {
+			traceEmit(rc, id, g, len(refs), start)
+		}
+		return g, err
 	})
 	if err != nil {
 		return nil, err

@@ -68,6 +68,8 @@ type Agent struct {
 	kindOwner   map[string]string
 	runCtx      context.Context
 	core        *core
+	// hb is what heartbeats tell ctrl about the host (heartbeat.go).
+	hb heartbeatState
 }
 
 // controllerRun is one enabled controller: its plugin and its kinds' loops.
@@ -100,6 +102,7 @@ func New(cfg *config.Config, log hclog.Logger, opts Options) *Agent {
 		hostM:       newHostMetrics(reg),
 		controllers: map[string]*controllerRun{},
 		kindOwner:   map[string]string{},
+		hb:          heartbeatState{kick: make(chan struct{}, 1)},
 	}
 	a.leader.gauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "krane_host_leader", Help: "1 while this replica holds the lease and runs the controllers (always 1 without leader election)."})
 	if !cfg.Leader.Enabled {
@@ -176,6 +179,7 @@ func (a *Agent) startCore(c *core) {
 	ctx, cancel := context.WithCancel(a.runCtx)
 	c.cancel, c.done = cancel, make(chan struct{})
 	a.core, a.client = c, c.client
+	a.hb.acked = "" // this connection (maybe another ctrl, or identity) has heard nothing yet
 	reporter := a.reporter
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -217,26 +221,6 @@ func (a *Agent) stopCore(flush bool) {
 	c.conn.Close()
 }
 
-func (a *Agent) heartbeat(ctx context.Context, client clusterv1.ClusterServiceClient) {
-	t := time.NewTicker(30 * time.Second)
-	defer t.Stop()
-	for {
-		cursors := map[string]uint64{}
-		a.eachLoop(func(kind string, l *syncer.Loop) { cursors[kind] = l.Cursor() })
-		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := client.Heartbeat(hctx, &clusterv1.HeartbeatRequest{AgentVersion: version.Version, Cursors: cursors})
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			a.log.Debug("heartbeat failed", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 func (a *Agent) supervisorHost() supervisor.Host {
 	return supervisor.Host{
 		Region: a.cfg.Region, ClusterID: a.cfg.ClusterID, LogLevel: a.cfg.Log.Level,
@@ -265,6 +249,7 @@ func (a *Agent) startController(ctl config.Controller) {
 	hooks := supervisor.Hooks{
 		Started: func(info sdk.Info) error { return a.claimKinds(ctl.Name, run, info) },
 		Status:  a.reporter.Submit,
+		Changed: a.kickHeartbeat,
 	}
 	host := a.supervisorHost()
 	host.Services = a.HostFor(ctl.Name)
@@ -525,8 +510,10 @@ func (a *Agent) Plugin(name string) *supervisor.Plugin {
 	return nil
 }
 
-// Ready reports whether every enabled controller's plugin runs and every
-// kind it reconciles has completed a bootstrap; otherwise why not. An
+// Ready reports whether every enabled controller's plugin runs, every
+// kind it reconciles has completed a bootstrap and ctrl has acknowledged a
+// heartbeat naming these controllers (so a deploy right after readiness
+// finds the cluster serving); otherwise why not. An
 // enabled controller that is not running at all (the host not started
 // yet, or stopped) makes it not ready.
 func (a *Agent) Ready() (bool, []string) {
@@ -558,6 +545,9 @@ func (a *Agent) Ready() (bool, []string) {
 			}
 		}
 		run.mu.Unlock()
+	}
+	if len(why) == 0 && !a.controllersAckedLocked() {
+		why = append(why, "ctrl has not yet acknowledged a heartbeat naming the controllers this host runs (deploys check it); heartbeats are retried")
 	}
 	sort.Strings(why)
 	return len(why) == 0, why

@@ -22,6 +22,7 @@ const decryptTimeout = 20 * time.Second
 type hostMetrics struct {
 	decrypts       *prometheus.CounterVec
 	decryptSeconds prometheus.Histogram
+	desired        *prometheus.CounterVec
 }
 
 func newHostMetrics(reg prometheus.Registerer) *hostMetrics {
@@ -36,7 +37,11 @@ func newHostMetrics(reg prometheus.Registerer) *hostMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-	reg.MustRegister(m.decrypts, m.decryptSeconds)
+	m.desired = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "krane_host_desired_state_lookups_total",
+		Help: "GetDesiredState calls the host made to ctrl for plugins (on-demand repair), by controller and gRPC code.",
+	}, []string{"controller", "code"})
+	reg.MustRegister(m.decrypts, m.decryptSeconds, m.desired)
 	return m
 }
 
@@ -84,4 +89,41 @@ func (h hostServices) DecryptEnv(ctx context.Context, deploymentID string, seale
 	}
 	a.log.Debug("secret environment opened for a plugin", "controller", h.controller, "deployment", deploymentID, "variables", len(resp.GetEnv()), "took", time.Since(start))
 	return resp.GetEnv(), nil
+}
+
+// desiredTimeout bounds one GetDesiredState call to ctrl when the plugin's
+// context has no deadline.
+const desiredTimeout = 10 * time.Second
+
+// GetDesiredState forwards to ctrl, for kinds this controller reconciles
+// only: a plugin repairs its own objects, it does not read another
+// controller's desired state.
+func (h hostServices) GetDesiredState(ctx context.Context, kind, id string) (sdk.Change, error) {
+	a := h.a
+	a.mu.Lock()
+	owner, client := a.kindOwner[kind], a.client
+	a.mu.Unlock()
+	if owner != h.controller {
+		a.hostM.desired.WithLabelValues(h.controller, codes.PermissionDenied.String()).Inc()
+		return sdk.Change{}, status.Errorf(codes.PermissionDenied, "controller %q does not reconcile kind %q; a plugin may look up the desired state of its own kinds only", h.controller, kind)
+	}
+	if client == nil {
+		return sdk.Change{}, status.Error(codes.Unavailable, "the krane host is not connected to ctrl")
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, desiredTimeout)
+		defer cancel()
+	}
+	rc, err := client.GetDesiredState(ctx, &clusterv1.GetDesiredStateRequest{Kind: kind, Id: id})
+	st := status.Convert(err)
+	a.hostM.desired.WithLabelValues(h.controller, st.Code().String()).Inc()
+	if err != nil {
+		return sdk.Change{}, status.Error(st.Code(), fmt.Sprintf("ctrl: get desired state of %s %s: %s", kind, id, st.Message()))
+	}
+	ch := sdk.Change{Kind: kind, ID: id, Version: rc.GetVersion(), Deleted: rc.GetDeleted()}
+	if s := rc.GetSpec(); s != nil {
+		ch.Spec = sdk.Spec{TypeURL: s.GetTypeUrl(), Value: s.GetValue()}
+	}
+	return ch, nil
 }

@@ -46,6 +46,9 @@ type Hooks struct {
 	Started func(info sdk.Info) error
 	// Status receives the plugin's status reports.
 	Status func(sdk.StatusReport)
+	// Changed, when set, is called after an instance starts running or
+	// stops (Running and Info then tell the new state), outside any lock.
+	Changed func()
 }
 
 // Metrics are the supervisor's Prometheus metrics.
@@ -225,6 +228,9 @@ func (p *Plugin) Run(ctx context.Context) {
 		p.mu.Unlock()
 		if hook != nil {
 			hook(delay)
+		}
+		if p.hooks.Changed != nil {
+			p.hooks.Changed() // LastError changed
 		}
 		p.metrics.Restarts.WithLabelValues(p.ctl.Name).Inc()
 		p.log.Error("plugin is down; restarting it", "error", err, "in", delay, "path", p.ctl.Path)
@@ -474,7 +480,6 @@ func (p *Plugin) signalKill(client *plugin.Client) {
 
 func (p *Plugin) publish(inst *instance, info sdk.Info) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.current = inst
 	if inst != nil {
 		p.info = info
@@ -482,6 +487,10 @@ func (p *Plugin) publish(inst *instance, info sdk.Info) {
 	}
 	close(p.changed)
 	p.changed = make(chan struct{})
+	p.mu.Unlock()
+	if p.hooks.Changed != nil {
+		p.hooks.Changed()
+	}
 }
 
 // Done is closed when Run has returned (the plugin is stopped).

@@ -426,10 +426,12 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 		}
 		o := l.options()
 		actx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
+		actx, span := l.startApplySpan(actx, t)
 		start := time.Now()
 		resp, err := ctl.Apply(actx, &sdk.ApplyRequest{Change: t.change})
 		cancel()
 		if ctx.Err() != nil {
+			endApplySpan(span, resp.GetResult(), ctx.Err(), false)
 			// The session is ending (plugin restart, shutdown) and its
 			// queue with it: the next session re-bootstraps. Recording an
 			// outcome here could only mislead: counted as an attempt, a
@@ -445,6 +447,7 @@ func (l *Loop) work(ctx context.Context, ctl sdk.Controller, q *queue) {
 			out = retryable
 		}
 		parked := q.Done(t, out)
+		endApplySpan(span, resp.GetResult(), err, parked)
 		l.observe(t, resp.GetResult(), err, parked, time.Since(start))
 		l.Metrics.Parked.WithLabelValues(l.Kind).Set(float64(q.Parked()))
 	}
@@ -483,7 +486,7 @@ func (l *Loop) observe(t *task, res sdk.Result, err error, parked bool, took tim
 }
 
 func changeFromProto(c *clusterv1.ResourceChange) sdk.Change {
-	ch := sdk.Change{Kind: c.GetKind(), ID: c.GetId(), Version: c.GetVersion(), Deleted: c.GetDeleted()}
+	ch := sdk.Change{Kind: c.GetKind(), ID: c.GetId(), Version: c.GetVersion(), Deleted: c.GetDeleted(), TraceParent: c.GetTraceparent()}
 	if a := c.GetSpec(); a != nil {
 		ch.Spec = specFromAny(a)
 	}

@@ -60,6 +60,9 @@ type Server struct {
 	noBatches bool
 	unknown   map[string]bool
 	rejected  int
+	// heartbeats received, oldest first.
+	heartbeats       []*clusterv1.HeartbeatRequest
+	refuseHeartbeats bool
 	// KeepAlive is the idle keep-alive interval.
 	KeepAlive time.Duration
 }
@@ -410,8 +413,32 @@ func (s *Server) Batches() int {
 	return s.batches
 }
 
-func (s *Server) Heartbeat(context.Context, *clusterv1.HeartbeatRequest) (*clusterv1.HeartbeatResponse, error) {
+func (s *Server) Heartbeat(_ context.Context, req *clusterv1.HeartbeatRequest) (*clusterv1.HeartbeatResponse, error) {
+	s.mu.Lock()
+	refuse := s.refuseHeartbeats
+	if !refuse {
+		s.heartbeats = append(s.heartbeats, proto.Clone(req).(*clusterv1.HeartbeatRequest))
+	}
+	s.mu.Unlock()
+	if refuse {
+		return nil, status.Error(codes.Unavailable, "heartbeats refused (test)")
+	}
 	return &clusterv1.HeartbeatResponse{HeadVersion: s.Head()}, nil
+}
+
+// RefuseHeartbeats makes Heartbeat fail with UNAVAILABLE (as a ctrl whose
+// database is down) while on.
+func (s *Server) RefuseHeartbeats(on bool) {
+	s.mu.Lock()
+	s.refuseHeartbeats = on
+	s.mu.Unlock()
+}
+
+// Heartbeats returns the heartbeats received so far, oldest first.
+func (s *Server) Heartbeats() []*clusterv1.HeartbeatRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*clusterv1.HeartbeatRequest(nil), s.heartbeats...)
 }
 
 // snapshot returns the live objects of kind, ordered by version, and head.

@@ -303,7 +303,9 @@ func (c *Cluster) startEtcd(bin string) error {
 	if err := c.start("etcd", bin, args); err != nil {
 		return err
 	}
-	return c.proc("etcd").WaitReady(30*time.Second, func(ctx context.Context) error {
+	// Generous bounds: WaitReady returns at once if the process exits, so
+	// they only matter for a live server slowed by a loaded machine.
+	return c.proc("etcd").WaitReady(2*time.Minute, func(ctx context.Context) error {
 		return Probe(ctx, http.DefaultClient, c.etcdURL+"/health", "")
 	})
 }
@@ -345,7 +347,9 @@ func (c *Cluster) runAPIServer(bin string) error {
 		return err
 	}
 	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: insecureTLS()}}
-	return c.proc("kube-apiserver").WaitReady(90*time.Second, func(ctx context.Context) error {
+	// A restart under load took longer than 90 s to pass /readyz (make
+	// chaos, apiserver-crash, with other tests running): see etcd above.
+	return c.proc("kube-apiserver").WaitReady(5*time.Minute, func(ctx context.Context) error {
 		return Probe(ctx, insecure, c.url+"/readyz", adminToken)
 	})
 }

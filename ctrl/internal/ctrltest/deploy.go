@@ -20,16 +20,31 @@ func (e *Env) Deployments(t testing.TB) ctrlv1.DeploymentServiceClient {
 }
 
 // FakeCluster plays one cluster's krane agent: it reports instances of
-// deployments through the real ClusterService with a cluster token.
+// deployments through the real ClusterService with a cluster token, and
+// runs a fake sentinel plugin (Sentinels) on the same token, which reports
+// every sentinel of the region healthy unless the test holds or breaks it:
+// a deploy waits for the sentinels it creates.
 type FakeCluster struct {
 	Region, ID string
 	Client     clusterv1.ClusterServiceClient
+	Sentinels  *SentinelCluster
 }
 
-// Cluster registers a cluster and returns its fake agent.
+// FakeCluster registers a cluster and returns its fake agent, which sends
+// heartbeats naming the built-in controllers until the test ends.
 func (e *Env) FakeCluster(t testing.TB, region, clusterID string) *FakeCluster {
 	t.Helper()
-	return &FakeCluster{Region: region, ID: clusterID, Client: e.Cluster(t, e.ClusterToken(t, region, clusterID))}
+	return NewFakeCluster(t, region, clusterID, e.Cluster(t, e.ClusterToken(t, region, clusterID)))
+}
+
+// NewFakeCluster is a FakeCluster on a client the test made (a token of its
+// own), with its fake sentinel plugin started (which heartbeats until the
+// test ends).
+func NewFakeCluster(t testing.TB, region, clusterID string, client clusterv1.ClusterServiceClient) *FakeCluster {
+	t.Helper()
+	c := &FakeCluster{Region: region, ID: clusterID, Client: client}
+	c.Sentinels = startSentinelCluster(t, region, clusterID, client, false)
+	return c
 }
 
 // Version is the deployment's current version in the cluster's region.

@@ -70,8 +70,13 @@ func (e *Env) HeldSentinelCluster(t testing.TB, region, clusterID string) *Senti
 }
 
 func (e *Env) sentinelCluster(t testing.TB, region, clusterID string, held bool) *SentinelCluster {
-	c := &SentinelCluster{Region: region, ID: clusterID, Client: e.Cluster(t, e.ClusterToken(t, region, clusterID)), holdAll: held,
+	return startSentinelCluster(t, region, clusterID, e.Cluster(t, e.ClusterToken(t, region, clusterID)), held)
+}
+
+func startSentinelCluster(t testing.TB, region, clusterID string, client clusterv1.ClusterServiceClient, held bool) *SentinelCluster {
+	c := &SentinelCluster{Region: region, ID: clusterID, Client: client, holdAll: held,
 		latest: map[string]sentinelChange{}, held: map[string]bool{}, broken: map[string]breakage{}, seen: make(chan string, 10000)}
+	KeepHeartbeating(t, c.Client)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.watch(ctx, t) }()

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
@@ -73,9 +74,10 @@ func buildReplicaSet(id string, version uint64, d *clusterv1.Deployment, cfg Con
 			Annotations: kube.VersionAnnotations(version, specHash(d)),
 		},
 		Spec: appsv1.ReplicaSetSpec{
-			Replicas: ptr(d.GetReplicas()),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelDeployment: id, LabelTemplateHash: hash}},
-			Template: template,
+			Replicas:        ptr(d.GetReplicas()),
+			MinReadySeconds: cfg.MinReadySeconds,
+			Selector:        &metav1.LabelSelector{MatchLabels: map[string]string{LabelDeployment: id, LabelTemplateHash: hash}},
+			Template:        template,
 		},
 	}
 }
@@ -135,9 +137,7 @@ func buildPodSpec(id string, d *clusterv1.Deployment, cfg Config) corev1.PodSpec
 	if cfg.RuntimeClass != "" {
 		spec.RuntimeClassName = ptr(cfg.RuntimeClass)
 	}
-	if cfg.ImagePullSecret != "" {
-		spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: cfg.ImagePullSecret}}
-	}
+	spec.ImagePullSecrets = pullSecrets(d.GetImage(), cfg)
 	// A signal to PID 1 from inside its own PID namespace is dropped unless
 	// the process handles it, and SIGKILL cannot be handled: a preStop
 	// `kill -KILL 1` would do nothing. The kubelet's own SIGKILL after the
@@ -146,6 +146,30 @@ func buildPodSpec(id string, d *clusterv1.Deployment, cfg Config) corev1.PodSpec
 		spec.TerminationGracePeriodSeconds = ptr(int64(1))
 	}
 	return spec
+}
+
+// pullSecrets are the Secrets a pod of image pulls with: its registry's
+// (image_pull_secrets), then the one for every image (image_pull_secret).
+func pullSecrets(image string, cfg Config) []corev1.LocalObjectReference {
+	var out []corev1.LocalObjectReference
+	if name, ok := cfg.ImagePullSecrets[RegistryOf(image)]; ok {
+		out = append(out, corev1.LocalObjectReference{Name: name})
+	}
+	if cfg.ImagePullSecret != "" && !slices.ContainsFunc(out, func(r corev1.LocalObjectReference) bool { return r.Name == cfg.ImagePullSecret }) {
+		out = append(out, corev1.LocalObjectReference{Name: cfg.ImagePullSecret})
+	}
+	return out
+}
+
+// RegistryOf is the registry host of an image reference, the way container
+// runtimes read it: the first path component when it has a dot or a port
+// or is "localhost", else Docker Hub ("docker.io").
+func RegistryOf(image string) string {
+	first, _, found := strings.Cut(image, "/")
+	if found && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		return strings.ToLower(first)
+	}
+	return "docker.io"
 }
 
 func spread(topologyKey, id string) corev1.TopologySpreadConstraint {

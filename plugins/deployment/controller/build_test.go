@@ -279,3 +279,35 @@ func TestSpecHashIsStable(t *testing.T) {
 		t.Error("different specs hash alike")
 	}
 }
+
+func TestPullSecretsPerRegistry(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{
+		"image_pull_secret": "everywhere",
+		"image_pull_secrets": {"Registry.Example": "build-registry", "localhost:5000": "local", "docker.io": "hub"}
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for image, want := range map[string][]string{
+		"registry.example/team/web:v1":                                {"build-registry", "everywhere"},
+		"REGISTRY.example/team/web@sha256:" + strings.Repeat("a", 64): {"build-registry", "everywhere"},
+		"localhost:5000/web":                                          {"local", "everywhere"},
+		"nginx:1.27":                                                  {"hub", "everywhere"},
+		"library/nginx":                                               {"hub", "everywhere"},
+		"ghcr.io/team/api:v2":                                         {"everywhere"},
+	} {
+		d := validSpec()
+		d.Image = image
+		var got []string
+		for _, s := range buildReplicaSet("dep_1", 1, d, cfg).Spec.Template.Spec.ImagePullSecrets {
+			got = append(got, s.Name)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: pull secrets %v, want %v", image, got, want)
+		}
+	}
+	// Without any, a pod names none.
+	if s := buildReplicaSet("dep_1", 1, validSpec(), Defaults()).Spec.Template.Spec.ImagePullSecrets; s != nil {
+		t.Errorf("pull secrets %v without config, want none", s)
+	}
+}

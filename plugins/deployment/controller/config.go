@@ -3,8 +3,10 @@ package controller
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,9 +22,15 @@ type Config struct {
 	RuntimeClass string `json:"runtime_class"`
 	// EnvVarNames are the names of the variables Krane injects.
 	EnvVarNames EnvVarNames `json:"env_var_names"`
-	// ImagePullSecret names a Secret the pods pull with; it must exist in
-	// every workload namespace. "" uses none.
+	// ImagePullSecret names a Secret every pod pulls with, whatever its
+	// image; it must exist in every workload namespace. "" uses none.
+	// ImagePullSecrets is the finer form and may be set with it.
 	ImagePullSecret string `json:"image_pull_secret"`
+	// ImagePullSecrets maps a registry host (as in the image reference,
+	// with its port if any: "registry.example.com", "localhost:5000",
+	// "docker.io" for images without a host) to the Secret that pods of
+	// images from that registry pull with.
+	ImagePullSecrets map[string]string `json:"image_pull_secrets"`
 	// NodeSelector pins user workloads to the untrusted node pool.
 	NodeSelector map[string]string `json:"node_selector"`
 	// Tolerations replace the default toleration of the untrusted pool.
@@ -48,6 +56,13 @@ type Config struct {
 	// SecretCacheTTL is how long an opened environment stays in memory
 	// (Go duration): within it, re-applying a deployment asks ctrl nothing.
 	SecretCacheTTL string `json:"secret_cache_ttl"`
+	// MaxConcurrentRolls bounds how many deployments of the cluster replace
+	// their pod template at the same time (roll.go).
+	MaxConcurrentRolls int `json:"max_concurrent_rolls"`
+	// MinReadySeconds is the ReplicaSets' minReadySeconds: how long a new
+	// pod must be ready before it counts as available, and so before a
+	// roll deletes the pods it replaces.
+	MinReadySeconds int32 `json:"min_ready_seconds"`
 
 	resync   time.Duration
 	cacheTTL time.Duration
@@ -103,6 +118,7 @@ func Defaults() Config {
 		MaxReplicas:          1000,
 		DecryptEnv:           true,
 		SecretCacheTTL:       "5m",
+		MaxConcurrentRolls:   defaultMaxConcurrentRolls,
 		resync:               time.Minute,
 		cacheTTL:             5 * time.Minute,
 	}
@@ -127,7 +143,10 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 	return cfg, cfg.check()
 }
 
-var cIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var (
+	cIdentifier  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	registryHost = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$`)
+)
 
 func (c *Config) check() error {
 	bad := func(key, format string, args ...any) error {
@@ -159,6 +178,21 @@ func (c *Config) check() error {
 			return bad("image_pull_secret", "%q: %s", c.ImagePullSecret, errs[0])
 		}
 	}
+	lower := make(map[string]string, len(c.ImagePullSecrets))
+	for _, host := range slices.Sorted(maps.Keys(c.ImagePullSecrets)) {
+		// Host names are case-insensitive; RegistryOf answers in lower case.
+		if _, dup := lower[strings.ToLower(host)]; dup {
+			return bad("image_pull_secrets", "key %q is given twice (host names ignore case)", host)
+		}
+		lower[strings.ToLower(host)] = c.ImagePullSecrets[host]
+		if !registryHost.MatchString(host) {
+			return bad("image_pull_secrets", "key %q is not a registry host: want a host name with an optional port, as in the image reference (\"registry.example.com\", \"localhost:5000\", \"docker.io\"), without a scheme or path", host)
+		}
+		if secret := c.ImagePullSecrets[host]; validation.IsDNS1123Subdomain(secret) != nil {
+			return bad("image_pull_secrets."+host, "%q is not a Secret name: %s", secret, validation.IsDNS1123Subdomain(secret)[0])
+		}
+	}
+	c.ImagePullSecrets = lower
 	for k, v := range c.NodeSelector {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			return bad("node_selector", "key %q: %s", k, errs[0])
@@ -219,6 +253,12 @@ func (c *Config) check() error {
 		return bad("secret_cache_ttl", "%q: want a duration from 1s to 1h, e.g. \"5m\"", c.SecretCacheTTL)
 	}
 	c.cacheTTL = ttl
+	if c.MaxConcurrentRolls < 1 {
+		return bad("max_concurrent_rolls", "%d: must be >= 1 (deployments whose pod template changes roll this many at a time)", c.MaxConcurrentRolls)
+	}
+	if c.MinReadySeconds < 0 || c.MinReadySeconds > 3600 {
+		return bad("min_ready_seconds", "%d: want 0 to 3600", c.MinReadySeconds)
+	}
 	return nil
 }
 
@@ -252,7 +292,8 @@ const configSchema = `{
         "encrypted_env":  {"$ref": "#/$defs/envName"}
       }
     },
-    "image_pull_secret": {"type": "string"},
+    "image_pull_secret": {"type": "string", "description": "a Secret every pod pulls with (default none)"},
+    "image_pull_secrets": {"type": "object", "additionalProperties": {"type": "string"}, "description": "registry host -> Secret that pods of that registry's images pull with"},
     "node_selector": {"type": "object", "additionalProperties": {"type": "string"}},
     "tolerations": {
       "type": "array",
@@ -284,7 +325,9 @@ const configSchema = `{
     "max_replicas":       {"type": "integer", "minimum": 1, "maximum": 2147483647},
     "decrypt_env":        {"type": "boolean", "description": "open sealed secret environments through the krane host and inject them from a Secret (default true)"},
     "pass_encrypted_env": {"type": "boolean", "description": "also pass the sealed blob, base64, in env_var_names.encrypted_env (default false)"},
-    "secret_cache_ttl":   {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$", "description": "how long an opened environment stays in memory (default 5m)"}
+    "secret_cache_ttl":   {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$", "description": "how long an opened environment stays in memory (default 5m)"},
+    "max_concurrent_rolls": {"type": "integer", "minimum": 1, "description": "how many deployments replace their pod template at once (default 10)"},
+    "min_ready_seconds":  {"type": "integer", "minimum": 0, "maximum": 3600, "description": "seconds a new pod must be ready before a roll counts it available (default 0)"}
   },
   "$defs": {
     "envName": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}

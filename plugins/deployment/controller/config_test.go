@@ -35,6 +35,12 @@ func BadConfigs() []BadConfig {
 		{`{"decrypt_env": "yes"}`, "decrypt_env"},
 		{`{"secret_cache_ttl": "forever"}`, "secret_cache_ttl"},
 		{`{"secret_cache_ttl": "2h"}`, "secret_cache_ttl"},
+		{`{"max_concurrent_rolls": 0}`, "max_concurrent_rolls"},
+		{`{"min_ready_seconds": -1}`, "min_ready_seconds"},
+		{`{"image_pull_secrets": {"https://registry.example": "pull"}}`, "image_pull_secrets"},
+		{`{"image_pull_secrets": {"registry.example/team": "pull"}}`, "image_pull_secrets"},
+		{`{"image_pull_secrets": {"registry.example": "Bad_Secret"}}`, "image_pull_secrets.registry.example"},
+		{`{"image_pull_secrets": ["registry.example"]}`, "image_pull_secrets"},
 	}
 }
 

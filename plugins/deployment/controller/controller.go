@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	appslisters "k8s.io/client-go/listers/apps/v1"
@@ -26,7 +27,6 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 
 	"krane.dev/internal/kinds"
 	"krane.dev/internal/version"
@@ -37,8 +37,6 @@ import (
 
 // Name is the controller's name in krane.hcl.
 const Name = "deployment"
-
-var replicaSetsGVR = appsv1.SchemeGroupVersion.WithResource("replicasets")
 
 // Controller reconciles kind "deployment". Create it with New. Its
 // embedded StatusFeed is its WatchStatus.
@@ -58,6 +56,18 @@ type Controller struct {
 	stats    secretCounters
 
 	nsLocks keyedMutex
+	// idLocks serialises the work on one deployment: the host's Applies
+	// and the plugin's own (a roll that waited for its slot, finishing a
+	// roll).
+	idLocks keyedMutex
+	rolls   *roller
+	// repair re-applies a ReplicaSet someone else changed at once, from
+	// ctrl's desired state (sdk/kube.Repairer).
+	repair *kube.Repairer
+	// bg lives as long as the controller: the roll loop and the rolls it
+	// starts run in it.
+	bg     context.Context
+	stopBG context.CancelFunc
 }
 
 // kubeState is what one Configure built: clients and informer caches.
@@ -75,6 +85,7 @@ type kubeState struct {
 	replicaSetIndex cache.Indexer
 	podIndex        cache.Indexer
 	secretIndex     cache.Indexer
+	pdbIndex        cache.Indexer
 	informers       *kube.Informers
 }
 
@@ -87,23 +98,33 @@ func WithCallCounter(c *kube.CallCounter) Option { return func(ctl *Controller) 
 
 // New returns an unconfigured controller.
 func New(log hclog.Logger, opts ...Option) *Controller {
-	c := &Controller{log: log, cfg: Defaults()}
+	c := &Controller{log: log, cfg: Defaults(), rolls: newRoller()}
 	c.StatusFeed = c.newFeed()
 	for _, o := range opts {
 		o(c)
 	}
+	c.repair = kube.NewRepairer(kinds.Deployment, log, func(ctx context.Context, ch sdk.Change) error {
+		unlock := c.idLocks.lock(ch.ID)
+		defer unlock()
+		_, err := c.apply(ctx, ch)
+		return err
+	})
+	c.bg, c.stopBG = context.WithCancel(context.Background())
+	go c.progressRolls(c.bg)
+	go c.repair.Run(c.bg)
 	return c
 }
 
 // Permissions are what the plugin's identity needs; rbac.yaml grants them
 // and says why each is needed.
 var Permissions = []sdk.Permission{
-	{Group: "apps", Resource: "replicasets", Verbs: []string{"list", "watch", "create", "patch", "update", "delete"}},
+	{Group: "apps", Resource: "replicasets", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
 	{Resource: "namespaces", Verbs: []string{"get", "list", "watch", "create", "delete"}},
 	{Resource: "pods", Verbs: []string{"list", "watch"}},
 	{Resource: "nodes", Verbs: []string{"list", "watch"}},
 	{Group: "node.k8s.io", Resource: "runtimeclasses", Verbs: []string{"get"}},
 	{Resource: "secrets", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
+	{Group: "policy", Resource: "poddisruptionbudgets", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
 	{Resource: "services", Verbs: []string{"list"}},
 	{Resource: "configmaps", Verbs: []string{"list"}},
 	{Resource: "serviceaccounts", Verbs: []string{"list"}},
@@ -167,12 +188,15 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	old := c.kube
 	c.cfg, c.kube, c.host = cfg, k, req.Host
 	c.mu.Unlock()
+	c.repair.SetHost(req.Host)
 	c.envCache.setTTL(cfg.cacheTTL)
 	c.SetResend(cfg.resync)
 	c.ChangedAll()
 	if old != nil {
 		old.informers.Stop()
 	}
+	c.adoptRolls(k)
+	c.startAdmitted(c.bg, c.rolls.resize(cfg.MaxConcurrentRolls))
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "runtime_class", cfg.RuntimeClass, "status_resync_interval", cfg.resync)
 	return nil
 }
@@ -188,7 +212,8 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 	nodes := k.informers.Metadata(k.metadata)
 
 	rsInf, podInf, secretInf := ours.Apps().V1().ReplicaSets(), ours.Core().V1().Pods(), ours.Core().V1().Secrets()
-	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer(), secretInf.Informer()} {
+	pdbInf := ours.Policy().V1().PodDisruptionBudgets()
+	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer(), secretInf.Informer(), pdbInf.Informer()} {
 		if err := inf.AddIndexers(deploymentIndexers); err != nil {
 			return err
 		}
@@ -198,10 +223,18 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 			return err
 		}
 	}
+	if _, err := rsInf.Informer().AddEventHandler(c.rollEvents()); err != nil {
+		return err
+	}
+	if _, err := rsInf.Informer().AddEventHandler(c.repair.Handler(LabelDeployment)); err != nil {
+		return err
+	}
 	k.replicaSets, k.pods = rsInf.Lister(), podInf.Lister()
 	k.replicaSetIndex, k.podIndex = rsInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
 	// Secrets need no event handler: they are only compared at Apply.
 	k.secrets, k.secretIndex = secretInf.Lister(), secretInf.Informer().GetIndexer()
+	// PodDisruptionBudgets too: compared at Apply, no handler.
+	k.pdbIndex = pdbInf.Informer().GetIndexer()
 	k.namespaces = namespaces.Core().V1().Namespaces().Lister()
 	k.nodes = nodes.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Lister()
 	return k.informers.Start(ctx, cacheSyncTimeout)
@@ -220,7 +253,13 @@ func (c *Controller) hostServices() sdk.Host {
 }
 
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
-	return sdk.Done(c.apply(ctx, req.Change))
+	unlock := c.idLocks.lock(req.Change.ID)
+	defer unlock()
+	res, err := c.apply(ctx, req.Change)
+	if err == nil {
+		c.repair.Applied(req.Change.ID, req.Change.Version, res == sdk.Deleted)
+	}
+	return sdk.Done(res, err)
 }
 
 func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
@@ -258,22 +297,41 @@ func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 		secret = newSecretPlan(ch.ID, d)
 	}
 	if !c.unchanged(k, ch.ID, desired) {
-		return c.write(ctx, k, ch.ID, desired, secret)
+		if c.replacesTemplate(k, ch.ID, desired) && !c.rolls.acquire(ch.ID, ch) {
+			// Every roll slot is taken: the change is kept and applied by
+			// the plugin when a slot frees (roll.go); nothing more to do now.
+			rolling, waiting := c.rolls.counts()
+			c.log.Info("template change waits for a roll slot", "deployment", ch.ID, "version", ch.Version, "rolling", rolling, "waiting", waiting)
+			return sdk.Applied, nil
+		}
+		res, err := c.write(ctx, k, ch.ID, desired, secret)
+		if err == nil {
+			_, err = c.syncPDB(ctx, k, ch.ID, d)
+		}
+		return res, err
+	}
+	wrotePDB, err := c.syncPDB(ctx, k, ch.ID, d)
+	if err != nil {
+		return 0, err
+	}
+	result := sdk.Unchanged
+	if wrotePDB {
+		result = sdk.Applied
 	}
 	if secret == nil {
-		return sdk.Unchanged, nil
+		return result, nil
 	}
 	// The ReplicaSet is right; its Secret may not be (edited, deleted, or
 	// not yet checked by this process).
 	owner := c.liveOwner(k, desired)
 	if c.secretCurrent(k, secret, owner) {
-		return sdk.Unchanged, nil
+		return result, nil
 	}
 	unlock := c.nsLocks.rlock(secret.namespace)
 	wrote, err := c.ensureSecret(ctx, k, c.hostServices(), secret, owner)
 	unlock()
 	if err != nil || !wrote {
-		return sdk.Unchanged, err
+		return result, err
 	}
 	return sdk.Applied, nil
 }
@@ -318,10 +376,24 @@ func (c *Controller) unchanged(k *kubeState, id string, desired *unstructured.Un
 	return err == nil && drift == ""
 }
 
+// replacesTemplate reports whether applying desired starts (or continues)
+// a roll: the cache holds a live ReplicaSet of the deployment other than
+// the desired one.
+func (c *Controller) replacesTemplate(k *kubeState, id string, desired *unstructured.Unstructured) bool {
+	all, err := ofDeployment[*appsv1.ReplicaSet](k.replicaSetIndex, id)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(all, func(rs *appsv1.ReplicaSet) bool {
+		return rs.DeletionTimestamp == nil && (rs.Namespace != desired.GetNamespace() || rs.Name != desired.GetName())
+	})
+}
+
 // write applies the desired ReplicaSet (with its Secret first, see
-// secrets.go), then deletes the deployment's other ReplicaSets (an older
-// template, a former name or namespace) and Secrets: their pods go with
-// them, so the running pods always match the desired template.
+// secrets.go). When the deployment has other ReplicaSets (an older
+// template, a former name or namespace), that is a roll (roll.go): they
+// are deleted, with the Secrets only they use, once the new one is
+// available.
 func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured, secret *secretPlan) (sdk.Result, error) {
 	ns, name := desired.GetNamespace(), desired.GetName()
 	if live, err := k.replicaSets.ReplicaSets(ns).Get(name); err == nil && live.DeletionTimestamp != nil {
@@ -350,26 +422,26 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	}
 	// Older ReplicaSets of the deployment come from the cache: one the
 	// cache has not seen yet leaves two behind, which the next apply or
-	// resync finds (unchanged wants exactly one) and cleans up.
+	// resync finds (unchanged wants exactly one) and rolls away.
 	all, err := ofDeployment[*appsv1.ReplicaSet](k.replicaSetIndex, id)
 	if err != nil {
 		return 0, fmt.Errorf("deployment %s: applied %s/%s, but listing its older ReplicaSets failed (retrying): %w", id, ns, name, err)
 	}
-	var stale []appsv1.ReplicaSet
-	for _, rs := range all {
-		if rs.Namespace != ns || rs.Name != name {
-			stale = append(stale, *rs)
+	if slices.ContainsFunc(all, func(rs *appsv1.ReplicaSet) bool { return rs.Namespace != ns || rs.Name != name }) {
+		if !c.rolls.holds(id) {
+			c.rolls.adopt(id) // written already: count it
 		}
+		c.rolls.setTarget(id, ns, name)
+		// Finishes at once when the new ReplicaSet is available already
+		// (a scale of an existing one, a retry); otherwise its status
+		// events drive the roll.
+		c.startAdmitted(c.bg, c.progress(ctx, id))
+		return sdk.Applied, nil
 	}
-	moved, err := c.deleteReplicaSets(ctx, k, id, stale)
-	if err != nil {
-		return 0, err
+	if c.rolls.holds(id) {
+		c.startAdmitted(c.bg, c.rolls.release(id))
 	}
-	delete(moved, ns) // holds the new ReplicaSet
 	if err := c.deleteStaleSecrets(ctx, k, id, secret); err != nil {
-		return 0, err
-	}
-	if err := c.removeNamespacesIfUnused(ctx, k, id, moved); err != nil {
 		return 0, err
 	}
 	return sdk.Applied, nil
@@ -379,13 +451,20 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 // protobuf: see kube.ApplyTyped). An apply takes back every field we set,
 // but cannot remove a list entry someone added under their own field
 // manager (an env var, a container added by hand). When such drift
-// survives the apply, the template is replaced with an update
-// (optimistic: it fails on a concurrent change and is retried).
+// survives the apply, the template and replica count are replaced with a
+// JSON patch. The patch carries no resourceVersion precondition: the
+// ReplicaSet controller rewrites the object several times a second while
+// pods start, and an optimistic update lost that race under load. The API
+// server applies the patch to whatever version it holds, and only the
+// paths it names change, so a concurrent write elsewhere is kept and
+// nothing is retried here.
 func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured) (metav1.Object, error) {
-	applied, err := kube.ApplyTyped(ctx, k.client.AppsV1().ReplicaSets(desired.GetNamespace()).Patch, desired)
+	rsClient := k.client.AppsV1().ReplicaSets(desired.GetNamespace())
+	applied, err := kube.ApplyTyped(ctx, rsClient.Patch, desired)
 	if err != nil {
 		return nil, err
 	}
+	c.repair.Wrote(applied)
 	// The drift check needs no managedFields, and converting them is most
 	// of the conversion's cost.
 	applied.ManagedFields = nil
@@ -393,39 +472,42 @@ func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id strin
 	if err != nil {
 		return nil, fmt.Errorf("convert applied ReplicaSet %s/%s: %w", applied.Namespace, applied.Name, err)
 	}
-	out := &unstructured.Unstructured{Object: m}
-	drift := kube.Drift(desired.Object, out.Object)
+	drift := kube.Drift(desired.Object, m)
 	if drift == "" {
 		return applied, nil
 	}
-	c.log.Info("drift survived the apply, replacing the template", "deployment", id, "replicaset", out.GetNamespace()+"/"+out.GetName(), "field", drift)
-	rs := k.dynamic.Resource(replicaSetsGVR).Namespace(out.GetNamespace())
-	var updated *unstructured.Unstructured
-	// The ReplicaSet controller writes status (and so bumps the resource
-	// version) several times a second while pods start: re-read and retry
-	// on a conflict, for about a second (client-go's default of
-	// four tries within 0.3 s still lost that race in a loaded CI run).
-	conflictBackoff := wait.Backoff{Steps: 12, Duration: 20 * time.Millisecond, Factor: 1.3, Jitter: 0.5}
-	err = retry.RetryOnConflict(conflictBackoff, func() error {
-		for _, path := range [][]string{{"spec", "template"}, {"spec", "replicas"}, {"spec", "selector"}} {
-			v, _, _ := unstructured.NestedFieldCopy(desired.Object, path...)
-			if err := unstructured.SetNestedField(out.Object, v, path...); err != nil {
-				return fmt.Errorf("replace %s: %w", path[len(path)-1], err)
-			}
-		}
-		var err error
-		updated, err = rs.Update(ctx, out, metav1.UpdateOptions{FieldManager: kube.FieldManager})
-		if apierrors.IsConflict(err) {
-			if fresh, gerr := rs.Get(ctx, out.GetName(), metav1.GetOptions{}); gerr == nil {
-				out = fresh
-			}
-		}
-		return err
-	})
+	c.log.Info("drift survived the apply, replacing the template", "deployment", id, "replicaset", applied.Namespace+"/"+applied.Name, "field", drift)
+	patch, err := replacePatch(desired)
 	if err != nil {
-		return nil, fmt.Errorf("replace template of ReplicaSet %s/%s: %w", out.GetNamespace(), out.GetName(), err)
+		return nil, fmt.Errorf("replace template of ReplicaSet %s/%s: %w", applied.Namespace, applied.Name, err)
 	}
+	updated, err := rsClient.Patch(ctx, applied.Name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: kube.FieldManager})
+	if err != nil {
+		return nil, fmt.Errorf("replace template of ReplicaSet %s/%s: %w", applied.Namespace, applied.Name, err)
+	}
+	c.repair.Wrote(updated)
 	return updated, nil
+}
+
+// replacePatch is a JSON patch (RFC 6902) that sets the ReplicaSet's pod
+// template and replica count to the desired ones, whole. The selector is
+// not in it: it is immutable, and the name (which carries the template
+// hash) already pins it.
+func replacePatch(desired *unstructured.Unstructured) ([]byte, error) {
+	type op struct {
+		Op    string `json:"op"`
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	var ops []op
+	for _, path := range []string{"template", "replicas"} {
+		v, found, err := unstructured.NestedFieldNoCopy(desired.Object, "spec", path)
+		if err != nil || !found {
+			return nil, fmt.Errorf("desired ReplicaSet has no spec.%s (%v)", path, err)
+		}
+		ops = append(ops, op{Op: "replace", Path: "/spec/" + path, Value: v})
+	}
+	return json.Marshal(ops)
 }
 
 // remove deletes every ReplicaSet of the deployment and then the
@@ -450,12 +532,16 @@ func (c *Controller) remove(ctx context.Context, k *kubeState, id string, versio
 	if err := c.deleteSecrets(ctx, k, id); err != nil {
 		return 0, err
 	}
+	if err := c.deletePDBs(ctx, k, id); err != nil {
+		return 0, classify(err, id)
+	}
 	if specNamespace != "" {
 		namespaces[specNamespace] = true
 	}
 	if err := c.removeNamespacesIfUnused(ctx, k, id, namespaces); err != nil {
 		return 0, err
 	}
+	c.startAdmitted(c.bg, c.rolls.release(id))
 	return sdk.Deleted, nil
 }
 
@@ -468,6 +554,7 @@ func (c *Controller) deleteReplicaSets(ctx context.Context, k *kubeState, id str
 		if rs.DeletionTimestamp != nil {
 			continue
 		}
+		c.repair.Deleting(rs.UID)
 		err := k.client.AppsV1().ReplicaSets(rs.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
 			PropagationPolicy: ptr(metav1.DeletePropagationForeground),
 			Preconditions:     &metav1.Preconditions{UID: &rs.UID},
@@ -521,6 +608,7 @@ func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*s
 }
 
 func (c *Controller) Shutdown(ctx context.Context) error {
+	c.stopBG()
 	c.mu.Lock()
 	k := c.kube
 	c.kube = nil

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -88,7 +89,8 @@ func (c *Controller) deploymentStatus(k *kubeState, id string) (*clusterv1.Deplo
 }
 
 // currentReplicaSet is the one applied last: not being deleted, newest
-// version. While a template is replaced, the old one is already deleting.
+// version, and among those of one version (a roll after a config change)
+// the one created last.
 func currentReplicaSet(rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
 	var best *appsv1.ReplicaSet
 	rank := func(rs *appsv1.ReplicaSet) (bool, uint64) {
@@ -101,7 +103,8 @@ func currentReplicaSet(rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
 		}
 		alive, v := rank(rs)
 		bestAlive, bestV := rank(best)
-		if alive && !bestAlive || alive == bestAlive && v > bestV {
+		newer := rs.CreationTimestamp.After(best.CreationTimestamp.Time)
+		if alive && !bestAlive || alive == bestAlive && (v > bestV || v == bestV && newer) {
 			best = rs
 		}
 	}
@@ -136,6 +139,9 @@ const maxMessage = 1024
 // unit-tested.
 func instanceOf(p *corev1.Pod, zone string) *clusterv1.Instance {
 	in := &clusterv1.Instance{K8SName: p.Name, Zone: zone}
+	if !p.CreationTimestamp.IsZero() {
+		in.CreatedAt = timestamppb.New(p.CreationTimestamp.Time) // ctrl measures startup from it
+	}
 	port := int32(defaultPort)
 	for _, c := range p.Spec.Containers {
 		if c.Name != containerName {

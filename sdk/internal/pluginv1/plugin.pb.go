@@ -86,6 +86,118 @@ func (ApplyResult) EnumDescriptor() ([]byte, []int) {
 	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{0}
 }
 
+type GetDesiredStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDesiredStateRequest) Reset() {
+	*x = GetDesiredStateRequest{}
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDesiredStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDesiredStateRequest) ProtoMessage() {}
+
+func (x *GetDesiredStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDesiredStateRequest.ProtoReflect.Descriptor instead.
+func (*GetDesiredStateRequest) Descriptor() ([]byte, []int) {
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *GetDesiredStateRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GetDesiredStateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetDesiredStateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Spec          *anypb.Any             `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDesiredStateResponse) Reset() {
+	*x = GetDesiredStateResponse{}
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDesiredStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDesiredStateResponse) ProtoMessage() {}
+
+func (x *GetDesiredStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDesiredStateResponse.ProtoReflect.Descriptor instead.
+func (*GetDesiredStateResponse) Descriptor() ([]byte, []int) {
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetDesiredStateResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *GetDesiredStateResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *GetDesiredStateResponse) GetSpec() *anypb.Any {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
 type DecryptEnvRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	DeploymentId  string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
@@ -96,7 +208,7 @@ type DecryptEnvRequest struct {
 
 func (x *DecryptEnvRequest) Reset() {
 	*x = DecryptEnvRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[0]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +220,7 @@ func (x *DecryptEnvRequest) String() string {
 func (*DecryptEnvRequest) ProtoMessage() {}
 
 func (x *DecryptEnvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[0]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +233,7 @@ func (x *DecryptEnvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecryptEnvRequest.ProtoReflect.Descriptor instead.
 func (*DecryptEnvRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{0}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DecryptEnvRequest) GetDeploymentId() string {
@@ -147,7 +259,7 @@ type DecryptEnvResponse struct {
 
 func (x *DecryptEnvResponse) Reset() {
 	*x = DecryptEnvResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[1]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +271,7 @@ func (x *DecryptEnvResponse) String() string {
 func (*DecryptEnvResponse) ProtoMessage() {}
 
 func (x *DecryptEnvResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[1]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +284,7 @@ func (x *DecryptEnvResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecryptEnvResponse.ProtoReflect.Descriptor instead.
 func (*DecryptEnvResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{1}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DecryptEnvResponse) GetEnv() map[string]string {
@@ -192,7 +304,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[2]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +316,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[2]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +329,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{2}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DescribeRequest) GetHostProtocolVersions() []uint32 {
@@ -245,7 +357,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[3]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +369,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[3]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +382,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{3}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DescribeResponse) GetName() string {
@@ -333,7 +445,7 @@ type Permission struct {
 
 func (x *Permission) Reset() {
 	*x = Permission{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +457,7 @@ func (x *Permission) String() string {
 func (*Permission) ProtoMessage() {}
 
 func (x *Permission) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +470,7 @@ func (x *Permission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Permission.ProtoReflect.Descriptor instead.
 func (*Permission) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Permission) GetGroup() string {
@@ -412,7 +524,7 @@ type KindInfo struct {
 
 func (x *KindInfo) Reset() {
 	*x = KindInfo{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +536,7 @@ func (x *KindInfo) String() string {
 func (*KindInfo) ProtoMessage() {}
 
 func (x *KindInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +549,7 @@ func (x *KindInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInfo.ProtoReflect.Descriptor instead.
 func (*KindInfo) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KindInfo) GetKind() string {
@@ -486,7 +598,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +610,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +623,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConfigureRequest) GetProtocolVersion() uint32 {
@@ -574,7 +686,7 @@ type Kubeconfig struct {
 
 func (x *Kubeconfig) Reset() {
 	*x = Kubeconfig{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +698,7 @@ func (x *Kubeconfig) String() string {
 func (*Kubeconfig) ProtoMessage() {}
 
 func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +711,7 @@ func (x *Kubeconfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Kubeconfig.ProtoReflect.Descriptor instead.
 func (*Kubeconfig) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Kubeconfig) GetSource() isKubeconfig_Source {
@@ -674,7 +786,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +798,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,23 +811,26 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
 }
 
 type ApplyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
-	Deleted       bool                   `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	Spec          *anypb.Any             `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Kind    string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Version uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Deleted bool                   `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Spec    *anypb.Any             `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	// W3C trace context (a traceparent header value) of the host's apply
+	// span; the plugin's Apply runs as its child. Empty when untraced.
+	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +842,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +855,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ApplyRequest) GetKind() string {
@@ -778,6 +893,13 @@ func (x *ApplyRequest) GetSpec() *anypb.Any {
 	return nil
 }
 
+func (x *ApplyRequest) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
 type ApplyResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Result ApplyResult            `protobuf:"varint,1,opt,name=result,proto3,enum=krane.plugin.v1.ApplyResult" json:"result,omitempty"`
@@ -789,7 +911,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +923,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +936,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApplyResponse) GetResult() ApplyResult {
@@ -846,7 +968,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +980,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +993,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ApplyError) GetMessage() string {
@@ -904,7 +1026,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1038,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1051,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InventoryRequest) GetKind() string {
@@ -952,7 +1074,7 @@ type InventoryItem struct {
 
 func (x *InventoryItem) Reset() {
 	*x = InventoryItem{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1086,7 @@ func (x *InventoryItem) String() string {
 func (*InventoryItem) ProtoMessage() {}
 
 func (x *InventoryItem) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1099,7 @@ func (x *InventoryItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryItem.ProtoReflect.Descriptor instead.
 func (*InventoryItem) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *InventoryItem) GetKind() string {
@@ -1016,7 +1138,7 @@ type WatchStatusRequest struct {
 
 func (x *WatchStatusRequest) Reset() {
 	*x = WatchStatusRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1150,7 @@ func (x *WatchStatusRequest) String() string {
 func (*WatchStatusRequest) ProtoMessage() {}
 
 func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1163,7 @@ func (x *WatchStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 type StatusReport struct {
@@ -1057,7 +1179,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1191,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1204,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatusReport) GetKind() string {
@@ -1129,7 +1251,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1263,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1276,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ShutdownRequest) GetDeadline() *timestamppb.Timestamp {
@@ -1172,7 +1294,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1306,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_krane_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,14 +1319,21 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_krane_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 var File_krane_plugin_v1_plugin_proto protoreflect.FileDescriptor
 
 const file_krane_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
-	"\x1ckrane/plugin/v1/plugin.proto\x12\x0fkrane.plugin.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"]\n" +
+	"\x1ckrane/plugin/v1/plugin.proto\x12\x0fkrane.plugin.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"<\n" +
+	"\x16GetDesiredStateRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"w\n" +
+	"\x17GetDesiredStateResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\x12(\n" +
+	"\x04spec\x18\x03 \x01(\v2\x14.google.protobuf.AnyR\x04spec\"]\n" +
 	"\x11DecryptEnvRequest\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12#\n" +
 	"\rencrypted_env\x18\x02 \x01(\fR\fencryptedEnv\"\x8c\x01\n" +
@@ -1255,13 +1384,14 @@ const file_krane_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x03qps\x18\x04 \x01(\x02R\x03qps\x12\x14\n" +
 	"\x05burst\x18\x05 \x01(\x05R\x05burstB\b\n" +
 	"\x06source\"\x13\n" +
-	"\x11ConfigureResponse\"\x90\x01\n" +
+	"\x11ConfigureResponse\"\xb2\x01\n" +
 	"\fApplyRequest\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x18\n" +
 	"\adeleted\x18\x04 \x01(\bR\adeleted\x12(\n" +
-	"\x04spec\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\x04spec\"x\n" +
+	"\x04spec\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\x04spec\x12 \n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"x\n" +
 	"\rApplyResponse\x124\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x1c.krane.plugin.v1.ApplyResultR\x06result\x121\n" +
 	"\x05error\x18\x02 \x01(\v2\x1b.krane.plugin.v1.ApplyErrorR\x05error\"Z\n" +
@@ -1300,10 +1430,11 @@ const file_krane_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x05Apply\x12\x1d.krane.plugin.v1.ApplyRequest\x1a\x1e.krane.plugin.v1.ApplyResponse\x12P\n" +
 	"\tInventory\x12!.krane.plugin.v1.InventoryRequest\x1a\x1e.krane.plugin.v1.InventoryItem0\x01\x12S\n" +
 	"\vWatchStatus\x12#.krane.plugin.v1.WatchStatusRequest\x1a\x1d.krane.plugin.v1.StatusReport0\x01\x12O\n" +
-	"\bShutdown\x12 .krane.plugin.v1.ShutdownRequest\x1a!.krane.plugin.v1.ShutdownResponse2]\n" +
+	"\bShutdown\x12 .krane.plugin.v1.ShutdownRequest\x1a!.krane.plugin.v1.ShutdownResponse2\xc3\x01\n" +
 	"\x04Host\x12U\n" +
 	"\n" +
-	"DecryptEnv\x12\".krane.plugin.v1.DecryptEnvRequest\x1a#.krane.plugin.v1.DecryptEnvResponseB*Z(krane.dev/sdk/internal/pluginv1;pluginv1b\x06proto3"
+	"DecryptEnv\x12\".krane.plugin.v1.DecryptEnvRequest\x1a#.krane.plugin.v1.DecryptEnvResponse\x12d\n" +
+	"\x0fGetDesiredState\x12'.krane.plugin.v1.GetDesiredStateRequest\x1a(.krane.plugin.v1.GetDesiredStateResponseB*Z(krane.dev/sdk/internal/pluginv1;pluginv1b\x06proto3"
 
 var (
 	file_krane_plugin_v1_plugin_proto_rawDescOnce sync.Once
@@ -1318,61 +1449,66 @@ func file_krane_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_krane_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_krane_plugin_v1_plugin_proto_goTypes = []any{
-	(ApplyResult)(0),              // 0: krane.plugin.v1.ApplyResult
-	(*DecryptEnvRequest)(nil),     // 1: krane.plugin.v1.DecryptEnvRequest
-	(*DecryptEnvResponse)(nil),    // 2: krane.plugin.v1.DecryptEnvResponse
-	(*DescribeRequest)(nil),       // 3: krane.plugin.v1.DescribeRequest
-	(*DescribeResponse)(nil),      // 4: krane.plugin.v1.DescribeResponse
-	(*Permission)(nil),            // 5: krane.plugin.v1.Permission
-	(*KindInfo)(nil),              // 6: krane.plugin.v1.KindInfo
-	(*ConfigureRequest)(nil),      // 7: krane.plugin.v1.ConfigureRequest
-	(*Kubeconfig)(nil),            // 8: krane.plugin.v1.Kubeconfig
-	(*ConfigureResponse)(nil),     // 9: krane.plugin.v1.ConfigureResponse
-	(*ApplyRequest)(nil),          // 10: krane.plugin.v1.ApplyRequest
-	(*ApplyResponse)(nil),         // 11: krane.plugin.v1.ApplyResponse
-	(*ApplyError)(nil),            // 12: krane.plugin.v1.ApplyError
-	(*InventoryRequest)(nil),      // 13: krane.plugin.v1.InventoryRequest
-	(*InventoryItem)(nil),         // 14: krane.plugin.v1.InventoryItem
-	(*WatchStatusRequest)(nil),    // 15: krane.plugin.v1.WatchStatusRequest
-	(*StatusReport)(nil),          // 16: krane.plugin.v1.StatusReport
-	(*ShutdownRequest)(nil),       // 17: krane.plugin.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),      // 18: krane.plugin.v1.ShutdownResponse
-	nil,                           // 19: krane.plugin.v1.DecryptEnvResponse.EnvEntry
-	(*anypb.Any)(nil),             // 20: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(ApplyResult)(0),                // 0: krane.plugin.v1.ApplyResult
+	(*GetDesiredStateRequest)(nil),  // 1: krane.plugin.v1.GetDesiredStateRequest
+	(*GetDesiredStateResponse)(nil), // 2: krane.plugin.v1.GetDesiredStateResponse
+	(*DecryptEnvRequest)(nil),       // 3: krane.plugin.v1.DecryptEnvRequest
+	(*DecryptEnvResponse)(nil),      // 4: krane.plugin.v1.DecryptEnvResponse
+	(*DescribeRequest)(nil),         // 5: krane.plugin.v1.DescribeRequest
+	(*DescribeResponse)(nil),        // 6: krane.plugin.v1.DescribeResponse
+	(*Permission)(nil),              // 7: krane.plugin.v1.Permission
+	(*KindInfo)(nil),                // 8: krane.plugin.v1.KindInfo
+	(*ConfigureRequest)(nil),        // 9: krane.plugin.v1.ConfigureRequest
+	(*Kubeconfig)(nil),              // 10: krane.plugin.v1.Kubeconfig
+	(*ConfigureResponse)(nil),       // 11: krane.plugin.v1.ConfigureResponse
+	(*ApplyRequest)(nil),            // 12: krane.plugin.v1.ApplyRequest
+	(*ApplyResponse)(nil),           // 13: krane.plugin.v1.ApplyResponse
+	(*ApplyError)(nil),              // 14: krane.plugin.v1.ApplyError
+	(*InventoryRequest)(nil),        // 15: krane.plugin.v1.InventoryRequest
+	(*InventoryItem)(nil),           // 16: krane.plugin.v1.InventoryItem
+	(*WatchStatusRequest)(nil),      // 17: krane.plugin.v1.WatchStatusRequest
+	(*StatusReport)(nil),            // 18: krane.plugin.v1.StatusReport
+	(*ShutdownRequest)(nil),         // 19: krane.plugin.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 20: krane.plugin.v1.ShutdownResponse
+	nil,                             // 21: krane.plugin.v1.DecryptEnvResponse.EnvEntry
+	(*anypb.Any)(nil),               // 22: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),   // 23: google.protobuf.Timestamp
 }
 var file_krane_plugin_v1_plugin_proto_depIdxs = []int32{
-	19, // 0: krane.plugin.v1.DecryptEnvResponse.env:type_name -> krane.plugin.v1.DecryptEnvResponse.EnvEntry
-	6,  // 1: krane.plugin.v1.DescribeResponse.kinds:type_name -> krane.plugin.v1.KindInfo
-	5,  // 2: krane.plugin.v1.DescribeResponse.permissions:type_name -> krane.plugin.v1.Permission
-	8,  // 3: krane.plugin.v1.ConfigureRequest.kubeconfig:type_name -> krane.plugin.v1.Kubeconfig
-	20, // 4: krane.plugin.v1.ApplyRequest.spec:type_name -> google.protobuf.Any
-	0,  // 5: krane.plugin.v1.ApplyResponse.result:type_name -> krane.plugin.v1.ApplyResult
-	12, // 6: krane.plugin.v1.ApplyResponse.error:type_name -> krane.plugin.v1.ApplyError
-	21, // 7: krane.plugin.v1.StatusReport.observed_at:type_name -> google.protobuf.Timestamp
-	20, // 8: krane.plugin.v1.StatusReport.status:type_name -> google.protobuf.Any
-	21, // 9: krane.plugin.v1.ShutdownRequest.deadline:type_name -> google.protobuf.Timestamp
-	3,  // 10: krane.plugin.v1.Controller.Describe:input_type -> krane.plugin.v1.DescribeRequest
-	7,  // 11: krane.plugin.v1.Controller.Configure:input_type -> krane.plugin.v1.ConfigureRequest
-	10, // 12: krane.plugin.v1.Controller.Apply:input_type -> krane.plugin.v1.ApplyRequest
-	13, // 13: krane.plugin.v1.Controller.Inventory:input_type -> krane.plugin.v1.InventoryRequest
-	15, // 14: krane.plugin.v1.Controller.WatchStatus:input_type -> krane.plugin.v1.WatchStatusRequest
-	17, // 15: krane.plugin.v1.Controller.Shutdown:input_type -> krane.plugin.v1.ShutdownRequest
-	1,  // 16: krane.plugin.v1.Host.DecryptEnv:input_type -> krane.plugin.v1.DecryptEnvRequest
-	4,  // 17: krane.plugin.v1.Controller.Describe:output_type -> krane.plugin.v1.DescribeResponse
-	9,  // 18: krane.plugin.v1.Controller.Configure:output_type -> krane.plugin.v1.ConfigureResponse
-	11, // 19: krane.plugin.v1.Controller.Apply:output_type -> krane.plugin.v1.ApplyResponse
-	14, // 20: krane.plugin.v1.Controller.Inventory:output_type -> krane.plugin.v1.InventoryItem
-	16, // 21: krane.plugin.v1.Controller.WatchStatus:output_type -> krane.plugin.v1.StatusReport
-	18, // 22: krane.plugin.v1.Controller.Shutdown:output_type -> krane.plugin.v1.ShutdownResponse
-	2,  // 23: krane.plugin.v1.Host.DecryptEnv:output_type -> krane.plugin.v1.DecryptEnvResponse
-	17, // [17:24] is the sub-list for method output_type
-	10, // [10:17] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	22, // 0: krane.plugin.v1.GetDesiredStateResponse.spec:type_name -> google.protobuf.Any
+	21, // 1: krane.plugin.v1.DecryptEnvResponse.env:type_name -> krane.plugin.v1.DecryptEnvResponse.EnvEntry
+	8,  // 2: krane.plugin.v1.DescribeResponse.kinds:type_name -> krane.plugin.v1.KindInfo
+	7,  // 3: krane.plugin.v1.DescribeResponse.permissions:type_name -> krane.plugin.v1.Permission
+	10, // 4: krane.plugin.v1.ConfigureRequest.kubeconfig:type_name -> krane.plugin.v1.Kubeconfig
+	22, // 5: krane.plugin.v1.ApplyRequest.spec:type_name -> google.protobuf.Any
+	0,  // 6: krane.plugin.v1.ApplyResponse.result:type_name -> krane.plugin.v1.ApplyResult
+	14, // 7: krane.plugin.v1.ApplyResponse.error:type_name -> krane.plugin.v1.ApplyError
+	23, // 8: krane.plugin.v1.StatusReport.observed_at:type_name -> google.protobuf.Timestamp
+	22, // 9: krane.plugin.v1.StatusReport.status:type_name -> google.protobuf.Any
+	23, // 10: krane.plugin.v1.ShutdownRequest.deadline:type_name -> google.protobuf.Timestamp
+	5,  // 11: krane.plugin.v1.Controller.Describe:input_type -> krane.plugin.v1.DescribeRequest
+	9,  // 12: krane.plugin.v1.Controller.Configure:input_type -> krane.plugin.v1.ConfigureRequest
+	12, // 13: krane.plugin.v1.Controller.Apply:input_type -> krane.plugin.v1.ApplyRequest
+	15, // 14: krane.plugin.v1.Controller.Inventory:input_type -> krane.plugin.v1.InventoryRequest
+	17, // 15: krane.plugin.v1.Controller.WatchStatus:input_type -> krane.plugin.v1.WatchStatusRequest
+	19, // 16: krane.plugin.v1.Controller.Shutdown:input_type -> krane.plugin.v1.ShutdownRequest
+	3,  // 17: krane.plugin.v1.Host.DecryptEnv:input_type -> krane.plugin.v1.DecryptEnvRequest
+	1,  // 18: krane.plugin.v1.Host.GetDesiredState:input_type -> krane.plugin.v1.GetDesiredStateRequest
+	6,  // 19: krane.plugin.v1.Controller.Describe:output_type -> krane.plugin.v1.DescribeResponse
+	11, // 20: krane.plugin.v1.Controller.Configure:output_type -> krane.plugin.v1.ConfigureResponse
+	13, // 21: krane.plugin.v1.Controller.Apply:output_type -> krane.plugin.v1.ApplyResponse
+	16, // 22: krane.plugin.v1.Controller.Inventory:output_type -> krane.plugin.v1.InventoryItem
+	18, // 23: krane.plugin.v1.Controller.WatchStatus:output_type -> krane.plugin.v1.StatusReport
+	20, // 24: krane.plugin.v1.Controller.Shutdown:output_type -> krane.plugin.v1.ShutdownResponse
+	4,  // 25: krane.plugin.v1.Host.DecryptEnv:output_type -> krane.plugin.v1.DecryptEnvResponse
+	2,  // 26: krane.plugin.v1.Host.GetDesiredState:output_type -> krane.plugin.v1.GetDesiredStateResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_krane_plugin_v1_plugin_proto_init() }
@@ -1380,7 +1516,7 @@ func file_krane_plugin_v1_plugin_proto_init() {
 	if File_krane_plugin_v1_plugin_proto != nil {
 		return
 	}
-	file_krane_plugin_v1_plugin_proto_msgTypes[7].OneofWrappers = []any{
+	file_krane_plugin_v1_plugin_proto_msgTypes[9].OneofWrappers = []any{
 		(*Kubeconfig_InCluster)(nil),
 		(*Kubeconfig_Path)(nil),
 	}
@@ -1390,7 +1526,7 @@ func file_krane_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_plugin_v1_plugin_proto_rawDesc), len(file_krane_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -346,7 +346,8 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Host_DecryptEnv_FullMethodName = "/krane.plugin.v1.Host/DecryptEnv"
+	Host_DecryptEnv_FullMethodName      = "/krane.plugin.v1.Host/DecryptEnv"
+	Host_GetDesiredState_FullMethodName = "/krane.plugin.v1.Host/GetDesiredState"
 )
 
 // HostClient is the client API for Host service.
@@ -361,6 +362,11 @@ type HostClient interface {
 	// DecryptEnv asks ctrl to open a deployment's sealed secret environment.
 	// Errors carry ctrl's status code and reason (never secret material).
 	DecryptEnv(ctx context.Context, in *DecryptEnvRequest, opts ...grpc.CallOption) (*DecryptEnvResponse, error)
+	// GetDesiredState asks ctrl for one object's current desired state, for
+	// on-demand repair of an object changed in the cluster by someone else.
+	// Only for kinds the calling plugin reconciles. NOT_FOUND when ctrl
+	// holds no such object.
+	GetDesiredState(ctx context.Context, in *GetDesiredStateRequest, opts ...grpc.CallOption) (*GetDesiredStateResponse, error)
 }
 
 type hostClient struct {
@@ -381,6 +387,16 @@ func (c *hostClient) DecryptEnv(ctx context.Context, in *DecryptEnvRequest, opts
 	return out, nil
 }
 
+func (c *hostClient) GetDesiredState(ctx context.Context, in *GetDesiredStateRequest, opts ...grpc.CallOption) (*GetDesiredStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetDesiredStateResponse)
+	err := c.cc.Invoke(ctx, Host_GetDesiredState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServer is the server API for Host service.
 // All implementations must embed UnimplementedHostServer
 // for forward compatibility.
@@ -393,6 +409,11 @@ type HostServer interface {
 	// DecryptEnv asks ctrl to open a deployment's sealed secret environment.
 	// Errors carry ctrl's status code and reason (never secret material).
 	DecryptEnv(context.Context, *DecryptEnvRequest) (*DecryptEnvResponse, error)
+	// GetDesiredState asks ctrl for one object's current desired state, for
+	// on-demand repair of an object changed in the cluster by someone else.
+	// Only for kinds the calling plugin reconciles. NOT_FOUND when ctrl
+	// holds no such object.
+	GetDesiredState(context.Context, *GetDesiredStateRequest) (*GetDesiredStateResponse, error)
 	mustEmbedUnimplementedHostServer()
 }
 
@@ -405,6 +426,9 @@ type UnimplementedHostServer struct{}
 
 func (UnimplementedHostServer) DecryptEnv(context.Context, *DecryptEnvRequest) (*DecryptEnvResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DecryptEnv not implemented")
+}
+func (UnimplementedHostServer) GetDesiredState(context.Context, *GetDesiredStateRequest) (*GetDesiredStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDesiredState not implemented")
 }
 func (UnimplementedHostServer) mustEmbedUnimplementedHostServer() {}
 func (UnimplementedHostServer) testEmbeddedByValue()              {}
@@ -445,6 +469,24 @@ func _Host_DecryptEnv_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Host_GetDesiredState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDesiredStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServer).GetDesiredState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Host_GetDesiredState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServer).GetDesiredState(ctx, req.(*GetDesiredStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Host_ServiceDesc is the grpc.ServiceDesc for Host service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -455,6 +497,10 @@ var Host_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DecryptEnv",
 			Handler:    _Host_DecryptEnv_Handler,
+		},
+		{
+			MethodName: "GetDesiredState",
+			Handler:    _Host_GetDesiredState_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -135,7 +135,7 @@ func (x Instance_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Instance_Status.Descriptor instead.
 func (Instance_Status) EnumDescriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22, 0}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23, 0}
 }
 
 type WatchRequest struct {
@@ -308,7 +308,11 @@ type ResourceChange struct {
 	// Soft delete: the object must not exist in the cluster.
 	Deleted bool `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	// The kind's payload, e.g. krane.cluster.v1.Deployment. Empty when deleted.
-	Spec          *anypb.Any `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec *anypb.Any `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	// W3C trace context (a traceparent header value) of the operation that
+	// made this change, e.g. the deploy in progress; empty when untraced. The
+	// agent's apply of the change is a child span of it.
+	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +380,13 @@ func (x *ResourceChange) GetSpec() *anypb.Any {
 		return x.Spec
 	}
 	return nil
+}
+
+func (x *ResourceChange) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // BootstrapComplete ends a snapshot: every live object with version <=
@@ -961,7 +972,15 @@ type HeartbeatRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	AgentVersion string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// Committed cursor per kind.
-	Cursors       map[string]uint64 `protobuf:"bytes,2,rep,name=cursors,proto3" json:"cursors,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Cursors map[string]uint64 `protobuf:"bytes,2,rep,name=cursors,proto3" json:"cursors,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Every controller enabled in the host's krane.hcl, by name.
+	Controllers []*ControllerStatus `protobuf:"bytes,3,rep,name=controllers,proto3" json:"controllers,omitempty"`
+	// Objects of each kind the host holds parked (failed permanently,
+	// retried rarely), by kind; a kind with none may be left out.
+	Parked map[string]int32 `protobuf:"bytes,4,rep,name=parked,proto3" json:"parked,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Set by hosts that fill controllers and parked. Older hosts leave it
+	// false, and ctrl then says "not reported" instead of "none".
+	HostReport    bool `protobuf:"varint,5,opt,name=host_report,json=hostReport,proto3" json:"host_report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1010,6 +1029,109 @@ func (x *HeartbeatRequest) GetCursors() map[string]uint64 {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetControllers() []*ControllerStatus {
+	if x != nil {
+		return x.Controllers
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetParked() map[string]int32 {
+	if x != nil {
+		return x.Parked
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetHostReport() bool {
+	if x != nil {
+		return x.HostReport
+	}
+	return false
+}
+
+// ControllerStatus is one controller of a host, as its heartbeat says.
+type ControllerStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The controller's name in krane.hcl.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The version its plugin described (empty before its first start).
+	PluginVersion string `protobuf:"bytes,2,opt,name=plugin_version,json=pluginVersion,proto3" json:"plugin_version,omitempty"`
+	// The kinds its plugin reconciles (empty before its first start).
+	Kinds []string `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	// Whether its plugin process runs and is configured now.
+	Running bool `protobuf:"varint,4,opt,name=running,proto3" json:"running,omitempty"`
+	// Why it last failed to start or stopped, while it is not running.
+	LastError     string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControllerStatus) Reset() {
+	*x = ControllerStatus{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControllerStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControllerStatus) ProtoMessage() {}
+
+func (x *ControllerStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControllerStatus.ProtoReflect.Descriptor instead.
+func (*ControllerStatus) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ControllerStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ControllerStatus) GetPluginVersion() string {
+	if x != nil {
+		return x.PluginVersion
+	}
+	return ""
+}
+
+func (x *ControllerStatus) GetKinds() []string {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *ControllerStatus) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+func (x *ControllerStatus) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 type HeartbeatResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	HeadVersion   uint64                 `protobuf:"varint,1,opt,name=head_version,json=headVersion,proto3" json:"head_version,omitempty"`
@@ -1019,7 +1141,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1153,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[14]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1166,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HeartbeatResponse) GetHeadVersion() uint64 {
@@ -1065,7 +1187,7 @@ type DecryptEnvRequest struct {
 
 func (x *DecryptEnvRequest) Reset() {
 	*x = DecryptEnvRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1199,7 @@ func (x *DecryptEnvRequest) String() string {
 func (*DecryptEnvRequest) ProtoMessage() {}
 
 func (x *DecryptEnvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[15]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1212,7 @@ func (x *DecryptEnvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecryptEnvRequest.ProtoReflect.Descriptor instead.
 func (*DecryptEnvRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DecryptEnvRequest) GetDeploymentId() string {
@@ -1117,7 +1239,7 @@ type DecryptEnvResponse struct {
 
 func (x *DecryptEnvResponse) Reset() {
 	*x = DecryptEnvResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1251,7 @@ func (x *DecryptEnvResponse) String() string {
 func (*DecryptEnvResponse) ProtoMessage() {}
 
 func (x *DecryptEnvResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[16]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1264,7 @@ func (x *DecryptEnvResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecryptEnvResponse.ProtoReflect.Descriptor instead.
 func (*DecryptEnvResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{16}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DecryptEnvResponse) GetEnv() map[string]string {
@@ -1181,7 +1303,7 @@ type Deployment struct {
 
 func (x *Deployment) Reset() {
 	*x = Deployment{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1315,7 @@ func (x *Deployment) String() string {
 func (*Deployment) ProtoMessage() {}
 
 func (x *Deployment) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[17]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1328,7 @@ func (x *Deployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
 func (*Deployment) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{17}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Deployment) GetId() string {
@@ -1344,7 +1466,7 @@ type Healthcheck struct {
 
 func (x *Healthcheck) Reset() {
 	*x = Healthcheck{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1478,7 @@ func (x *Healthcheck) String() string {
 func (*Healthcheck) ProtoMessage() {}
 
 func (x *Healthcheck) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[18]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1491,7 @@ func (x *Healthcheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Healthcheck.ProtoReflect.Descriptor instead.
 func (*Healthcheck) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{18}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Healthcheck) GetMethod() string {
@@ -1441,7 +1563,7 @@ type Sentinel struct {
 
 func (x *Sentinel) Reset() {
 	*x = Sentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1575,7 @@ func (x *Sentinel) String() string {
 func (*Sentinel) ProtoMessage() {}
 
 func (x *Sentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1588,7 @@ func (x *Sentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sentinel.ProtoReflect.Descriptor instead.
 func (*Sentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Sentinel) GetId() string {
@@ -1554,7 +1676,7 @@ type CiliumNetworkPolicy struct {
 
 func (x *CiliumNetworkPolicy) Reset() {
 	*x = CiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1688,7 @@ func (x *CiliumNetworkPolicy) String() string {
 func (*CiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1701,7 @@ func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CiliumNetworkPolicy) GetId() string {
@@ -1629,7 +1751,7 @@ type DeploymentStatus struct {
 
 func (x *DeploymentStatus) Reset() {
 	*x = DeploymentStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1763,7 @@ func (x *DeploymentStatus) String() string {
 func (*DeploymentStatus) ProtoMessage() {}
 
 func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1776,7 @@ func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentStatus.ProtoReflect.Descriptor instead.
 func (*DeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeploymentStatus) GetDeploymentId() string {
@@ -1724,14 +1846,18 @@ type Instance struct {
 	// At most 4 KiB.
 	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
 	// At most 64 bytes.
-	Zone          string `protobuf:"bytes,8,opt,name=zone,proto3" json:"zone,omitempty"`
+	Zone string `protobuf:"bytes,8,opt,name=zone,proto3" json:"zone,omitempty"`
+	// When the instance was created (the pod's creation time). ctrl measures
+	// an instance's startup (created -> first reported running) from it;
+	// unset, the instance is not measured.
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1869,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1882,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Instance) GetK8SName() string {
@@ -1815,6 +1941,13 @@ func (x *Instance) GetZone() string {
 	return ""
 }
 
+func (x *Instance) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
 // Counts and observed_generation are never negative; health is one of the
 // Health values; k8s_name at most 253 bytes.
 type SentinelStatus struct {
@@ -1839,7 +1972,7 @@ type SentinelStatus struct {
 
 func (x *SentinelStatus) Reset() {
 	*x = SentinelStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +1984,7 @@ func (x *SentinelStatus) String() string {
 func (*SentinelStatus) ProtoMessage() {}
 
 func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +1997,7 @@ func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelStatus.ProtoReflect.Descriptor instead.
 func (*SentinelStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SentinelStatus) GetSentinelId() string {
@@ -1957,7 +2090,7 @@ type CiliumNetworkPolicyStatus struct {
 
 func (x *CiliumNetworkPolicyStatus) Reset() {
 	*x = CiliumNetworkPolicyStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2102,7 @@ func (x *CiliumNetworkPolicyStatus) String() string {
 func (*CiliumNetworkPolicyStatus) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2115,7 @@ func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyStatus.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CiliumNetworkPolicyStatus) GetId() string {
@@ -2023,7 +2156,7 @@ type WatchDeploymentsRequest struct {
 
 func (x *WatchDeploymentsRequest) Reset() {
 	*x = WatchDeploymentsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2035,7 +2168,7 @@ func (x *WatchDeploymentsRequest) String() string {
 func (*WatchDeploymentsRequest) ProtoMessage() {}
 
 func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2048,7 +2181,7 @@ func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchDeploymentsRequest) GetRegion() string {
@@ -2075,7 +2208,7 @@ type WatchSentinelsRequest struct {
 
 func (x *WatchSentinelsRequest) Reset() {
 	*x = WatchSentinelsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2220,7 @@ func (x *WatchSentinelsRequest) String() string {
 func (*WatchSentinelsRequest) ProtoMessage() {}
 
 func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2233,7 @@ func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchSentinelsRequest) GetRegion() string {
@@ -2127,7 +2260,7 @@ type WatchCiliumNetworkPoliciesRequest struct {
 
 func (x *WatchCiliumNetworkPoliciesRequest) Reset() {
 	*x = WatchCiliumNetworkPoliciesRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2272,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) String() string {
 func (*WatchCiliumNetworkPoliciesRequest) ProtoMessage() {}
 
 func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2285,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use WatchCiliumNetworkPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*WatchCiliumNetworkPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchCiliumNetworkPoliciesRequest) GetRegion() string {
@@ -2183,7 +2316,7 @@ type DeploymentState struct {
 
 func (x *DeploymentState) Reset() {
 	*x = DeploymentState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2328,7 @@ func (x *DeploymentState) String() string {
 func (*DeploymentState) ProtoMessage() {}
 
 func (x *DeploymentState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2341,7 @@ func (x *DeploymentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentState.ProtoReflect.Descriptor instead.
 func (*DeploymentState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeploymentState) GetVersion() uint64 {
@@ -2270,7 +2403,7 @@ type DeleteDeployment struct {
 
 func (x *DeleteDeployment) Reset() {
 	*x = DeleteDeployment{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2415,7 @@ func (x *DeleteDeployment) String() string {
 func (*DeleteDeployment) ProtoMessage() {}
 
 func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2428,7 @@ func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeployment.ProtoReflect.Descriptor instead.
 func (*DeleteDeployment) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteDeployment) GetId() string {
@@ -2333,7 +2466,7 @@ type SentinelState struct {
 
 func (x *SentinelState) Reset() {
 	*x = SentinelState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2345,7 +2478,7 @@ func (x *SentinelState) String() string {
 func (*SentinelState) ProtoMessage() {}
 
 func (x *SentinelState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2358,7 +2491,7 @@ func (x *SentinelState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelState.ProtoReflect.Descriptor instead.
 func (*SentinelState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SentinelState) GetVersion() uint64 {
@@ -2419,7 +2552,7 @@ type DeleteSentinel struct {
 
 func (x *DeleteSentinel) Reset() {
 	*x = DeleteSentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2564,7 @@ func (x *DeleteSentinel) String() string {
 func (*DeleteSentinel) ProtoMessage() {}
 
 func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2577,7 @@ func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSentinel.ProtoReflect.Descriptor instead.
 func (*DeleteSentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteSentinel) GetId() string {
@@ -2475,7 +2608,7 @@ type CiliumNetworkPolicyState struct {
 
 func (x *CiliumNetworkPolicyState) Reset() {
 	*x = CiliumNetworkPolicyState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2620,7 @@ func (x *CiliumNetworkPolicyState) String() string {
 func (*CiliumNetworkPolicyState) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2633,7 @@ func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyState.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CiliumNetworkPolicyState) GetVersion() uint64 {
@@ -2562,7 +2695,7 @@ type DeleteCiliumNetworkPolicy struct {
 
 func (x *DeleteCiliumNetworkPolicy) Reset() {
 	*x = DeleteCiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2707,7 @@ func (x *DeleteCiliumNetworkPolicy) String() string {
 func (*DeleteCiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2720,7 @@ func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*DeleteCiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteCiliumNetworkPolicy) GetId() string {
@@ -2620,7 +2753,7 @@ type GetDesiredDeploymentStateRequest struct {
 
 func (x *GetDesiredDeploymentStateRequest) Reset() {
 	*x = GetDesiredDeploymentStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2632,7 +2765,7 @@ func (x *GetDesiredDeploymentStateRequest) String() string {
 func (*GetDesiredDeploymentStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2645,7 +2778,7 @@ func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredDeploymentStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredDeploymentStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetDesiredDeploymentStateRequest) GetDeploymentId() string {
@@ -2664,7 +2797,7 @@ type GetDesiredSentinelStateRequest struct {
 
 func (x *GetDesiredSentinelStateRequest) Reset() {
 	*x = GetDesiredSentinelStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2676,7 +2809,7 @@ func (x *GetDesiredSentinelStateRequest) String() string {
 func (*GetDesiredSentinelStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2689,7 +2822,7 @@ func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredSentinelStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredSentinelStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetDesiredSentinelStateRequest) GetSentinelId() string {
@@ -2710,7 +2843,7 @@ type ReportDeploymentStatusRequest struct {
 
 func (x *ReportDeploymentStatusRequest) Reset() {
 	*x = ReportDeploymentStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2855,7 @@ func (x *ReportDeploymentStatusRequest) String() string {
 func (*ReportDeploymentStatusRequest) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2868,7 @@ func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReportDeploymentStatusRequest) GetStatus() *DeploymentStatus {
@@ -2768,7 +2901,7 @@ type ReportDeploymentStatusResponse struct {
 
 func (x *ReportDeploymentStatusResponse) Reset() {
 	*x = ReportDeploymentStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2913,7 @@ func (x *ReportDeploymentStatusResponse) String() string {
 func (*ReportDeploymentStatusResponse) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +2926,7 @@ func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReportDeploymentStatusResponse) GetAccepted() bool {
@@ -2814,7 +2947,7 @@ type ReportSentinelStatusRequest struct {
 
 func (x *ReportSentinelStatusRequest) Reset() {
 	*x = ReportSentinelStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +2959,7 @@ func (x *ReportSentinelStatusRequest) String() string {
 func (*ReportSentinelStatusRequest) ProtoMessage() {}
 
 func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +2972,7 @@ func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReportSentinelStatusRequest) GetStatus() *SentinelStatus {
@@ -2872,7 +3005,7 @@ type ReportSentinelStatusResponse struct {
 
 func (x *ReportSentinelStatusResponse) Reset() {
 	*x = ReportSentinelStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2884,7 +3017,7 @@ func (x *ReportSentinelStatusResponse) String() string {
 func (*ReportSentinelStatusResponse) ProtoMessage() {}
 
 func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2897,7 +3030,7 @@ func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReportSentinelStatusResponse) GetAccepted() bool {
@@ -2922,13 +3055,14 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x12bootstrap_complete\x18\x02 \x01(\v2#.krane.cluster.v1.BootstrapCompleteH\x00R\x11bootstrapComplete\x12<\n" +
 	"\n" +
 	"keep_alive\x18\x03 \x01(\v2\x1b.krane.cluster.v1.KeepAliveH\x00R\tkeepAliveB\a\n" +
-	"\x05event\"\x92\x01\n" +
+	"\x05event\"\xb4\x01\n" +
 	"\x0eResourceChange\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x18\n" +
 	"\adeleted\x18\x04 \x01(\bR\adeleted\x12(\n" +
-	"\x04spec\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\x04spec\"4\n" +
+	"\x04spec\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\x04spec\x12 \n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"4\n" +
 	"\x11BootstrapComplete\x12\x1f\n" +
 	"\vmax_version\x18\x01 \x01(\x04R\n" +
 	"maxVersion\"k\n" +
@@ -2966,13 +3100,27 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x12ReportStatusResult\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xbe\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xa8\x03\n" +
 	"\x10HeartbeatRequest\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12I\n" +
-	"\acursors\x18\x02 \x03(\v2/.krane.cluster.v1.HeartbeatRequest.CursorsEntryR\acursors\x1a:\n" +
+	"\acursors\x18\x02 \x03(\v2/.krane.cluster.v1.HeartbeatRequest.CursorsEntryR\acursors\x12D\n" +
+	"\vcontrollers\x18\x03 \x03(\v2\".krane.cluster.v1.ControllerStatusR\vcontrollers\x12F\n" +
+	"\x06parked\x18\x04 \x03(\v2..krane.cluster.v1.HeartbeatRequest.ParkedEntryR\x06parked\x12\x1f\n" +
+	"\vhost_report\x18\x05 \x01(\bR\n" +
+	"hostReport\x1a:\n" +
 	"\fCursorsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"6\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1a9\n" +
+	"\vParkedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\x9c\x01\n" +
+	"\x10ControllerStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\x12\x14\n" +
+	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x18\n" +
+	"\arunning\x18\x04 \x01(\bR\arunning\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\"6\n" +
 	"\x11HeartbeatResponse\x12!\n" +
 	"\fhead_version\x18\x01 \x01(\x04R\vheadVersion\"]\n" +
 	"\x11DecryptEnvRequest\x12#\n" +
@@ -3042,7 +3190,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0eready_replicas\x18\x04 \x01(\x05R\rreadyReplicas\x12-\n" +
 	"\x12available_replicas\x18\x05 \x01(\x05R\x11availableReplicas\x128\n" +
 	"\tinstances\x18\x06 \x03(\v2\x1a.krane.cluster.v1.InstanceR\tinstances\x12\x18\n" +
-	"\adeleted\x18\a \x01(\bR\adeleted\"\xe3\x02\n" +
+	"\adeleted\x18\a \x01(\bR\adeleted\"\x9e\x03\n" +
 	"\bInstance\x12\x19\n" +
 	"\bk8s_name\x18\x01 \x01(\tR\ak8sName\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12%\n" +
@@ -3052,7 +3200,9 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x06status\x18\x05 \x01(\x0e2!.krane.cluster.v1.Instance.StatusR\x06status\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x12\n" +
-	"\x04zone\x18\b \x01(\tR\x04zone\"[\n" +
+	"\x04zone\x18\b \x01(\tR\x04zone\x129\n" +
+	"\n" +
+	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"[\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATUS_PENDING\x10\x01\x12\x12\n" +
@@ -3166,7 +3316,7 @@ func file_krane_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_cluster_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(Health)(0),                               // 0: krane.cluster.v1.Health
 	(Instance_Status)(0),                      // 1: krane.cluster.v1.Instance.Status
@@ -3184,99 +3334,104 @@ var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(*ReportStatusesResponse)(nil),            // 13: krane.cluster.v1.ReportStatusesResponse
 	(*ReportStatusResult)(nil),                // 14: krane.cluster.v1.ReportStatusResult
 	(*HeartbeatRequest)(nil),                  // 15: krane.cluster.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 16: krane.cluster.v1.HeartbeatResponse
-	(*DecryptEnvRequest)(nil),                 // 17: krane.cluster.v1.DecryptEnvRequest
-	(*DecryptEnvResponse)(nil),                // 18: krane.cluster.v1.DecryptEnvResponse
-	(*Deployment)(nil),                        // 19: krane.cluster.v1.Deployment
-	(*Healthcheck)(nil),                       // 20: krane.cluster.v1.Healthcheck
-	(*Sentinel)(nil),                          // 21: krane.cluster.v1.Sentinel
-	(*CiliumNetworkPolicy)(nil),               // 22: krane.cluster.v1.CiliumNetworkPolicy
-	(*DeploymentStatus)(nil),                  // 23: krane.cluster.v1.DeploymentStatus
-	(*Instance)(nil),                          // 24: krane.cluster.v1.Instance
-	(*SentinelStatus)(nil),                    // 25: krane.cluster.v1.SentinelStatus
-	(*CiliumNetworkPolicyStatus)(nil),         // 26: krane.cluster.v1.CiliumNetworkPolicyStatus
-	(*WatchDeploymentsRequest)(nil),           // 27: krane.cluster.v1.WatchDeploymentsRequest
-	(*WatchSentinelsRequest)(nil),             // 28: krane.cluster.v1.WatchSentinelsRequest
-	(*WatchCiliumNetworkPoliciesRequest)(nil), // 29: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	(*DeploymentState)(nil),                   // 30: krane.cluster.v1.DeploymentState
-	(*DeleteDeployment)(nil),                  // 31: krane.cluster.v1.DeleteDeployment
-	(*SentinelState)(nil),                     // 32: krane.cluster.v1.SentinelState
-	(*DeleteSentinel)(nil),                    // 33: krane.cluster.v1.DeleteSentinel
-	(*CiliumNetworkPolicyState)(nil),          // 34: krane.cluster.v1.CiliumNetworkPolicyState
-	(*DeleteCiliumNetworkPolicy)(nil),         // 35: krane.cluster.v1.DeleteCiliumNetworkPolicy
-	(*GetDesiredDeploymentStateRequest)(nil),  // 36: krane.cluster.v1.GetDesiredDeploymentStateRequest
-	(*GetDesiredSentinelStateRequest)(nil),    // 37: krane.cluster.v1.GetDesiredSentinelStateRequest
-	(*ReportDeploymentStatusRequest)(nil),     // 38: krane.cluster.v1.ReportDeploymentStatusRequest
-	(*ReportDeploymentStatusResponse)(nil),    // 39: krane.cluster.v1.ReportDeploymentStatusResponse
-	(*ReportSentinelStatusRequest)(nil),       // 40: krane.cluster.v1.ReportSentinelStatusRequest
-	(*ReportSentinelStatusResponse)(nil),      // 41: krane.cluster.v1.ReportSentinelStatusResponse
-	nil,                                       // 42: krane.cluster.v1.HeartbeatRequest.CursorsEntry
-	nil,                                       // 43: krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	nil,                                       // 44: krane.cluster.v1.Deployment.EnvVarsEntry
-	(*anypb.Any)(nil),                         // 45: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 46: google.protobuf.Timestamp
+	(*ControllerStatus)(nil),                  // 16: krane.cluster.v1.ControllerStatus
+	(*HeartbeatResponse)(nil),                 // 17: krane.cluster.v1.HeartbeatResponse
+	(*DecryptEnvRequest)(nil),                 // 18: krane.cluster.v1.DecryptEnvRequest
+	(*DecryptEnvResponse)(nil),                // 19: krane.cluster.v1.DecryptEnvResponse
+	(*Deployment)(nil),                        // 20: krane.cluster.v1.Deployment
+	(*Healthcheck)(nil),                       // 21: krane.cluster.v1.Healthcheck
+	(*Sentinel)(nil),                          // 22: krane.cluster.v1.Sentinel
+	(*CiliumNetworkPolicy)(nil),               // 23: krane.cluster.v1.CiliumNetworkPolicy
+	(*DeploymentStatus)(nil),                  // 24: krane.cluster.v1.DeploymentStatus
+	(*Instance)(nil),                          // 25: krane.cluster.v1.Instance
+	(*SentinelStatus)(nil),                    // 26: krane.cluster.v1.SentinelStatus
+	(*CiliumNetworkPolicyStatus)(nil),         // 27: krane.cluster.v1.CiliumNetworkPolicyStatus
+	(*WatchDeploymentsRequest)(nil),           // 28: krane.cluster.v1.WatchDeploymentsRequest
+	(*WatchSentinelsRequest)(nil),             // 29: krane.cluster.v1.WatchSentinelsRequest
+	(*WatchCiliumNetworkPoliciesRequest)(nil), // 30: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	(*DeploymentState)(nil),                   // 31: krane.cluster.v1.DeploymentState
+	(*DeleteDeployment)(nil),                  // 32: krane.cluster.v1.DeleteDeployment
+	(*SentinelState)(nil),                     // 33: krane.cluster.v1.SentinelState
+	(*DeleteSentinel)(nil),                    // 34: krane.cluster.v1.DeleteSentinel
+	(*CiliumNetworkPolicyState)(nil),          // 35: krane.cluster.v1.CiliumNetworkPolicyState
+	(*DeleteCiliumNetworkPolicy)(nil),         // 36: krane.cluster.v1.DeleteCiliumNetworkPolicy
+	(*GetDesiredDeploymentStateRequest)(nil),  // 37: krane.cluster.v1.GetDesiredDeploymentStateRequest
+	(*GetDesiredSentinelStateRequest)(nil),    // 38: krane.cluster.v1.GetDesiredSentinelStateRequest
+	(*ReportDeploymentStatusRequest)(nil),     // 39: krane.cluster.v1.ReportDeploymentStatusRequest
+	(*ReportDeploymentStatusResponse)(nil),    // 40: krane.cluster.v1.ReportDeploymentStatusResponse
+	(*ReportSentinelStatusRequest)(nil),       // 41: krane.cluster.v1.ReportSentinelStatusRequest
+	(*ReportSentinelStatusResponse)(nil),      // 42: krane.cluster.v1.ReportSentinelStatusResponse
+	nil,                                       // 43: krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	nil,                                       // 44: krane.cluster.v1.HeartbeatRequest.ParkedEntry
+	nil,                                       // 45: krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	nil,                                       // 46: krane.cluster.v1.Deployment.EnvVarsEntry
+	(*anypb.Any)(nil),                         // 47: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 48: google.protobuf.Timestamp
 }
 var file_krane_cluster_v1_cluster_proto_depIdxs = []int32{
 	4,  // 0: krane.cluster.v1.WatchEvent.change:type_name -> krane.cluster.v1.ResourceChange
 	5,  // 1: krane.cluster.v1.WatchEvent.bootstrap_complete:type_name -> krane.cluster.v1.BootstrapComplete
 	6,  // 2: krane.cluster.v1.WatchEvent.keep_alive:type_name -> krane.cluster.v1.KeepAlive
-	45, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
-	46, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
-	46, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	45, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
+	47, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
+	48, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
+	48, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	47, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
 	10, // 7: krane.cluster.v1.ReportStatusRequest.apply_error:type_name -> krane.cluster.v1.ApplyError
 	9,  // 8: krane.cluster.v1.ReportStatusesRequest.reports:type_name -> krane.cluster.v1.ReportStatusRequest
 	14, // 9: krane.cluster.v1.ReportStatusesResponse.results:type_name -> krane.cluster.v1.ReportStatusResult
-	42, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
-	43, // 11: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	44, // 12: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
-	20, // 13: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	24, // 14: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
-	1,  // 15: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
-	0,  // 16: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
-	19, // 17: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
-	31, // 18: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
-	21, // 19: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
-	33, // 20: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
-	22, // 21: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
-	35, // 22: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
-	23, // 23: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
-	46, // 24: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	25, // 25: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
-	46, // 26: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	2,  // 27: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
-	7,  // 28: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
-	8,  // 29: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
-	9,  // 30: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
-	12, // 31: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
-	15, // 32: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
-	17, // 33: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
-	27, // 34: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
-	28, // 35: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
-	29, // 36: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	36, // 37: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
-	37, // 38: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
-	38, // 39: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
-	40, // 40: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
-	3,  // 41: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
-	3,  // 42: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
-	4,  // 43: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
-	11, // 44: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
-	13, // 45: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
-	16, // 46: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
-	18, // 47: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
-	30, // 48: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
-	32, // 49: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
-	34, // 50: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
-	30, // 51: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
-	32, // 52: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
-	39, // 53: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
-	41, // 54: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
-	41, // [41:55] is the sub-list for method output_type
-	27, // [27:41] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	43, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	16, // 11: krane.cluster.v1.HeartbeatRequest.controllers:type_name -> krane.cluster.v1.ControllerStatus
+	44, // 12: krane.cluster.v1.HeartbeatRequest.parked:type_name -> krane.cluster.v1.HeartbeatRequest.ParkedEntry
+	45, // 13: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	46, // 14: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
+	21, // 15: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	25, // 16: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
+	1,  // 17: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
+	48, // 18: krane.cluster.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 19: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
+	20, // 20: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
+	32, // 21: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
+	22, // 22: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
+	34, // 23: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
+	23, // 24: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
+	36, // 25: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
+	24, // 26: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
+	48, // 27: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	26, // 28: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
+	48, // 29: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	2,  // 30: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
+	7,  // 31: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
+	8,  // 32: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
+	9,  // 33: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
+	12, // 34: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
+	15, // 35: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
+	18, // 36: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
+	28, // 37: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
+	29, // 38: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
+	30, // 39: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	37, // 40: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
+	38, // 41: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
+	39, // 42: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
+	41, // 43: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
+	3,  // 44: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
+	3,  // 45: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
+	4,  // 46: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
+	11, // 47: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
+	13, // 48: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
+	17, // 49: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
+	19, // 50: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
+	31, // 51: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
+	33, // 52: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
+	35, // 53: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
+	31, // 54: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
+	33, // 55: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
+	40, // 56: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
+	42, // 57: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
+	44, // [44:58] is the sub-list for method output_type
+	30, // [30:44] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_krane_cluster_v1_cluster_proto_init() }
@@ -3289,15 +3444,15 @@ func file_krane_cluster_v1_cluster_proto_init() {
 		(*WatchEvent_BootstrapComplete)(nil),
 		(*WatchEvent_KeepAlive)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[28].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[29].OneofWrappers = []any{
 		(*DeploymentState_Apply)(nil),
 		(*DeploymentState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[30].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[31].OneofWrappers = []any{
 		(*SentinelState_Apply)(nil),
 		(*SentinelState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[32].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[33].OneofWrappers = []any{
 		(*CiliumNetworkPolicyState_Apply)(nil),
 		(*CiliumNetworkPolicyState_Delete)(nil),
 	}
@@ -3307,7 +3462,7 @@ func file_krane_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_cluster_v1_cluster_proto_rawDesc), len(file_krane_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   43,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

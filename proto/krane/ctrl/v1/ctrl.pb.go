@@ -1255,6 +1255,103 @@ func (x *ScaleDeploymentResponse) GetReplicas() int32 {
 	return 0
 }
 
+type StopSentinelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SentinelId    string                 `protobuf:"bytes,1,opt,name=sentinel_id,json=sentinelId,proto3" json:"sentinel_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopSentinelRequest) Reset() {
+	*x = StopSentinelRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopSentinelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopSentinelRequest) ProtoMessage() {}
+
+func (x *StopSentinelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopSentinelRequest.ProtoReflect.Descriptor instead.
+func (*StopSentinelRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *StopSentinelRequest) GetSentinelId() string {
+	if x != nil {
+		return x.SentinelId
+	}
+	return ""
+}
+
+type StopSentinelResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sentinel *SentinelInfo          `protobuf:"bytes,1,opt,name=sentinel,proto3" json:"sentinel,omitempty"`
+	// False when the sentinel was stopped already.
+	Stopped       bool `protobuf:"varint,2,opt,name=stopped,proto3" json:"stopped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopSentinelResponse) Reset() {
+	*x = StopSentinelResponse{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopSentinelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopSentinelResponse) ProtoMessage() {}
+
+func (x *StopSentinelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopSentinelResponse.ProtoReflect.Descriptor instead.
+func (*StopSentinelResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *StopSentinelResponse) GetSentinel() *SentinelInfo {
+	if x != nil {
+		return x.Sentinel
+	}
+	return nil
+}
+
+func (x *StopSentinelResponse) GetStopped() bool {
+	if x != nil {
+		return x.Stopped
+	}
+	return false
+}
+
 type DeploySentinelRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	SentinelId string                 `protobuf:"bytes,1,opt,name=sentinel_id,json=sentinelId,proto3" json:"sentinel_id,omitempty"`
@@ -1273,7 +1370,7 @@ type DeploySentinelRequest struct {
 
 func (x *DeploySentinelRequest) Reset() {
 	*x = DeploySentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1382,7 @@ func (x *DeploySentinelRequest) String() string {
 func (*DeploySentinelRequest) ProtoMessage() {}
 
 func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1395,7 @@ func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelRequest.ProtoReflect.Descriptor instead.
 func (*DeploySentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeploySentinelRequest) GetSentinelId() string {
@@ -1365,7 +1462,7 @@ type DeploySentinelResponse struct {
 
 func (x *DeploySentinelResponse) Reset() {
 	*x = DeploySentinelResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1474,7 @@ func (x *DeploySentinelResponse) String() string {
 func (*DeploySentinelResponse) ProtoMessage() {}
 
 func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1487,7 @@ func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelResponse.ProtoReflect.Descriptor instead.
 func (*DeploySentinelResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeploySentinelResponse) GetSentinel() *SentinelInfo {
@@ -1430,7 +1527,7 @@ type GetSentinelRequest struct {
 
 func (x *GetSentinelRequest) Reset() {
 	*x = GetSentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1539,7 @@ func (x *GetSentinelRequest) String() string {
 func (*GetSentinelRequest) ProtoMessage() {}
 
 func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1552,7 @@ func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSentinelRequest.ProtoReflect.Descriptor instead.
 func (*GetSentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSentinelRequest) GetSentinelId() string {
@@ -1501,7 +1598,7 @@ type SentinelInfo struct {
 
 func (x *SentinelInfo) Reset() {
 	*x = SentinelInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1610,7 @@ func (x *SentinelInfo) String() string {
 func (*SentinelInfo) ProtoMessage() {}
 
 func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1623,7 @@ func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelInfo.ProtoReflect.Descriptor instead.
 func (*SentinelInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SentinelInfo) GetId() string {
@@ -1709,7 +1806,7 @@ type ListSentinelsRequest struct {
 
 func (x *ListSentinelsRequest) Reset() {
 	*x = ListSentinelsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1818,7 @@ func (x *ListSentinelsRequest) String() string {
 func (*ListSentinelsRequest) ProtoMessage() {}
 
 func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1831,7 @@ func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*ListSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListSentinelsRequest) GetRegion() string {
@@ -1775,7 +1872,7 @@ type ListSentinelsResponse struct {
 
 func (x *ListSentinelsResponse) Reset() {
 	*x = ListSentinelsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1884,7 @@ func (x *ListSentinelsResponse) String() string {
 func (*ListSentinelsResponse) ProtoMessage() {}
 
 func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +1897,7 @@ func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsResponse.ProtoReflect.Descriptor instead.
 func (*ListSentinelsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSentinelsResponse) GetSentinels() []*SentinelInfo {
@@ -1834,7 +1931,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1943,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +1956,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StartRolloutRequest) GetImage() string {
@@ -1905,7 +2002,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2014,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2027,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
 }
 
 type ResumeRolloutRequest struct {
@@ -1943,7 +2040,7 @@ type ResumeRolloutRequest struct {
 
 func (x *ResumeRolloutRequest) Reset() {
 	*x = ResumeRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2052,7 @@ func (x *ResumeRolloutRequest) String() string {
 func (*ResumeRolloutRequest) ProtoMessage() {}
 
 func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2065,7 @@ func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeRolloutRequest) GetRetryFailed() bool {
@@ -1986,7 +2083,7 @@ type CancelRolloutRequest struct {
 
 func (x *CancelRolloutRequest) Reset() {
 	*x = CancelRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2095,7 @@ func (x *CancelRolloutRequest) String() string {
 func (*CancelRolloutRequest) ProtoMessage() {}
 
 func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2108,7 @@ func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
 }
 
 type RollbackAllRequest struct {
@@ -2022,7 +2119,7 @@ type RollbackAllRequest struct {
 
 func (x *RollbackAllRequest) Reset() {
 	*x = RollbackAllRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2131,7 @@ func (x *RollbackAllRequest) String() string {
 func (*RollbackAllRequest) ProtoMessage() {}
 
 func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2144,7 @@ func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllRequest.ProtoReflect.Descriptor instead.
 func (*RollbackAllRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
 }
 
 type RollbackAllResponse struct {
@@ -2061,7 +2158,7 @@ type RollbackAllResponse struct {
 
 func (x *RollbackAllResponse) Reset() {
 	*x = RollbackAllResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2170,7 @@ func (x *RollbackAllResponse) String() string {
 func (*RollbackAllResponse) ProtoMessage() {}
 
 func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2183,7 @@ func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllResponse.ProtoReflect.Descriptor instead.
 func (*RollbackAllResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RollbackAllResponse) GetReverted() int32 {
@@ -2138,7 +2235,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2247,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2260,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RolloutStatus) GetState() string {
@@ -2293,7 +2390,7 @@ type Wave struct {
 
 func (x *Wave) Reset() {
 	*x = Wave{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2402,7 @@ func (x *Wave) String() string {
 func (*Wave) ProtoMessage() {}
 
 func (x *Wave) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2415,7 @@ func (x *Wave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Wave.ProtoReflect.Descriptor instead.
 func (*Wave) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Wave) GetIndex() int32 {
@@ -2376,7 +2473,7 @@ type RegisterKindRequest struct {
 
 func (x *RegisterKindRequest) Reset() {
 	*x = RegisterKindRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2485,7 @@ func (x *RegisterKindRequest) String() string {
 func (*RegisterKindRequest) ProtoMessage() {}
 
 func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2498,7 @@ func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterKindRequest.ProtoReflect.Descriptor instead.
 func (*RegisterKindRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RegisterKindRequest) GetKind() string {
@@ -2434,7 +2531,7 @@ type GetKindRequest struct {
 
 func (x *GetKindRequest) Reset() {
 	*x = GetKindRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2446,7 +2543,7 @@ func (x *GetKindRequest) String() string {
 func (*GetKindRequest) ProtoMessage() {}
 
 func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2459,7 +2556,7 @@ func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKindRequest.ProtoReflect.Descriptor instead.
 func (*GetKindRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetKindRequest) GetKind() string {
@@ -2484,7 +2581,7 @@ type KindInfo struct {
 
 func (x *KindInfo) Reset() {
 	*x = KindInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2593,7 @@ func (x *KindInfo) String() string {
 func (*KindInfo) ProtoMessage() {}
 
 func (x *KindInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2606,7 @@ func (x *KindInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInfo.ProtoReflect.Descriptor instead.
 func (*KindInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *KindInfo) GetKind() string {
@@ -2562,7 +2659,7 @@ type ListKindsRequest struct {
 
 func (x *ListKindsRequest) Reset() {
 	*x = ListKindsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2671,7 @@ func (x *ListKindsRequest) String() string {
 func (*ListKindsRequest) ProtoMessage() {}
 
 func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2684,7 @@ func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKindsRequest.ProtoReflect.Descriptor instead.
 func (*ListKindsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
 }
 
 type ListKindsResponse struct {
@@ -2599,7 +2696,7 @@ type ListKindsResponse struct {
 
 func (x *ListKindsResponse) Reset() {
 	*x = ListKindsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2708,7 @@ func (x *ListKindsResponse) String() string {
 func (*ListKindsResponse) ProtoMessage() {}
 
 func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2721,7 @@ func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKindsResponse.ProtoReflect.Descriptor instead.
 func (*ListKindsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListKindsResponse) GetKinds() []*KindInfo {
@@ -2647,7 +2744,7 @@ type Resource struct {
 
 func (x *Resource) Reset() {
 	*x = Resource{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2756,7 @@ func (x *Resource) String() string {
 func (*Resource) ProtoMessage() {}
 
 func (x *Resource) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2769,7 @@ func (x *Resource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resource.ProtoReflect.Descriptor instead.
 func (*Resource) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Resource) GetKind() string {
@@ -2714,7 +2811,7 @@ type PutResourcesRequest struct {
 
 func (x *PutResourcesRequest) Reset() {
 	*x = PutResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +2823,7 @@ func (x *PutResourcesRequest) String() string {
 func (*PutResourcesRequest) ProtoMessage() {}
 
 func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +2836,7 @@ func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResourcesRequest.ProtoReflect.Descriptor instead.
 func (*PutResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutResourcesRequest) GetResources() []*Resource {
@@ -2765,7 +2862,7 @@ type PutResourcesResponse struct {
 
 func (x *PutResourcesResponse) Reset() {
 	*x = PutResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +2874,7 @@ func (x *PutResourcesResponse) String() string {
 func (*PutResourcesResponse) ProtoMessage() {}
 
 func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +2887,7 @@ func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResourcesResponse.ProtoReflect.Descriptor instead.
 func (*PutResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PutResourcesResponse) GetResults() []*PutResult {
@@ -2813,7 +2910,7 @@ type PutResult struct {
 
 func (x *PutResult) Reset() {
 	*x = PutResult{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2825,7 +2922,7 @@ func (x *PutResult) String() string {
 func (*PutResult) ProtoMessage() {}
 
 func (x *PutResult) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2838,7 +2935,7 @@ func (x *PutResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResult.ProtoReflect.Descriptor instead.
 func (*PutResult) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PutResult) GetKind() string {
@@ -2882,7 +2979,7 @@ type RegionChange struct {
 
 func (x *RegionChange) Reset() {
 	*x = RegionChange{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2894,7 +2991,7 @@ func (x *RegionChange) String() string {
 func (*RegionChange) ProtoMessage() {}
 
 func (x *RegionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2907,7 +3004,7 @@ func (x *RegionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionChange.ProtoReflect.Descriptor instead.
 func (*RegionChange) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RegionChange) GetRegion() string {
@@ -2943,7 +3040,7 @@ type DeleteResourceRequest struct {
 
 func (x *DeleteResourceRequest) Reset() {
 	*x = DeleteResourceRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3052,7 @@ func (x *DeleteResourceRequest) String() string {
 func (*DeleteResourceRequest) ProtoMessage() {}
 
 func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3065,7 @@ func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResourceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteResourceRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteResourceRequest) GetKind() string {
@@ -3001,7 +3098,7 @@ type DeleteResourceResponse struct {
 
 func (x *DeleteResourceResponse) Reset() {
 	*x = DeleteResourceResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3110,7 @@ func (x *DeleteResourceResponse) String() string {
 func (*DeleteResourceResponse) ProtoMessage() {}
 
 func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3123,7 @@ func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResourceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResourceResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteResourceResponse) GetRegions() []*RegionChange {
@@ -3046,7 +3143,7 @@ type GetResourceRequest struct {
 
 func (x *GetResourceRequest) Reset() {
 	*x = GetResourceRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3155,7 @@ func (x *GetResourceRequest) String() string {
 func (*GetResourceRequest) ProtoMessage() {}
 
 func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3168,7 @@ func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResourceRequest.ProtoReflect.Descriptor instead.
 func (*GetResourceRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetResourceRequest) GetKind() string {
@@ -3100,7 +3197,7 @@ type ResourceInfo struct {
 
 func (x *ResourceInfo) Reset() {
 	*x = ResourceInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3209,7 @@ func (x *ResourceInfo) String() string {
 func (*ResourceInfo) ProtoMessage() {}
 
 func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3222,7 @@ func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceInfo.ProtoReflect.Descriptor instead.
 func (*ResourceInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ResourceInfo) GetResource() *Resource {
@@ -3168,7 +3265,7 @@ type ResourceRegion struct {
 
 func (x *ResourceRegion) Reset() {
 	*x = ResourceRegion{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3180,7 +3277,7 @@ func (x *ResourceRegion) String() string {
 func (*ResourceRegion) ProtoMessage() {}
 
 func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3193,7 +3290,7 @@ func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceRegion.ProtoReflect.Descriptor instead.
 func (*ResourceRegion) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ResourceRegion) GetRegion() string {
@@ -3267,7 +3364,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3376,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3389,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ApplyError) GetClusterId() string {
@@ -3351,7 +3448,7 @@ type ListResourcesRequest struct {
 
 func (x *ListResourcesRequest) Reset() {
 	*x = ListResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3363,7 +3460,7 @@ func (x *ListResourcesRequest) String() string {
 func (*ListResourcesRequest) ProtoMessage() {}
 
 func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3376,7 +3473,7 @@ func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesRequest.ProtoReflect.Descriptor instead.
 func (*ListResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListResourcesRequest) GetKind() string {
@@ -3424,7 +3521,7 @@ type ListResourcesResponse struct {
 
 func (x *ListResourcesResponse) Reset() {
 	*x = ListResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3436,7 +3533,7 @@ func (x *ListResourcesResponse) String() string {
 func (*ListResourcesResponse) ProtoMessage() {}
 
 func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3449,7 +3546,7 @@ func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesResponse.ProtoReflect.Descriptor instead.
 func (*ListResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListResourcesResponse) GetResources() []*ResourceInfo {
@@ -3578,7 +3675,13 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\breplicas\x18\x02 \x01(\x05R\breplicas\"b\n" +
 	"\x17ScaleDeploymentResponse\x12+\n" +
 	"\x11previous_replicas\x18\x01 \x01(\x05R\x10previousReplicas\x12\x1a\n" +
-	"\breplicas\x18\x02 \x01(\x05R\breplicas\"\xed\x01\n" +
+	"\breplicas\x18\x02 \x01(\x05R\breplicas\"6\n" +
+	"\x13StopSentinelRequest\x12\x1f\n" +
+	"\vsentinel_id\x18\x01 \x01(\tR\n" +
+	"sentinelId\"i\n" +
+	"\x14StopSentinelResponse\x127\n" +
+	"\bsentinel\x18\x01 \x01(\v2\x1b.krane.ctrl.v1.SentinelInfoR\bsentinel\x12\x18\n" +
+	"\astopped\x18\x02 \x01(\bR\astopped\"\xed\x01\n" +
 	"\x15DeploySentinelRequest\x12\x1f\n" +
 	"\vsentinel_id\x18\x01 \x01(\tR\n" +
 	"sentinelId\x12\x14\n" +
@@ -3778,11 +3881,12 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\bRollback\x12\x1e.krane.ctrl.v1.RollbackRequest\x1a'.krane.ctrl.v1.CreateDeploymentResponse\x12H\n" +
 	"\aPromote\x12\x1d.krane.ctrl.v1.PromoteRequest\x1a\x1e.krane.ctrl.v1.PromoteResponse\x12]\n" +
 	"\x0eStopDeployment\x12$.krane.ctrl.v1.StopDeploymentRequest\x1a%.krane.ctrl.v1.StopDeploymentResponse\x12`\n" +
-	"\x0fScaleDeployment\x12%.krane.ctrl.v1.ScaleDeploymentRequest\x1a&.krane.ctrl.v1.ScaleDeploymentResponse2\x9b\x02\n" +
+	"\x0fScaleDeployment\x12%.krane.ctrl.v1.ScaleDeploymentRequest\x1a&.krane.ctrl.v1.ScaleDeploymentResponse2\xf4\x02\n" +
 	"\x0fSentinelService\x12]\n" +
 	"\x0eDeploySentinel\x12$.krane.ctrl.v1.DeploySentinelRequest\x1a%.krane.ctrl.v1.DeploySentinelResponse\x12M\n" +
 	"\vGetSentinel\x12!.krane.ctrl.v1.GetSentinelRequest\x1a\x1b.krane.ctrl.v1.SentinelInfo\x12Z\n" +
-	"\rListSentinels\x12#.krane.ctrl.v1.ListSentinelsRequest\x1a$.krane.ctrl.v1.ListSentinelsResponse2\xba\x03\n" +
+	"\rListSentinels\x12#.krane.ctrl.v1.ListSentinelsRequest\x1a$.krane.ctrl.v1.ListSentinelsResponse\x12W\n" +
+	"\fStopSentinel\x12\".krane.ctrl.v1.StopSentinelRequest\x1a#.krane.ctrl.v1.StopSentinelResponse2\xba\x03\n" +
 	"\x0eRolloutService\x12P\n" +
 	"\fStartRollout\x12\".krane.ctrl.v1.StartRolloutRequest\x1a\x1c.krane.ctrl.v1.RolloutStatus\x12X\n" +
 	"\x10GetRolloutStatus\x12&.krane.ctrl.v1.GetRolloutStatusRequest\x1a\x1c.krane.ctrl.v1.RolloutStatus\x12R\n" +
@@ -3811,7 +3915,7 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
 	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
@@ -3830,133 +3934,138 @@ var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(*StopDeploymentResponse)(nil),   // 14: krane.ctrl.v1.StopDeploymentResponse
 	(*ScaleDeploymentRequest)(nil),   // 15: krane.ctrl.v1.ScaleDeploymentRequest
 	(*ScaleDeploymentResponse)(nil),  // 16: krane.ctrl.v1.ScaleDeploymentResponse
-	(*DeploySentinelRequest)(nil),    // 17: krane.ctrl.v1.DeploySentinelRequest
-	(*DeploySentinelResponse)(nil),   // 18: krane.ctrl.v1.DeploySentinelResponse
-	(*GetSentinelRequest)(nil),       // 19: krane.ctrl.v1.GetSentinelRequest
-	(*SentinelInfo)(nil),             // 20: krane.ctrl.v1.SentinelInfo
-	(*ListSentinelsRequest)(nil),     // 21: krane.ctrl.v1.ListSentinelsRequest
-	(*ListSentinelsResponse)(nil),    // 22: krane.ctrl.v1.ListSentinelsResponse
-	(*StartRolloutRequest)(nil),      // 23: krane.ctrl.v1.StartRolloutRequest
-	(*GetRolloutStatusRequest)(nil),  // 24: krane.ctrl.v1.GetRolloutStatusRequest
-	(*ResumeRolloutRequest)(nil),     // 25: krane.ctrl.v1.ResumeRolloutRequest
-	(*CancelRolloutRequest)(nil),     // 26: krane.ctrl.v1.CancelRolloutRequest
-	(*RollbackAllRequest)(nil),       // 27: krane.ctrl.v1.RollbackAllRequest
-	(*RollbackAllResponse)(nil),      // 28: krane.ctrl.v1.RollbackAllResponse
-	(*RolloutStatus)(nil),            // 29: krane.ctrl.v1.RolloutStatus
-	(*Wave)(nil),                     // 30: krane.ctrl.v1.Wave
-	(*RegisterKindRequest)(nil),      // 31: krane.ctrl.v1.RegisterKindRequest
-	(*GetKindRequest)(nil),           // 32: krane.ctrl.v1.GetKindRequest
-	(*KindInfo)(nil),                 // 33: krane.ctrl.v1.KindInfo
-	(*ListKindsRequest)(nil),         // 34: krane.ctrl.v1.ListKindsRequest
-	(*ListKindsResponse)(nil),        // 35: krane.ctrl.v1.ListKindsResponse
-	(*Resource)(nil),                 // 36: krane.ctrl.v1.Resource
-	(*PutResourcesRequest)(nil),      // 37: krane.ctrl.v1.PutResourcesRequest
-	(*PutResourcesResponse)(nil),     // 38: krane.ctrl.v1.PutResourcesResponse
-	(*PutResult)(nil),                // 39: krane.ctrl.v1.PutResult
-	(*RegionChange)(nil),             // 40: krane.ctrl.v1.RegionChange
-	(*DeleteResourceRequest)(nil),    // 41: krane.ctrl.v1.DeleteResourceRequest
-	(*DeleteResourceResponse)(nil),   // 42: krane.ctrl.v1.DeleteResourceResponse
-	(*GetResourceRequest)(nil),       // 43: krane.ctrl.v1.GetResourceRequest
-	(*ResourceInfo)(nil),             // 44: krane.ctrl.v1.ResourceInfo
-	(*ResourceRegion)(nil),           // 45: krane.ctrl.v1.ResourceRegion
-	(*ApplyError)(nil),               // 46: krane.ctrl.v1.ApplyError
-	(*ListResourcesRequest)(nil),     // 47: krane.ctrl.v1.ListResourcesRequest
-	(*ListResourcesResponse)(nil),    // 48: krane.ctrl.v1.ListResourcesResponse
-	nil,                              // 49: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 50: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 51: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	(*v1.Healthcheck)(nil),           // 52: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 54: krane.cluster.v1.Health
-	(*structpb.Struct)(nil),          // 55: google.protobuf.Struct
+	(*StopSentinelRequest)(nil),      // 17: krane.ctrl.v1.StopSentinelRequest
+	(*StopSentinelResponse)(nil),     // 18: krane.ctrl.v1.StopSentinelResponse
+	(*DeploySentinelRequest)(nil),    // 19: krane.ctrl.v1.DeploySentinelRequest
+	(*DeploySentinelResponse)(nil),   // 20: krane.ctrl.v1.DeploySentinelResponse
+	(*GetSentinelRequest)(nil),       // 21: krane.ctrl.v1.GetSentinelRequest
+	(*SentinelInfo)(nil),             // 22: krane.ctrl.v1.SentinelInfo
+	(*ListSentinelsRequest)(nil),     // 23: krane.ctrl.v1.ListSentinelsRequest
+	(*ListSentinelsResponse)(nil),    // 24: krane.ctrl.v1.ListSentinelsResponse
+	(*StartRolloutRequest)(nil),      // 25: krane.ctrl.v1.StartRolloutRequest
+	(*GetRolloutStatusRequest)(nil),  // 26: krane.ctrl.v1.GetRolloutStatusRequest
+	(*ResumeRolloutRequest)(nil),     // 27: krane.ctrl.v1.ResumeRolloutRequest
+	(*CancelRolloutRequest)(nil),     // 28: krane.ctrl.v1.CancelRolloutRequest
+	(*RollbackAllRequest)(nil),       // 29: krane.ctrl.v1.RollbackAllRequest
+	(*RollbackAllResponse)(nil),      // 30: krane.ctrl.v1.RollbackAllResponse
+	(*RolloutStatus)(nil),            // 31: krane.ctrl.v1.RolloutStatus
+	(*Wave)(nil),                     // 32: krane.ctrl.v1.Wave
+	(*RegisterKindRequest)(nil),      // 33: krane.ctrl.v1.RegisterKindRequest
+	(*GetKindRequest)(nil),           // 34: krane.ctrl.v1.GetKindRequest
+	(*KindInfo)(nil),                 // 35: krane.ctrl.v1.KindInfo
+	(*ListKindsRequest)(nil),         // 36: krane.ctrl.v1.ListKindsRequest
+	(*ListKindsResponse)(nil),        // 37: krane.ctrl.v1.ListKindsResponse
+	(*Resource)(nil),                 // 38: krane.ctrl.v1.Resource
+	(*PutResourcesRequest)(nil),      // 39: krane.ctrl.v1.PutResourcesRequest
+	(*PutResourcesResponse)(nil),     // 40: krane.ctrl.v1.PutResourcesResponse
+	(*PutResult)(nil),                // 41: krane.ctrl.v1.PutResult
+	(*RegionChange)(nil),             // 42: krane.ctrl.v1.RegionChange
+	(*DeleteResourceRequest)(nil),    // 43: krane.ctrl.v1.DeleteResourceRequest
+	(*DeleteResourceResponse)(nil),   // 44: krane.ctrl.v1.DeleteResourceResponse
+	(*GetResourceRequest)(nil),       // 45: krane.ctrl.v1.GetResourceRequest
+	(*ResourceInfo)(nil),             // 46: krane.ctrl.v1.ResourceInfo
+	(*ResourceRegion)(nil),           // 47: krane.ctrl.v1.ResourceRegion
+	(*ApplyError)(nil),               // 48: krane.ctrl.v1.ApplyError
+	(*ListResourcesRequest)(nil),     // 49: krane.ctrl.v1.ListResourcesRequest
+	(*ListResourcesResponse)(nil),    // 50: krane.ctrl.v1.ListResourcesResponse
+	nil,                              // 51: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                              // 52: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                              // 53: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	(*v1.Healthcheck)(nil),           // 54: krane.cluster.v1.Healthcheck
+	(*timestamppb.Timestamp)(nil),    // 55: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 56: krane.cluster.v1.Health
+	(*structpb.Struct)(nil),          // 57: google.protobuf.Struct
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	49, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	50, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	52, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	51, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	52, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	54, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	51, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	52, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	53, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	54, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	6,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	53, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	53, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	55, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
 	5,  // 9: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
 	0,  // 10: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	53, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
+	55, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
 	7,  // 12: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
 	4,  // 13: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
-	20, // 14: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	54, // 15: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	53, // 16: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
-	20, // 17: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
-	29, // 18: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
-	30, // 19: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	53, // 20: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	53, // 21: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	53, // 22: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
-	53, // 23: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
-	33, // 24: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
-	55, // 25: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
-	36, // 26: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
-	39, // 27: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
-	40, // 28: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
-	40, // 29: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
-	36, // 30: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
-	45, // 31: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
-	55, // 32: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
-	53, // 33: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
-	46, // 34: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
-	53, // 35: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
-	44, // 36: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
-	1,  // 37: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 38: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	8,  // 39: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	10, // 40: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	11, // 41: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	13, // 42: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	15, // 43: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	17, // 44: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	19, // 45: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	21, // 46: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	23, // 47: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	24, // 48: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	25, // 49: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	26, // 50: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	27, // 51: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	31, // 52: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
-	32, // 53: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
-	34, // 54: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
-	37, // 55: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
-	41, // 56: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
-	43, // 57: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
-	47, // 58: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
-	2,  // 59: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 60: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	9,  // 61: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 62: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	12, // 63: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	14, // 64: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	16, // 65: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	18, // 66: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	20, // 67: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	22, // 68: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	29, // 69: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	29, // 70: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	29, // 71: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	29, // 72: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	28, // 73: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	33, // 74: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
-	33, // 75: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
-	35, // 76: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
-	38, // 77: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
-	42, // 78: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
-	44, // 79: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
-	48, // 80: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
-	59, // [59:81] is the sub-list for method output_type
-	37, // [37:59] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	22, // 14: krane.ctrl.v1.StopSentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	22, // 15: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	56, // 16: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	55, // 17: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	22, // 18: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
+	31, // 19: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
+	32, // 20: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
+	55, // 21: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	55, // 22: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 23: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
+	55, // 24: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
+	35, // 25: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
+	57, // 26: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
+	38, // 27: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
+	41, // 28: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
+	42, // 29: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
+	42, // 30: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
+	38, // 31: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
+	47, // 32: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
+	57, // 33: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
+	55, // 34: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
+	48, // 35: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
+	55, // 36: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 37: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
+	1,  // 38: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	3,  // 39: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	8,  // 40: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	10, // 41: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	11, // 42: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	13, // 43: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	15, // 44: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	19, // 45: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	21, // 46: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	23, // 47: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	17, // 48: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
+	25, // 49: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	26, // 50: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	27, // 51: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	28, // 52: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	29, // 53: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	33, // 54: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
+	34, // 55: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
+	36, // 56: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
+	39, // 57: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
+	43, // 58: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
+	45, // 59: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
+	49, // 60: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
+	2,  // 61: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 62: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	9,  // 63: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 64: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	12, // 65: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	14, // 66: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	16, // 67: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	20, // 68: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	22, // 69: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	24, // 70: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	18, // 71: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
+	31, // 72: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 73: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 74: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 75: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	30, // 76: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	35, // 77: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
+	35, // 78: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
+	37, // 79: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
+	40, // 80: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
+	44, // 81: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
+	46, // 82: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
+	50, // 83: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
+	61, // [61:84] is the sub-list for method output_type
+	38, // [38:61] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_krane_ctrl_v1_ctrl_proto_init() }
@@ -3970,7 +4079,7 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   51,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -373,6 +373,7 @@ const (
 	SentinelService_DeploySentinel_FullMethodName = "/krane.ctrl.v1.SentinelService/DeploySentinel"
 	SentinelService_GetSentinel_FullMethodName    = "/krane.ctrl.v1.SentinelService/GetSentinel"
 	SentinelService_ListSentinels_FullMethodName  = "/krane.ctrl.v1.SentinelService/ListSentinels"
+	SentinelService_StopSentinel_FullMethodName   = "/krane.ctrl.v1.SentinelService/StopSentinel"
 )
 
 // SentinelServiceClient is the client API for SentinelService service.
@@ -384,6 +385,11 @@ type SentinelServiceClient interface {
 	DeploySentinel(ctx context.Context, in *DeploySentinelRequest, opts ...grpc.CallOption) (*DeploySentinelResponse, error)
 	GetSentinel(ctx context.Context, in *GetSentinelRequest, opts ...grpc.CallOption) (*SentinelInfo, error)
 	ListSentinels(ctx context.Context, in *ListSentinelsRequest, opts ...grpc.CallOption) (*ListSentinelsResponse, error)
+	// StopSentinel sets a sentinel's desired state to stopped with a new
+	// version (a soft delete: the row stays); its cluster deletes the
+	// sentinel's objects. Stopping a stopped sentinel changes nothing.
+	// DeploySentinel, or a deploy of its environment, starts it again.
+	StopSentinel(ctx context.Context, in *StopSentinelRequest, opts ...grpc.CallOption) (*StopSentinelResponse, error)
 }
 
 type sentinelServiceClient struct {
@@ -424,6 +430,16 @@ func (c *sentinelServiceClient) ListSentinels(ctx context.Context, in *ListSenti
 	return out, nil
 }
 
+func (c *sentinelServiceClient) StopSentinel(ctx context.Context, in *StopSentinelRequest, opts ...grpc.CallOption) (*StopSentinelResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StopSentinelResponse)
+	err := c.cc.Invoke(ctx, SentinelService_StopSentinel_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SentinelServiceServer is the server API for SentinelService service.
 // All implementations must embed UnimplementedSentinelServiceServer
 // for forward compatibility.
@@ -433,6 +449,11 @@ type SentinelServiceServer interface {
 	DeploySentinel(context.Context, *DeploySentinelRequest) (*DeploySentinelResponse, error)
 	GetSentinel(context.Context, *GetSentinelRequest) (*SentinelInfo, error)
 	ListSentinels(context.Context, *ListSentinelsRequest) (*ListSentinelsResponse, error)
+	// StopSentinel sets a sentinel's desired state to stopped with a new
+	// version (a soft delete: the row stays); its cluster deletes the
+	// sentinel's objects. Stopping a stopped sentinel changes nothing.
+	// DeploySentinel, or a deploy of its environment, starts it again.
+	StopSentinel(context.Context, *StopSentinelRequest) (*StopSentinelResponse, error)
 	mustEmbedUnimplementedSentinelServiceServer()
 }
 
@@ -451,6 +472,9 @@ func (UnimplementedSentinelServiceServer) GetSentinel(context.Context, *GetSenti
 }
 func (UnimplementedSentinelServiceServer) ListSentinels(context.Context, *ListSentinelsRequest) (*ListSentinelsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSentinels not implemented")
+}
+func (UnimplementedSentinelServiceServer) StopSentinel(context.Context, *StopSentinelRequest) (*StopSentinelResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StopSentinel not implemented")
 }
 func (UnimplementedSentinelServiceServer) mustEmbedUnimplementedSentinelServiceServer() {}
 func (UnimplementedSentinelServiceServer) testEmbeddedByValue()                         {}
@@ -527,6 +551,24 @@ func _SentinelService_ListSentinels_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SentinelService_StopSentinel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StopSentinelRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SentinelServiceServer).StopSentinel(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SentinelService_StopSentinel_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SentinelServiceServer).StopSentinel(ctx, req.(*StopSentinelRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SentinelService_ServiceDesc is the grpc.ServiceDesc for SentinelService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -545,6 +587,10 @@ var SentinelService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListSentinels",
 			Handler:    _SentinelService_ListSentinels_Handler,
+		},
+		{
+			MethodName: "StopSentinel",
+			Handler:    _SentinelService_StopSentinel_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -244,7 +244,17 @@ type KindProgress struct {
 	ApplyErrors int32 `protobuf:"varint,5,opt,name=apply_errors,json=applyErrors,proto3" json:"apply_errors,omitempty"`
 	// Objects the cluster's host holds parked; unset when its heartbeats do
 	// not report it.
-	Parked        *int32 `protobuf:"varint,6,opt,name=parked,proto3,oneof" json:"parked,omitempty"`
+	Parked *int32 `protobuf:"varint,6,opt,name=parked,proto3,oneof" json:"parked,omitempty"`
+	// head_version minus cursor (versions are global across kinds and
+	// regions, so this is a distance, not a count of changes); unset
+	// without a cursor.
+	LagVersions *uint64 `protobuf:"varint,7,opt,name=lag_versions,json=lagVersions,proto3,oneof" json:"lag_versions,omitempty"`
+	// How long the oldest change of this kind above the cursor had been
+	// committed when the cluster sent its last heartbeat: 0 when every
+	// change committed before that heartbeat was applied. Unset when it
+	// cannot be told (no heartbeat or cursor, or the change was versioned
+	// before ctrl recorded commit times).
+	LagSeconds    *float64 `protobuf:"fixed64,8,opt,name=lag_seconds,json=lagSeconds,proto3,oneof" json:"lag_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,11 +331,29 @@ func (x *KindProgress) GetParked() int32 {
 	return 0
 }
 
+func (x *KindProgress) GetLagVersions() uint64 {
+	if x != nil && x.LagVersions != nil {
+		return *x.LagVersions
+	}
+	return 0
+}
+
+func (x *KindProgress) GetLagSeconds() float64 {
+	if x != nil && x.LagSeconds != nil {
+		return *x.LagSeconds
+	}
+	return 0
+}
+
 type ControllerInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	PluginVersion string                 `protobuf:"bytes,2,opt,name=plugin_version,json=pluginVersion,proto3" json:"plugin_version,omitempty"`
 	Kinds         []string               `protobuf:"bytes,3,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	// Whether its plugin ran when the cluster sent its last heartbeat.
+	Running bool `protobuf:"varint,4,opt,name=running,proto3" json:"running,omitempty"`
+	// Why it last failed to start or stopped, while not running.
+	LastError     string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -381,6 +409,20 @@ func (x *ControllerInfo) GetKinds() []string {
 	return nil
 }
 
+func (x *ControllerInfo) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+func (x *ControllerInfo) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 var File_krane_ctrl_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
@@ -399,20 +441,28 @@ const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\ractive_tokens\x18\x06 \x01(\x05R\factiveTokens\x121\n" +
 	"\x05kinds\x18\a \x03(\v2\x1b.krane.ctrl.v1.KindProgressR\x05kinds\x121\n" +
 	"\x14controllers_reported\x18\b \x01(\bR\x13controllersReported\x12?\n" +
-	"\vcontrollers\x18\t \x03(\v2\x1d.krane.ctrl.v1.ControllerInfoR\vcontrollers\"\xd0\x01\n" +
+	"\vcontrollers\x18\t \x03(\v2\x1d.krane.ctrl.v1.ControllerInfoR\vcontrollers\"\xbf\x02\n" +
 	"\fKindProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12!\n" +
 	"\fhead_version\x18\x02 \x01(\x04R\vheadVersion\x12\x1b\n" +
 	"\x06cursor\x18\x03 \x01(\x04H\x00R\x06cursor\x88\x01\x01\x12\x16\n" +
 	"\x06behind\x18\x04 \x01(\bR\x06behind\x12!\n" +
 	"\fapply_errors\x18\x05 \x01(\x05R\vapplyErrors\x12\x1b\n" +
-	"\x06parked\x18\x06 \x01(\x05H\x01R\x06parked\x88\x01\x01B\t\n" +
+	"\x06parked\x18\x06 \x01(\x05H\x01R\x06parked\x88\x01\x01\x12&\n" +
+	"\flag_versions\x18\a \x01(\x04H\x02R\vlagVersions\x88\x01\x01\x12$\n" +
+	"\vlag_seconds\x18\b \x01(\x01H\x03R\n" +
+	"lagSeconds\x88\x01\x01B\t\n" +
 	"\a_cursorB\t\n" +
-	"\a_parked\"a\n" +
+	"\a_parkedB\x0f\n" +
+	"\r_lag_versionsB\x0e\n" +
+	"\f_lag_seconds\"\x9a\x01\n" +
 	"\x0eControllerInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\x12\x14\n" +
-	"\x05kinds\x18\x03 \x03(\tR\x05kinds2g\n" +
+	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x18\n" +
+	"\arunning\x18\x04 \x01(\bR\arunning\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError2g\n" +
 	"\fFleetService\x12W\n" +
 	"\fListClusters\x12\".krane.ctrl.v1.ListClustersRequest\x1a#.krane.ctrl.v1.ListClustersResponseB&Z$krane.dev/proto/krane/ctrl/v1;ctrlv1b\x06proto3"
 

@@ -1,0 +1,54 @@
+package ctrltest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"krane.dev/internal/kinds"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// BuiltinControllers is what the heartbeats of a fake cluster say its host
+// runs: the three built-in controllers, running.
+func BuiltinControllers() []*clusterv1.ControllerStatus {
+	return []*clusterv1.ControllerStatus{
+		{Name: "cilium", PluginVersion: "test", Kinds: []string{kinds.CiliumNetworkPolicy}, Running: true},
+		{Name: "deployment", PluginVersion: "test", Kinds: []string{kinds.Deployment}, Running: true},
+		{Name: "sentinel", PluginVersion: "test", Kinds: []string{kinds.Sentinel}, Running: true},
+	}
+}
+
+// heartbeatInterval is how often a fake cluster sends a heartbeat: well
+// within deploy.live_cluster_within, as a real host's 30s are.
+const heartbeatInterval = 20 * time.Second
+
+// KeepHeartbeating sends a heartbeat naming the built-in controllers now
+// (failing the test if ctrl refuses it) and then every heartbeatInterval
+// until the test ends, as a krane host does: deploys to the cluster's
+// region pass ctrl's fail-fast check.
+func KeepHeartbeating(t testing.TB, client clusterv1.ClusterServiceClient) {
+	t.Helper()
+	req := &clusterv1.HeartbeatRequest{AgentVersion: "ctrltest", HostReport: true, Controllers: BuiltinControllers()}
+	if _, err := client.Heartbeat(context.Background(), req); err != nil {
+		t.Fatalf("fake cluster heartbeat: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(heartbeatInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				// A refused one (ctrl restarting in the test) is retried at
+				// the next tick, as a host would.
+				_, _ = client.Heartbeat(ctx, req)
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}

@@ -1,0 +1,135 @@
+package agent
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"krane.dev/host/syncer"
+	"krane.dev/internal/version"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+)
+
+// heartbeatInterval is how often the host tells ctrl it is alive, where its
+// cursors stand, which controllers it runs and what it holds parked. A
+// variable for tests only.
+var heartbeatInterval = 30 * time.Second
+
+// heartbeatState is the heartbeat's side of the agent.
+type heartbeatState struct {
+	// kick asks for a heartbeat now (a plugin started or stopped): ctrl
+	// learns of a new controller at once rather than up to 30s later.
+	kick chan struct{}
+	// acked is the controllers part (controllersKey) of the last heartbeat
+	// ctrl accepted; guarded by Agent.mu.
+	acked string
+}
+
+// kickHeartbeat asks for a heartbeat now; kicks coalesce.
+func (a *Agent) kickHeartbeat() {
+	select {
+	case a.hb.kick <- struct{}{}:
+	default:
+	}
+}
+
+// heartbeat sends a heartbeat at once, then every heartbeatInterval and
+// whenever a controller starts or stops. A failed one is retried sooner
+// (1s, doubling), so a host waiting for ctrl to learn its controllers
+// (readiness) does not wait a whole interval.
+func (a *Agent) heartbeat(ctx context.Context, client clusterv1.ClusterServiceClient) {
+	retry := time.Second
+	for {
+		req, key := a.heartbeatRequest()
+		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := client.Heartbeat(hctx, req)
+		cancel()
+		next := heartbeatInterval
+		switch {
+		case err == nil:
+			retry = time.Second
+			a.mu.Lock()
+			a.hb.acked = key
+			a.mu.Unlock()
+		case ctx.Err() != nil:
+			return
+		default:
+			a.log.Debug("heartbeat failed", "error", err, "retry_in", retry)
+			next, retry = retry, min(2*retry, heartbeatInterval)
+		}
+		t := time.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-a.hb.kick:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// heartbeatRequest is what a heartbeat says now, and the key of its
+// controllers part.
+func (a *Agent) heartbeatRequest() (*clusterv1.HeartbeatRequest, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	req := &clusterv1.HeartbeatRequest{
+		AgentVersion: version.Version, Cursors: map[string]uint64{}, Parked: map[string]int32{},
+		HostReport: true, Controllers: a.controllerStatusLocked(),
+	}
+	a.eachLoopLocked(func(kind string, l *syncer.Loop) {
+		req.Cursors[kind] = l.Cursor()
+		if n := l.Parked(); n > 0 {
+			req.Parked[kind] = int32(n)
+		}
+	})
+	return req, controllersKey(req.Controllers)
+}
+
+// controllerStatusLocked describes every enabled controller, by name: the
+// version and kinds its plugin last described, whether it runs and, when
+// not, why. Caller holds a.mu.
+func (a *Agent) controllerStatusLocked() []*clusterv1.ControllerStatus {
+	var out []*clusterv1.ControllerStatus
+	for _, ctl := range a.cfg.Enabled() {
+		cs := &clusterv1.ControllerStatus{Name: ctl.Name}
+		if run, ok := a.controllers[ctl.Name]; ok {
+			p := run.plugin
+			info := p.Info()
+			cs.PluginVersion = info.Version
+			for _, k := range info.Kinds {
+				cs.Kinds = append(cs.Kinds, k.Kind)
+			}
+			slices.Sort(cs.Kinds)
+			cs.Running = p.Running()
+			if err := p.LastError(); err != nil && !cs.Running {
+				cs.LastError = err.Error()
+			}
+		}
+		out = append(out, cs)
+	}
+	slices.SortFunc(out, func(x, y *clusterv1.ControllerStatus) int { return strings.Compare(x.GetName(), y.GetName()) })
+	return out
+}
+
+// controllersKey identifies what ctrl's fail-fast check reads of the
+// controllers (not their errors).
+func controllersKey(cs []*clusterv1.ControllerStatus) string {
+	var sb strings.Builder
+	for _, c := range cs {
+		sb.WriteString(c.GetName() + "\x00" + c.GetPluginVersion() + "\x00" + strings.Join(c.GetKinds(), ",") + "\x00")
+		if c.GetRunning() {
+			sb.WriteString("running")
+		}
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}
+
+// controllersAckedLocked reports whether ctrl accepted a heartbeat naming
+// the controllers as they are now. Caller holds a.mu.
+func (a *Agent) controllersAckedLocked() bool {
+	return a.hb.acked == controllersKey(a.controllerStatusLocked())
+}
