@@ -323,6 +323,31 @@ func TestRevokedTokenEndsItsSessions(t *testing.T) {
 	}
 }
 
+// TestSignOutSendsOpenStreamsToTheSignedOutPage: a page still streaming
+// when its session signs out is sent to the page that says so, not to a
+// bare sign-in form (the browser test once raced its own sign-out there).
+func TestSignOutSendsOpenStreamsToTheSignedOutPage(t *testing.T) {
+	env := startCtrl(t)
+	b := newBrowser(t, env.Server.ConsoleURL())
+	b.mustSignIn(env.OperatorToken(t, "dora"))
+	events := openStream(t, b, "/fleet")
+	if ev := events.next(t); ev.name != "live" {
+		t.Fatalf("first event %q, want live", ev.name)
+	}
+	if resp, _ := b.post("/logout", url.Values{"csrf": {b.csrf("/fleet")}}); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login?signedout=1" {
+		t.Fatalf("sign-out: %s to %q", resp.Status, resp.Header.Get("Location"))
+	}
+	for {
+		ev := events.next(t)
+		if ev.name == "signedout" {
+			if ev.data != "/login?signedout=1" {
+				t.Fatalf("signedout event to %q, want the signed-out page", ev.data)
+			}
+			return
+		}
+	}
+}
+
 // TestLiveStreamSendsTheRegionWhenItChanges: the Fleet stream sends the
 // live region at once and again when a cluster's heartbeat changes it.
 func TestLiveStreamSendsTheRegionWhenItChanges(t *testing.T) {

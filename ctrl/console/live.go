@@ -116,7 +116,9 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, nam
 	lastSent := time.Now()
 	for seq := 1; ; seq++ {
 		if !c.sessions.alive(s) {
-			sendEvent(w, "signedout", "/login", seq)
+			// Signed out (in this tab or another) or expired: the sign-in
+			// page says so, as the sign-out's own redirect does.
+			sendEvent(w, "signedout", "/login?signedout=1", seq)
 			flusher.Flush()
 			return
 		}

@@ -24,6 +24,12 @@
       status.textContent = "Live: updated " + new Date().toLocaleTimeString() + ".";
     }
   });
+  // A submitted form decides where the browser goes next (its redirect);
+  // the stream must not navigate away under it, e.g. when the form ended
+  // the session.
+  document.addEventListener("submit", function () {
+    source.close();
+  });
   source.addEventListener("signedout", function (e) {
     source.close();
     window.location.assign(e.data);
