@@ -19,7 +19,7 @@ import (
 // the edit (kube.Repairer, through the host's GetDesiredState), not at the
 // next resync.
 func DriftRepair(ctx context.Context, e *Env) ([]Figure, error) {
-	const deployments, rounds = 5, 20
+	const deployments, rounds = 5, 100
 	const image = "registry.local/bench/repair:1"
 	ns := "ws-bench-repair"
 	c := e.St.Clusters[e.Region]
@@ -89,9 +89,10 @@ func DriftRepair(ctx context.Context, e *Env) ([]Figure, error) {
 		w.Stop()
 	}
 	slices.Sort(lat)
-	e.logf("drift repair: %d hand edits: p50 %.1fms p90 %.1fms max %.1fms", len(lat), percentile(lat, .5), percentile(lat, .9), percentile(lat, 1))
+	e.logf("drift repair: %d hand edits: p50 %.1fms p90 %.1fms p99 %.1fms max %.1fms", len(lat), percentile(lat, .5), percentile(lat, .9), percentile(lat, .99), percentile(lat, 1))
 	return []Figure{
-		{Section: "3 resync", Name: "hand edit of a ReplicaSet's image -> repaired, p50 (20 edits)", Value: percentile(lat, .5), Unit: "ms", Target: "< 1000 ms", Note: "on-demand repair via GetDesiredState; without it, the next resync (1 min)"},
+		{Section: "3 resync", Name: fmt.Sprintf("hand edit of a ReplicaSet's image -> repaired, p50 (%d edits)", rounds), Value: percentile(lat, .5), Unit: "ms", Note: "on-demand repair via GetDesiredState; without it, the next resync (1 min)"},
+		{Section: "3 resync", Name: "... p99", Value: percentile(lat, .99), Unit: "ms", Target: "< 1000 ms"},
 		{Section: "3 resync", Name: "... max", Value: percentile(lat, 1), Unit: "ms"},
 	}, nil
 }
