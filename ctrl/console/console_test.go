@@ -21,6 +21,7 @@ import (
 	"krane.dev/ctrl/console"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
+	"krane.dev/ctrl/store"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -621,4 +622,40 @@ func (fakeResources) List(ctx context.Context, kind, pageToken string) (console.
 		{Region: "eu", Version: 7, AppliedVersion: 5, Errors: []console.ResourceError{{ClusterID: "eu-1", Version: 7, Message: "data.key: too long", Permanent: true}}},
 		{Region: "us", Version: 6, AppliedVersion: 6, Status: `{"ok":true}`},
 	}}}}, nil
+}
+
+// TestDeploymentTimelineIsTheRecordedHistory: the deployment page lists
+// every entry of the deploy's recorded history with its time, not only its
+// creation and the status it is at now.
+func TestDeploymentTimelineIsTheRecordedHistory(t *testing.T) {
+	env := startCtrlWith(t, ctrltest.Options{Restate: testenv.SharedRestate(t)})
+	ctx := context.Background()
+	const id = "dep_timeline"
+	if _, _, err := env.Store.CreateDeployment(ctx, store.Deployment{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-timeline", AppID: "app",
+		K8sNamespace: "ns", K8sName: "d-timeline", Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 128, Replicas: 1}, ""); err != nil {
+		t.Fatal(err)
+	}
+	notes := []string{"waiting for sentinel sen_x in local-a", "sentinel sen_x healthy on registry.test/sentinel:1"}
+	for _, n := range notes {
+		if _, err := env.Store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error { return tx.NoteDeployment(ctx, id, n) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newBrowser(t, env.Server.ConsoleURL())
+	b.mustSignIn(env.OperatorToken(t, "tina"))
+	resp, body := b.get("/deployments/" + id)
+	start := strings.Index(body, `id="timeline"`)
+	if resp.StatusCode != http.StatusOK || start < 0 {
+		t.Fatalf("/deployments/%s: %s, no timeline:\n%s", id, resp.Status, body)
+	}
+	timeline := body[start:]
+	timeline = timeline[:strings.Index(timeline, "</ol>")]
+	for _, n := range notes {
+		if !strings.Contains(timeline, n) {
+			t.Errorf("the timeline does not show the recorded step %q:\n%s", n, timeline)
+		}
+	}
+	if got := strings.Count(timeline, "<time"); got != len(notes)+1 {
+		t.Errorf("the timeline has %d entries, want %d (creation and the two notes):\n%s", got, len(notes)+1, timeline)
+	}
 }

@@ -221,10 +221,18 @@ type timelineEvent struct {
 	Message string
 }
 
-// deploymentTimeline is a deploy's history as the API returns it today:
-// its creation and the step it is at now. When DeploymentInfo carries the
-// deploy's recorded history, this is the one place to read it from.
+// deploymentTimeline is a deploy's recorded history (every status change
+// and what the workflow noted on the way, each with its time), oldest
+// first. A deployment without recorded history (rows written before
+// history was kept) shows its creation and the status it is at now.
 func deploymentTimeline(d *ctrlv1.DeploymentInfo) []timelineEvent {
+	if h := d.GetHistory(); len(h) > 0 {
+		out := make([]timelineEvent, 0, len(h))
+		for _, e := range h {
+			out = append(out, timelineEvent{At: e.GetAt().AsTime(), Status: statusName(e.GetStatus()), Message: e.GetMessage()})
+		}
+		return out
+	}
 	created := timelineEvent{At: d.GetCreatedAt().AsTime(), Status: "pending", Message: "created"}
 	if d.GetRolledBackFrom() != "" {
 		created.Message = "created by a rollback from " + d.GetRolledBackFrom()
