@@ -419,12 +419,21 @@ func (c *Controller) replacesTemplate(k *kubeState, id string, desired *unstruct
 // available.
 func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured, secret *secretPlan) (sdk.Result, error) {
 	ns, name := desired.GetNamespace(), desired.GetName()
-	if live, err := k.replicaSets.ReplicaSets(ns).Get(name); err == nil && live.DeletionTimestamp != nil {
+	version := kube.AppliedVersion(desired.GetAnnotations())
+	// When a roll's clock starts, if this write turns out to be one
+	// adopted from the cluster (roll.go): a re-apply of the ReplicaSet as
+	// it is started no later than the ReplicaSet; anything else now.
+	rollStart := time.Now()
+	live, err := k.replicaSets.ReplicaSets(ns).Get(name)
+	if err == nil && live.DeletionTimestamp != nil {
 		return 0, fmt.Errorf("deployment %s: ReplicaSet %s/%s is being deleted (by hand?); it is created again once it is gone (retrying)", id, ns, name)
+	}
+	if err == nil && kube.AppliedVersion(live.Annotations) == version {
+		rollStart = live.CreationTimestamp.Time
 	}
 	host := c.hostServices()
 	unlock := c.nsLocks.rlock(ns)
-	err := c.ensureNamespace(ctx, k, ns)
+	err = c.ensureNamespace(ctx, k, ns)
 	owner := c.liveOwner(k, desired)
 	if err == nil && secret != nil {
 		// Before the ReplicaSet: its pods must find the Secret.
@@ -452,13 +461,18 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	}
 	if slices.ContainsFunc(all, func(rs *appsv1.ReplicaSet) bool { return rs.Namespace != ns || rs.Name != name }) {
 		if !c.rolls.holds(id) {
-			c.rolls.adopt(id) // written already: count it
+			c.rolls.adopt(id) // written already: count it, from now
+			rollStart = time.Now()
 		}
-		c.rolls.setTarget(id, ns, name, kube.AppliedVersion(desired.GetAnnotations()))
+		c.rolls.setTarget(id, ns, name, version, rollStart)
 		// Finishes at once when the new ReplicaSet is available already
 		// (a scale of an existing one, a retry); otherwise its status
-		// events drive the roll.
+		// events drive the roll. A roll adopted here whose ReplicaSet is
+		// past its deadline already fails at once, and so does this Apply.
 		c.startAdmitted(c.bg, c.progress(ctx, id))
+		if f, failed := c.rolls.failure(id, ns, name, version); failed {
+			return 0, f.err
+		}
 		return sdk.Applied, nil
 	}
 	if c.rolls.holds(id) {

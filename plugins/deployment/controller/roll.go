@@ -143,15 +143,16 @@ func (r *roller) acquire(id string, ch sdk.Change) bool {
 	return false
 }
 
-// setTarget records the ReplicaSet id rolls to, written at version.
-func (r *roller) setTarget(id, ns, name string, version uint64) {
+// setTarget records the ReplicaSet id rolls to, written at version. A
+// roll whose clock has not started (adopted from the cluster) starts it
+// at started.
+func (r *roller) setTarget(id, ns, name string, version uint64, started time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ro, ok := r.active[id]; ok {
 		ro.ns, ro.name, ro.version = ns, name, version
 		if ro.started.IsZero() {
-			// Adopted when written (no slot was asked for): counts from now.
-			r.start(id, ro, time.Now())
+			r.start(id, ro, started)
 		}
 	}
 }

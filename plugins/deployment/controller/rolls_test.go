@@ -416,6 +416,23 @@ func TestStuckRollGivesUpItsSlot(t *testing.T) {
 		}
 	}
 
+	// A restarted plugin finds dep_stuck mid-roll, counts its deadline
+	// from the new ReplicaSet's creation, and fails its Apply at once.
+	config := fmt.Sprintf(`{"max_concurrent_rolls": 1, "roll_progress_deadline": %q}`, deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p = startPlugin(t, config)
+	_, err = plugintest.Apply(context.Background(), p, change(t, "dep_stuck", 2, stuck))
+	if err == nil || !sdk.IsPermanent(err) || !strings.Contains(err.Error(), ns+"/"+broken) {
+		t.Fatalf("Apply(dep_stuck v2) on a restarted plugin: %v, want the roll's failure at once", err)
+	}
+	if n := len(replicaSetsOf(t, cluster, "dep_stuck")); n != 2 {
+		t.Fatalf("dep_stuck has %d ReplicaSets after the restarted plugin's Apply, want the old and the stuck one", n)
+	}
+
 	// A newer version rolls again, normally.
 	stuck.Image = image
 	stuck.EnvVars = map[string]string{"GREETING": "fixed"}
