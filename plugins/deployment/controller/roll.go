@@ -41,10 +41,12 @@ import (
 // pods, for the operator to see). The failure is remembered per
 // deployment: the Apply of that template at that version or an older one
 // (the host's resync) fails permanently with it, which the host reports to
-// ctrl as the deployment's apply error. A newer version, another template
-// or a delete starts afresh. A restarted plugin finds such a deployment
-// mid-roll (two ReplicaSets), adopts it, and fails it again at once: the
-// deadline counts from the new ReplicaSet's creation.
+// ctrl as the deployment's apply error, unless the ReplicaSet has become
+// available since (then the roll goes on). A newer version, another
+// template or a delete starts afresh. A restarted plugin finds such a
+// deployment mid-roll (two ReplicaSets), adopts it, and fails it again at
+// once: the deadline of an adopted roll counts from its ReplicaSet's
+// creation.
 type roller struct {
 	mu       sync.Mutex
 	max      int
