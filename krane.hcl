@@ -90,6 +90,9 @@ controller "deployment" {
     # most this many deployments at once, each new ReplicaSet available
     # before its old one goes.
     max_concurrent_rolls = 10
+    # A roll whose new pods are not available within this long gives up its
+    # slot; the deployment keeps its old pods and its Apply reports why.
+    roll_progress_deadline = "10m"
     # Pull credentials per registry host (Secrets that must exist in every
     # workload namespace), e.g.:
     # image_pull_secrets = { "registry.example.com" = "build-registry" }

@@ -115,6 +115,9 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 	if err := checkServed(ctx, s.store, req.GetRegions(), kinds.Deployment, s.live); err != nil {
 		return nil, err
 	}
+	if err := checkSentinelsServed(ctx, s.store, spec.EnvironmentID, req.GetRegions(), s.live); err != nil {
+		return nil, err
+	}
 	// Sealed now, for this deployment's id, before the row is written:
 	// plaintext never reaches the database or the workflow's journal.
 	if len(secrets) > 0 {

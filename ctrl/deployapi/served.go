@@ -10,6 +10,7 @@ import (
 
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
 )
 
 // checkServed refuses, with FailedPrecondition, a deploy of kind to
@@ -34,6 +35,65 @@ func checkServed(ctx context.Context, st *store.Store, regions []string, kind st
 		return nil
 	case errors.As(err, &nse):
 		return status.Errorf(codes.FailedPrecondition, "%s; nothing was deployed (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)", nse, within)
+	default:
+		return servedStoreError(ctx, err)
+	}
+}
+
+// checkSentinelsServed refuses, with FailedPrecondition, a deploy into
+// environment env that would create its sentinel (or start a stopped one)
+// in a region of regions (every region with a registered cluster when
+// empty) where no live cluster runs the sentinel controller: the deploy
+// waits for that sentinel before its deployment can become ready, so it
+// could only wait out its timeout. Regions where the environment's
+// sentinel is already running are not checked: a deploy leaves it as it
+// is. within 0 turns the check off.
+func checkSentinelsServed(ctx context.Context, st *store.Store, env string, regions []string, within time.Duration) error {
+	if within <= 0 {
+		return nil
+	}
+	if len(regions) == 0 {
+		var err error
+		if regions, err = st.ClusterRegions(ctx); err != nil {
+			return servedStoreError(ctx, err)
+		}
+	}
+	running := map[string]bool{}
+	const page = 500
+	for after := ""; ; {
+		rows, err := st.ListSentinels(ctx, store.SentinelFilter{EnvironmentID: env}, after, page)
+		if err != nil {
+			return servedStoreError(ctx, err)
+		}
+		for _, r := range rows {
+			if r.DesiredState == "running" {
+				running[r.Region] = true
+			}
+		}
+		if len(rows) < page {
+			break
+		}
+		after = rows[len(rows)-1].ID
+	}
+	var create []string
+	for _, region := range regions {
+		if !running[region] {
+			create = append(create, region)
+		}
+	}
+	if len(create) == 0 {
+		return nil
+	}
+	err := fleetapi.CheckServed(ctx, st, create, kinds.Sentinel, within, time.Now())
+	var nse *fleetapi.NotServedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &nse):
+		return status.Errorf(codes.FailedPrecondition, "environment %s has no running sentinel in region(s) %v, so this deploy would create one there and wait for it, but %s; "+
+			"enable the `sentinel` controller (its controller \"sentinel\" block in krane.hcl) on a cluster of each such region, then deploy again. "+
+			"Nothing was deployed (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)",
+			env, nse.Regions, nse, within)
 	default:
 		return servedStoreError(ctx, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -96,5 +97,74 @@ func TestDeployFailsFastWithoutALiveController(t *testing.T) {
 	row, err := env.Store.GetSentinel(ctx, ids[0])
 	if err != nil || row.Image != "registry.test/sentinel:1" {
 		t.Fatalf("the refused sentinel deploy changed the sentinel: %+v, %v", row, err)
+	}
+}
+
+// TestDeployFailsFastWhenItsSentinelHasNoController: a deploy into an
+// environment without a running sentinel in a region creates (or starts)
+// one there and waits for it; when no live cluster of the region runs the
+// sentinel controller it is refused at once, naming the region and what
+// to do, and nothing is created. An environment whose sentinel is running
+// deploys as before: its sentinel is not touched.
+func TestDeployFailsFastWhenItsSentinelHasNoController(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{Restate: testenv.SharedRestate(t)})
+	ctx := context.Background()
+	api := env.Deployments(t)
+	builtin := ctrltest.BuiltinControllers()
+	cilium, deployment := builtin[0], builtin[1]
+	eu := env.Cluster(t, env.ClusterToken(t, "eu", "eu-1"))
+	if _, err := eu.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "t", HostReport: true, Controllers: []*clusterv1.ControllerStatus{cilium, deployment}}); err != nil {
+		t.Fatal(err)
+	}
+	// An environment that already has its sentinel in eu.
+	withSentinel := env.CreateSentinels(t, "eu", "sen-have", "registry.test/sentinel:1", 1)[0]
+	haveEnv := "env-" + withSentinel
+
+	deploy := func(environment string) error {
+		r := req(environment, "registry.test/app:1")
+		r.Regions = []string{"eu"}
+		_, err := api.CreateDeployment(ctx, r)
+		return err
+	}
+	// refused: the deploy fails fast and the environment keeps its had
+	// deployments.
+	refused := func(environment string, had int) {
+		t.Helper()
+		err := deploy(environment)
+		if code(err) != codes.FailedPrecondition {
+			t.Fatalf("deploy into %s, which needs a sentinel in eu: %v, want FailedPrecondition", environment, err)
+		}
+		for _, want := range []string{environment, `region "eu": no live cluster runs a controller for kind "sentinel"`,
+			"cluster eu-1 runs: cilium, deployment", "enable the `sentinel` controller", "krane.hcl"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("deploy into %s: %q does not say %q", environment, err, want)
+			}
+		}
+		list, err := api.ListDeployments(ctx, &ctrlv1.ListDeploymentsRequest{EnvironmentId: environment})
+		if err != nil || len(list.GetDeployments()) != had {
+			t.Fatalf("the refused deploy into %s left deployments behind: %v, %v", environment, list.GetDeployments(), err)
+		}
+	}
+	refused("env-new", 0)
+	if rows, err := env.Store.ListSentinels(ctx, store.SentinelFilter{EnvironmentID: "env-new"}, "", 10); err != nil || len(rows) != 0 {
+		t.Fatalf("the refused deploy left sentinels behind: %+v, %v", rows, err)
+	}
+
+	// Its sentinel runs already: the deploy does not need the controller.
+	if err := deploy(haveEnv); err != nil {
+		t.Fatalf("deploy into %s, whose sentinel in eu is running: %v", haveEnv, err)
+	}
+	// Stopped, the deploy would start it again: refused too.
+	if _, _, err := env.Store.StopSentinel(ctx, withSentinel); err != nil {
+		t.Fatal(err)
+	}
+	refused(haveEnv, 1)
+
+	// The sentinel controller runs in eu: the deploy goes through.
+	if _, err := eu.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "t", HostReport: true, Controllers: builtin}); err != nil {
+		t.Fatal(err)
+	}
+	if err := deploy("env-new"); err != nil {
+		t.Fatalf("deploy into env-new with eu's sentinel controller running: %v", err)
 	}
 }

@@ -63,9 +63,14 @@ type Config struct {
 	// pod must be ready before it counts as available, and so before a
 	// roll deletes the pods it replaces.
 	MinReadySeconds int32 `json:"min_ready_seconds"`
+	// RollProgressDeadline is how long a roll may wait for its new
+	// ReplicaSet to become available before it gives up its slot and
+	// leaves the deployment on its old pods (Go duration, roll.go).
+	RollProgressDeadline string `json:"roll_progress_deadline"`
 
-	resync   time.Duration
-	cacheTTL time.Duration
+	resync       time.Duration
+	cacheTTL     time.Duration
+	rollDeadline time.Duration
 }
 
 // EnvVarNames are the names of the variables Krane sets in every workload.
@@ -119,8 +124,10 @@ func Defaults() Config {
 		DecryptEnv:           true,
 		SecretCacheTTL:       "5m",
 		MaxConcurrentRolls:   defaultMaxConcurrentRolls,
+		RollProgressDeadline: defaultRollProgressDeadline.String(),
 		resync:               time.Minute,
 		cacheTTL:             5 * time.Minute,
+		rollDeadline:         defaultRollProgressDeadline,
 	}
 }
 
@@ -259,6 +266,14 @@ func (c *Config) check() error {
 	if c.MinReadySeconds < 0 || c.MinReadySeconds > 3600 {
 		return bad("min_ready_seconds", "%d: want 0 to 3600", c.MinReadySeconds)
 	}
+	deadline, err := time.ParseDuration(c.RollProgressDeadline)
+	if err != nil || deadline < time.Second || deadline > 24*time.Hour {
+		return bad("roll_progress_deadline", "%q: want a duration from 1s to 24h, e.g. \"10m\" (how long a roll waits for its new pods to become available before it gives up its slot)", c.RollProgressDeadline)
+	}
+	if minReady := time.Duration(c.MinReadySeconds) * time.Second; deadline <= minReady {
+		return bad("roll_progress_deadline", "%s is not longer than min_ready_seconds (%s): no roll could ever finish; raise it above min_ready_seconds plus the time pods take to start", deadline, minReady)
+	}
+	c.rollDeadline = deadline
 	return nil
 }
 
@@ -327,7 +342,8 @@ const configSchema = `{
     "pass_encrypted_env": {"type": "boolean", "description": "also pass the sealed blob, base64, in env_var_names.encrypted_env (default false)"},
     "secret_cache_ttl":   {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$", "description": "how long an opened environment stays in memory (default 5m)"},
     "max_concurrent_rolls": {"type": "integer", "minimum": 1, "description": "how many deployments replace their pod template at once (default 10)"},
-    "min_ready_seconds":  {"type": "integer", "minimum": 0, "maximum": 3600, "description": "seconds a new pod must be ready before a roll counts it available (default 0)"}
+    "min_ready_seconds":  {"type": "integer", "minimum": 0, "maximum": 3600, "description": "seconds a new pod must be ready before a roll counts it available (default 0)"},
+    "roll_progress_deadline": {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$", "description": "how long a roll waits for its new pods to become available before it gives up its slot, keeping the old pods (default 10m)"}
   },
   "$defs": {
     "envName": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}

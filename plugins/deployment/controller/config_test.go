@@ -37,6 +37,11 @@ func BadConfigs() []BadConfig {
 		{`{"secret_cache_ttl": "2h"}`, "secret_cache_ttl"},
 		{`{"max_concurrent_rolls": 0}`, "max_concurrent_rolls"},
 		{`{"min_ready_seconds": -1}`, "min_ready_seconds"},
+		{`{"roll_progress_deadline": "never"}`, "roll_progress_deadline"},
+		{`{"roll_progress_deadline": "500ms"}`, "roll_progress_deadline"},
+		{`{"roll_progress_deadline": "48h"}`, "roll_progress_deadline"},
+		{`{"roll_progress_deadline": 600}`, "roll_progress_deadline"},
+		{`{"roll_progress_deadline": "30s", "min_ready_seconds": 60}`, "roll_progress_deadline"},
 		{`{"image_pull_secrets": {"https://registry.example": "pull"}}`, "image_pull_secrets"},
 		{`{"image_pull_secrets": {"registry.example/team": "pull"}}`, "image_pull_secrets"},
 		{`{"image_pull_secrets": {"registry.example": "Bad_Secret"}}`, "image_pull_secrets.registry.example"},
@@ -53,6 +58,9 @@ func TestParseConfigDefaults(t *testing.T) {
 		if cfg.RuntimeClass != "gvisor" || cfg.EnvVarNames.DeploymentID != "UNKEY_DEPLOYMENT_ID" || cfg.resync != time.Minute ||
 			len(cfg.Tolerations) != 1 || cfg.NodeSelector["node-class"] != "untrusted" || cfg.ProbeDefaults.PeriodSeconds != 10 {
 			t.Errorf("%q: defaults %+v", raw, cfg)
+		}
+		if cfg.rollDeadline != 10*time.Minute {
+			t.Errorf("%q: roll_progress_deadline %s, want 10m like Kubernetes' progressDeadlineSeconds", raw, cfg.rollDeadline)
 		}
 	}
 	cfg, err := ParseConfig([]byte(`{"node_selector": {"pool": "apps"}, "status_resync_interval": "2s", "probe_defaults": {"timeout_seconds": 4}}`))
@@ -90,7 +98,8 @@ func TestSchemaAcceptsTheDefaults(t *testing.T) {
 	full := `{"runtime_class":"gvisor","env_var_names":{"workspace_id":"A","project_id":"B","environment_id":"C","deployment_id":"D","encrypted_env":"E"},
 		"image_pull_secret":"pull","node_selector":{"node-class":"untrusted"},"tolerations":[{"key":"k","operator":"Equal","value":"v","effect":"NoSchedule"}],
 		"sentinel_namespace":"sentinel","probe_defaults":{"initial_delay_seconds":0,"period_seconds":10,"timeout_seconds":2,"failure_threshold":3},
-		"status_resync_interval":"1m30s","max_cpu_millicores":64000,"max_memory_mib":262144,"max_replicas":1000}`
+		"status_resync_interval":"1m30s","max_cpu_millicores":64000,"max_memory_mib":262144,"max_replicas":1000,
+		"roll_progress_deadline":"90s","min_ready_seconds":30}`
 	if err := sdk.ValidateConfig(configSchema, []byte(full)); err != nil {
 		t.Errorf("schema refuses a full valid block: %v", err)
 	}

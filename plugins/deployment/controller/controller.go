@@ -196,7 +196,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 		old.informers.Stop()
 	}
 	c.adoptRolls(k)
-	c.startAdmitted(c.bg, c.rolls.resize(cfg.MaxConcurrentRolls))
+	c.startAdmitted(c.bg, c.rolls.resize(cfg.MaxConcurrentRolls, cfg.rollDeadline))
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "runtime_class", cfg.RuntimeClass, "status_resync_interval", cfg.resync)
 	return nil
 }
@@ -297,7 +297,13 @@ func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 		secret = newSecretPlan(ch.ID, d)
 	}
 	if !c.unchanged(k, ch.ID, desired) {
-		if c.replacesTemplate(k, ch.ID, desired) && !c.rolls.acquire(ch.ID, ch) {
+		replaces := c.replacesTemplate(k, ch.ID, desired)
+		if replaces {
+			if err := c.failedRoll(k, ch.ID, ch.Version, desired); err != nil {
+				return 0, err
+			}
+		}
+		if replaces && !c.rolls.acquire(ch.ID, ch) {
 			// Every roll slot is taken: the change is kept and applied by
 			// the plugin when a slot frees (roll.go); nothing more to do now.
 			rolling, waiting := c.rolls.counts()
@@ -334,6 +340,23 @@ func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 		return result, err
 	}
 	return sdk.Applied, nil
+}
+
+// failedRoll is the error of the roll to desired when that roll already
+// missed its deadline at this version (roll.go): it is not started again,
+// so the old ReplicaSets keep serving and the slot stays free. When the
+// ReplicaSet has become available since, the failure is forgotten and the
+// roll goes on.
+func (c *Controller) failedRoll(k *kubeState, id string, version uint64, desired *unstructured.Unstructured) error {
+	f, ok := c.rolls.failure(id, desired.GetNamespace(), desired.GetName(), version)
+	if !ok {
+		return nil
+	}
+	if live, err := k.replicaSets.ReplicaSets(f.ns).Get(f.name); err == nil && live.DeletionTimestamp == nil && available(live) {
+		c.rolls.forget(id)
+		return nil
+	}
+	return f.err
 }
 
 // liveOwner is the owner reference to the desired ReplicaSet as the cache
@@ -396,12 +419,21 @@ func (c *Controller) replacesTemplate(k *kubeState, id string, desired *unstruct
 // available.
 func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured, secret *secretPlan) (sdk.Result, error) {
 	ns, name := desired.GetNamespace(), desired.GetName()
-	if live, err := k.replicaSets.ReplicaSets(ns).Get(name); err == nil && live.DeletionTimestamp != nil {
+	version := kube.AppliedVersion(desired.GetAnnotations())
+	// When a roll's clock starts, if this write turns out to be one
+	// adopted from the cluster (roll.go): a re-apply of the ReplicaSet as
+	// it is started no later than the ReplicaSet; anything else now.
+	rollStart := time.Now()
+	live, err := k.replicaSets.ReplicaSets(ns).Get(name)
+	if err == nil && live.DeletionTimestamp != nil {
 		return 0, fmt.Errorf("deployment %s: ReplicaSet %s/%s is being deleted (by hand?); it is created again once it is gone (retrying)", id, ns, name)
+	}
+	if err == nil && kube.AppliedVersion(live.Annotations) == version {
+		rollStart = live.CreationTimestamp.Time
 	}
 	host := c.hostServices()
 	unlock := c.nsLocks.rlock(ns)
-	err := c.ensureNamespace(ctx, k, ns)
+	err = c.ensureNamespace(ctx, k, ns)
 	owner := c.liveOwner(k, desired)
 	if err == nil && secret != nil {
 		// Before the ReplicaSet: its pods must find the Secret.
@@ -429,13 +461,18 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	}
 	if slices.ContainsFunc(all, func(rs *appsv1.ReplicaSet) bool { return rs.Namespace != ns || rs.Name != name }) {
 		if !c.rolls.holds(id) {
-			c.rolls.adopt(id) // written already: count it
+			c.rolls.adopt(id) // written already: count it, from now
+			rollStart = time.Now()
 		}
-		c.rolls.setTarget(id, ns, name)
+		c.rolls.setTarget(id, ns, name, version, rollStart)
 		// Finishes at once when the new ReplicaSet is available already
 		// (a scale of an existing one, a retry); otherwise its status
-		// events drive the roll.
+		// events drive the roll. A roll adopted here whose ReplicaSet is
+		// past its deadline already fails at once, and so does this Apply.
 		c.startAdmitted(c.bg, c.progress(ctx, id))
+		if f, failed := c.rolls.failure(id, ns, name, version); failed {
+			return 0, f.err
+		}
 		return sdk.Applied, nil
 	}
 	if c.rolls.holds(id) {
@@ -541,6 +578,7 @@ func (c *Controller) remove(ctx context.Context, k *kubeState, id string, versio
 	if err := c.removeNamespacesIfUnused(ctx, k, id, namespaces); err != nil {
 		return 0, err
 	}
+	c.rolls.forget(id)
 	c.startAdmitted(c.bg, c.rolls.release(id))
 	return sdk.Deleted, nil
 }

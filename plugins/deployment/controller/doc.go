@@ -8,6 +8,8 @@
 //     cluster (invalid input is a permanent error naming the field);
 //   - build.go: pure functions from a Deployment to the ReplicaSet;
 //   - controller.go: Describe, Configure, Apply, Inventory, Shutdown;
+//   - roll.go: template changes, max_concurrent_rolls at a time, each
+//     given up after roll_progress_deadline;
 //   - namespace.go: namespaces created on demand and removed when empty;
 //   - status.go: WatchStatus, pods and ReplicaSets to DeploymentStatus;
 //   - index.go: the informer caches indexed by deployment id, so one
@@ -17,6 +19,9 @@
 // template changes, so the template is immutable per ReplicaSet: the
 // ReplicaSet is named <k8s_name>-<template hash> and its selector includes
 // the hash. A template change (image, env, resources, probes, command...)
-// applies a new ReplicaSet and then deletes the old one (foreground, so its
-// pods go with it); a replica change keeps the name and only scales.
+// applies a new ReplicaSet and, once it is available, deletes the old one
+// (foreground, so its pods go with it); a replica change keeps the name and
+// only scales. roll.go bounds how many deployments roll at once and gives
+// up a roll not available within roll_progress_deadline, keeping the old
+// ReplicaSet.
 package controller

@@ -3,12 +3,18 @@ package controller
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 )
@@ -28,31 +34,87 @@ import (
 // it (the old ones are deleted in the foreground, so that is after their
 // pods are gone).
 //
-// Known limit: a new template whose pods never become available keeps its
-// slot (and its old pods) until a newer version or a delete arrives.
+// A roll whose new ReplicaSet is not available within
+// roll_progress_deadline of its start gives up: its slot goes to the next
+// waiting deployment, and nothing is deleted, so the deployment keeps
+// serving from its old ReplicaSet (the new one stays too, with its failing
+// pods, for the operator to see). The failure is remembered per
+// deployment: the Apply of that template at that version or an older one
+// (the host's resync) fails permanently with it, which the host reports to
+// ctrl as the deployment's apply error, unless the ReplicaSet has become
+// available since (then the roll goes on). A newer version, another
+// template or a delete starts afresh. A restarted plugin finds such a
+// deployment mid-roll (two ReplicaSets), adopts it, and fails it again at
+// once: the deadline of an adopted roll counts from its ReplicaSet's
+// creation.
 type roller struct {
-	mu      sync.Mutex
-	max     int
-	active  map[string]*roll      // deployment id -> its roll (holds a slot)
-	queue   []string              // ids waiting for a slot, oldest first
-	waiting map[string]sdk.Change // the latest change of each waiting id
-	wake    chan struct{}         // a pending progress check (buffer of 1)
-	dirty   map[string]bool       // ids whose roll needs a look
+	mu       sync.Mutex
+	max      int
+	deadline time.Duration
+	active   map[string]*roll      // deployment id -> its roll (holds a slot)
+	queue    []string              // ids waiting for a slot, oldest first
+	waiting  map[string]sdk.Change // the latest change of each waiting id
+	wake     chan struct{}         // a pending progress check (buffer of 1)
+	dirty    map[string]bool       // ids whose roll needs a look
+	failed   map[string]rollFailure
 }
 
 type roll struct {
 	// ns/name of the ReplicaSet the deployment rolls to; "" until written
 	// (or for a roll found in the cluster at Configure: then the newest).
 	ns, name string
+	// version is the change the roll writes (0 for an adopted roll: then
+	// the target's applied version).
+	version uint64
+	// started is when the roll got its slot (for an adopted roll, the
+	// target's creation); zero until known.
+	started time.Time
+	// timer pokes the roll at its deadline.
+	timer *time.Timer
+}
+
+// rollFailure is a roll that missed its deadline.
+type rollFailure struct {
+	ns, name string // the ReplicaSet that never became available
+	version  uint64
+	err      error // permanent, names the deployment, ReplicaSet and pods
 }
 
 func newRoller() *roller {
 	return &roller{
-		max:     defaultMaxConcurrentRolls,
-		active:  map[string]*roll{},
-		waiting: map[string]sdk.Change{},
-		wake:    make(chan struct{}, 1),
-		dirty:   map[string]bool{},
+		max:      defaultMaxConcurrentRolls,
+		deadline: defaultRollProgressDeadline,
+		active:   map[string]*roll{},
+		waiting:  map[string]sdk.Change{},
+		wake:     make(chan struct{}, 1),
+		dirty:    map[string]bool{},
+		failed:   map[string]rollFailure{},
+	}
+}
+
+// newRoll starts the clock of a roll that just got its slot. Called with
+// r.mu held.
+func (r *roller) newRoll(id string) *roll {
+	ro := &roll{}
+	r.start(id, ro, time.Now())
+	return ro
+}
+
+// start sets ro's start and arms its deadline timer. Called with r.mu held.
+func (r *roller) start(id string, ro *roll, at time.Time) {
+	ro.started = at
+	if ro.timer != nil {
+		ro.timer.Stop()
+	}
+	// A timer that fires late or for a released roll only pokes: progress
+	// looks at the roll as it is then.
+	ro.timer = time.AfterFunc(time.Until(at.Add(r.deadline)), func() { r.poke(id) })
+}
+
+// stopRoll disarms ro's timer. Called with r.mu held.
+func stopRoll(ro *roll) {
+	if ro.timer != nil {
+		ro.timer.Stop()
 	}
 }
 
@@ -72,7 +134,7 @@ func (r *roller) acquire(id string, ch sdk.Change) bool {
 		return true
 	}
 	if len(r.active) < r.max {
-		r.active[id] = &roll{}
+		r.active[id] = r.newRoll(id)
 		r.dropWaiting(id)
 		return true
 	}
@@ -83,13 +145,63 @@ func (r *roller) acquire(id string, ch sdk.Change) bool {
 	return false
 }
 
-// setTarget records the ReplicaSet id rolls to.
-func (r *roller) setTarget(id, ns, name string) {
+// setTarget records the ReplicaSet id rolls to, written at version. A
+// roll whose clock has not started (adopted from the cluster) starts it
+// at started.
+func (r *roller) setTarget(id, ns, name string, version uint64, started time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ro, ok := r.active[id]; ok {
-		ro.ns, ro.name = ns, name
+		ro.ns, ro.name, ro.version = ns, name, version
+		if ro.started.IsZero() {
+			r.start(id, ro, started)
+		}
 	}
+}
+
+// adopted gives an adopted roll (found in the cluster) its target and the
+// start of its clock, the target's creation.
+func (r *roller) adopted(id, ns, name string, version uint64, created time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ro, ok := r.active[id]; ok && ro.name == "" {
+		ro.ns, ro.name, ro.version = ns, name, version
+		if ro.started.IsZero() {
+			r.start(id, ro, created)
+		}
+	}
+}
+
+// fail records that id's roll missed its deadline and frees its slot.
+func (r *roller) fail(id string, f rollFailure) []admitted {
+	r.mu.Lock()
+	r.failed[id] = f
+	r.mu.Unlock()
+	return r.release(id)
+}
+
+// failure returns the recorded failure of id's roll to ns/name when a
+// change at version would repeat it: the same ReplicaSet at that version
+// or an older one. Any other change forgets the failure.
+func (r *roller) failure(id, ns, name string, version uint64) (rollFailure, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.failed[id]
+	if !ok {
+		return rollFailure{}, false
+	}
+	if f.ns == ns && f.name == name && version <= f.version {
+		return f, true
+	}
+	delete(r.failed, id)
+	return rollFailure{}, false
+}
+
+// forget drops a recorded failure (the deployment was deleted).
+func (r *roller) forget(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.failed, id)
 }
 
 // target returns id's roll, if it holds a slot.
@@ -100,7 +212,9 @@ func (r *roller) target(id string) (roll, bool) {
 	if !ok {
 		return roll{}, false
 	}
-	return *ro, true
+	cp := *ro
+	cp.timer = nil
+	return cp, true
 }
 
 // holds reports whether id holds a slot.
@@ -116,18 +230,38 @@ func (r *roller) holds(id string) bool {
 func (r *roller) release(id string) []admitted {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if ro, ok := r.active[id]; ok {
+		stopRoll(ro)
+	}
 	delete(r.active, id)
 	r.dropWaiting(id)
 	return r.admit()
 }
 
-// resize sets the bound; a larger one admits waiting deployments at once.
-// Rolls already running beyond a smaller one finish.
-func (r *roller) resize(n int) []admitted {
+// resize sets the bound and the deadline; a larger bound admits waiting
+// deployments at once. Rolls already running beyond a smaller one finish.
+// A new deadline applies to the running rolls too, from their start.
+func (r *roller) resize(n int, deadline time.Duration) []admitted {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.max = n
+	if deadline != r.deadline {
+		r.deadline = deadline
+		for id, ro := range r.active {
+			if !ro.started.IsZero() {
+				r.start(id, ro, ro.started)
+			}
+		}
+	}
 	return r.admit()
+}
+
+// expired reports whether a roll that started at started is past the
+// deadline.
+func (r *roller) expired(started time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !started.IsZero() && time.Since(started) >= r.deadline
 }
 
 // adopt gives a slot to id, whose roll was found in the cluster (started
@@ -152,7 +286,7 @@ func (r *roller) admit() []admitted {
 			continue
 		}
 		delete(r.waiting, id)
-		r.active[id] = &roll{}
+		r.active[id] = r.newRoll(id)
 		out = append(out, admitted{id, ch})
 	}
 	return out
@@ -251,6 +385,11 @@ func (c *Controller) progress(ctx context.Context, id string) []admitted {
 		}
 		target := newest(all)
 		ro.ns, ro.name = target.Namespace, target.Name
+		ro.version = kube.AppliedVersion(target.Annotations)
+		if ro.started.IsZero() {
+			ro.started = target.CreationTimestamp.Time
+		}
+		c.rolls.adopted(id, ro.ns, ro.name, ro.version, ro.started)
 	}
 	var target *appsv1.ReplicaSet
 	var others []appsv1.ReplicaSet
@@ -268,7 +407,14 @@ func (c *Controller) progress(ctx context.Context, id string) []admitted {
 		return c.rolls.release(id)
 	}
 	if target == nil || target.DeletionTimestamp != nil || !available(target) {
-		return nil
+		if !c.rolls.expired(ro.started) {
+			return nil // the next ReplicaSet event or the deadline timer looks again
+		}
+		cfg, _ := c.state()
+		f := rollFailure{ns: ro.ns, name: ro.name, version: ro.version}
+		f.err = c.rollFailed(k, id, ro, target, others, cfg.rollDeadline)
+		c.log.Warn("roll missed its progress deadline; its slot goes to the next deployment, the old ReplicaSets stay", "deployment", id, "replicaset", ro.ns+"/"+ro.name, "error", f.err)
+		return c.rolls.fail(id, f)
 	}
 	if !slices.ContainsFunc(others, func(rs appsv1.ReplicaSet) bool { return rs.DeletionTimestamp == nil }) {
 		return nil // deleting: the slot frees when they are gone
@@ -279,6 +425,73 @@ func (c *Controller) progress(ctx context.Context, id string) []admitted {
 	}
 	return nil
 }
+
+// rollFailed is the permanent error of a roll that missed its deadline:
+// the deployment, the ReplicaSet, what of it was not ready and why (its
+// pods' reasons), what still serves, and what to do.
+func (c *Controller) rollFailed(k *kubeState, id string, ro roll, target *appsv1.ReplicaSet, others []appsv1.ReplicaSet, deadline time.Duration) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "deployment %s: the roll to ReplicaSet %s/%s (version %d) did not become available within roll_progress_deadline %s", id, ro.ns, ro.name, ro.version, deadline)
+	switch {
+	case target == nil:
+		b.WriteString(": the ReplicaSet does not exist")
+	case target.DeletionTimestamp != nil:
+		b.WriteString(": the ReplicaSet is being deleted")
+	default:
+		want := int32(1)
+		if target.Spec.Replicas != nil {
+			want = *target.Spec.Replicas
+		}
+		fmt.Fprintf(&b, ": %d of %d replicas available", target.Status.AvailableReplicas, want)
+		pods, _ := ofDeployment[*corev1.Pod](k.podIndex, id)
+		var why []string
+		for _, p := range pods {
+			if !ownedBy(p, target) {
+				continue
+			}
+			st, reason, msg := podState(p)
+			if st == clusterv1.Instance_STATUS_RUNNING {
+				continue
+			}
+			s := "pod " + p.Name + " " + reason
+			if msg != "" {
+				s += ": " + msg
+			}
+			why = append(why, s)
+		}
+		slices.Sort(why)
+		if len(why) > maxListedPods {
+			why = append(why[:maxListedPods], fmt.Sprintf("%d more", len(why)-maxListedPods))
+		}
+		if len(why) > 0 {
+			b.WriteString(" (" + strings.Join(why, "; ") + ")")
+		}
+	}
+	var old []string
+	for _, rs := range others {
+		if rs.DeletionTimestamp == nil {
+			old = append(old, rs.Namespace+"/"+rs.Name)
+		}
+	}
+	if len(old) > 0 {
+		fmt.Fprintf(&b, "; it keeps serving from ReplicaSet %s", strings.Join(old, ", "))
+	}
+	b.WriteString("; the roll gave up its slot. Fix the deployment (image, command, probes, resources) and deploy a newer version, or raise roll_progress_deadline if its pods need longer to start")
+	return sdk.Permanent(errors.New(b.String()))
+}
+
+// ownedBy reports whether p belongs to rs.
+func ownedBy(p *corev1.Pod, rs *appsv1.ReplicaSet) bool {
+	for _, o := range p.OwnerReferences {
+		if o.UID == rs.UID {
+			return true
+		}
+	}
+	return false
+}
+
+// maxListedPods bounds how many pods a roll failure names.
+const maxListedPods = 3
 
 // finishRoll deletes the ReplicaSets a roll replaced, then the Secrets only
 // they used and the namespaces they leave empty.
@@ -368,3 +581,7 @@ func newest(rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
 
 // defaultMaxConcurrentRolls is max_concurrent_rolls when unset.
 const defaultMaxConcurrentRolls = 10
+
+// defaultRollProgressDeadline is roll_progress_deadline when unset, as
+// Kubernetes' progressDeadlineSeconds.
+const defaultRollProgressDeadline = 10 * time.Minute

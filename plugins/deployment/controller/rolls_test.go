@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"krane.dev/plugins/deployment/controller"
 	"krane.dev/sdk"
+	"krane.dev/sdk/kube"
 	"krane.dev/sdk/plugintest"
 )
 
@@ -317,4 +319,128 @@ func TestTemplateChangesRollBounded(t *testing.T) {
 			t.Errorf("%s fell to %d ready pods during the roll, want at least %d", ch.ID, got, replicas-1)
 		}
 	}
+}
+
+// TestStuckRollGivesUpItsSlot: with one roll slot, a deployment whose new
+// pods never become available (an image that cannot be pulled) holds the
+// slot only until roll_progress_deadline. Then another deployment's
+// waiting template change rolls; the stuck one keeps serving from its old
+// ReplicaSet, its Apply fails permanently saying which ReplicaSet was not
+// available and why, and a newer version of it rolls normally.
+func TestStuckRollGivesUpItsSlot(t *testing.T) {
+	const (
+		ns       = "stuck-rolls"
+		deadline = 4 * time.Second
+		replicas = 2
+		badImage = "registry.example/kwok-fail-pull:v2"
+	)
+	cluster, _, _ := pluginIdentity(t)
+	cleanupNamespace(t, cluster, ns)
+	p := startPlugin(t, fmt.Sprintf(`{"max_concurrent_rolls": 1, "roll_progress_deadline": %q}`, deadline))
+	w := watchRolls(t, cluster.Client, ns)
+
+	stuck := spec(ns, "stuck", image, replicas)
+	next := spec(ns, "next", image, replicas)
+	apply(t, p, change(t, "dep_stuck", 1, stuck), sdk.Applied)
+	apply(t, p, change(t, "dep_next", 1, next), sdk.Applied)
+	waitUntil(t, time.Minute, "both deployments running", func() bool {
+		return w.ready("dep_stuck") == replicas && w.ready("dep_next") == replicas
+	})
+	oldRS := replicaSetsOf(t, cluster, "dep_stuck")
+	if len(oldRS) != 1 {
+		t.Fatalf("dep_stuck has %d ReplicaSets, want 1", len(oldRS))
+	}
+	oldPods := uids(podsOf(t, cluster, ns, "dep_stuck"))
+
+	// dep_stuck takes the only slot with a template that never becomes
+	// available; dep_next's template change must wait for it.
+	w.arm()
+	stuck.Image = badImage
+	start := time.Now()
+	apply(t, p, change(t, "dep_stuck", 2, stuck), sdk.Applied)
+	next.EnvVars = map[string]string{"GREETING": "bonjour"}
+	apply(t, p, change(t, "dep_next", 2, next), sdk.Applied)
+
+	waitUntil(t, time.Minute, "dep_next rolled to its new template", func() bool {
+		rss := replicaSetsOf(t, cluster, "dep_next")
+		return len(rss) == 1 && kube.AppliedVersion(rss[0].Annotations) == 2 && w.ready("dep_next") == replicas
+	})
+	rolled := replicaSetsOf(t, cluster, "dep_next")[0]
+	// Creation times are whole seconds, truncated.
+	if created := rolled.CreationTimestamp.Add(time.Second); created.Before(start.Add(deadline)) {
+		t.Errorf("dep_next's new ReplicaSet was created at %s, %s after dep_stuck took the slot: before the deadline %s",
+			rolled.CreationTimestamp.Time, rolled.CreationTimestamp.Sub(start), deadline)
+	}
+	t.Logf("dep_next rolled %s after dep_stuck took the only slot (deadline %s)", time.Since(start).Round(time.Millisecond), deadline)
+
+	// dep_stuck still serves from its old ReplicaSet, with the same pods.
+	rss := replicaSetsOf(t, cluster, "dep_stuck")
+	var broken string
+	keptOld := false
+	for _, rs := range rss {
+		switch {
+		case rs.UID == oldRS[0].UID && rs.DeletionTimestamp == nil:
+			keptOld = true
+		case rs.Spec.Template.Spec.Containers[0].Image == badImage:
+			broken = rs.Name
+		}
+	}
+	if !keptOld || broken == "" {
+		t.Fatalf("dep_stuck's ReplicaSets after the deadline: %d (kept the old one: %t, new one: %q)", len(rss), keptOld, broken)
+	}
+	var still []string
+	for _, pod := range podsOf(t, cluster, ns, "dep_stuck") {
+		if slices.Contains(oldPods, string(pod.UID)) && pod.DeletionTimestamp == nil {
+			still = append(still, string(pod.UID))
+		}
+	}
+	if len(still) != len(oldPods) {
+		t.Errorf("dep_stuck kept %d of its %d old pods", len(still), len(oldPods))
+	}
+	w.mu.Lock()
+	minReady := w.minReady["dep_stuck"]
+	w.mu.Unlock()
+	if minReady < replicas {
+		t.Errorf("dep_stuck fell to %d ready pods while its roll was stuck, want %d", minReady, replicas)
+	}
+
+	// The host's next Apply of that version (its resync) learns why.
+	_, err := plugintest.Apply(context.Background(), p, change(t, "dep_stuck", 2, stuck))
+	if err == nil || !sdk.IsPermanent(err) {
+		t.Fatalf("Apply(dep_stuck v2) after the deadline: %v, want a permanent error", err)
+	}
+	for _, want := range []string{"deployment dep_stuck", ns + "/" + broken, "roll_progress_deadline " + deadline.String(),
+		"0 of 2 replicas available", "ImagePull", "keeps serving from ReplicaSet " + ns + "/" + oldRS[0].Name} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the failure %q does not say %q", err, want)
+		}
+	}
+
+	// A restarted plugin finds dep_stuck mid-roll, counts its deadline
+	// from the new ReplicaSet's creation, and fails its Apply at once.
+	config := fmt.Sprintf(`{"max_concurrent_rolls": 1, "roll_progress_deadline": %q}`, deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p = startPlugin(t, config)
+	_, err = plugintest.Apply(context.Background(), p, change(t, "dep_stuck", 2, stuck))
+	if err == nil || !sdk.IsPermanent(err) || !strings.Contains(err.Error(), ns+"/"+broken) {
+		t.Fatalf("Apply(dep_stuck v2) on a restarted plugin: %v, want the roll's failure at once", err)
+	}
+	if n := len(replicaSetsOf(t, cluster, "dep_stuck")); n != 2 {
+		t.Fatalf("dep_stuck has %d ReplicaSets after the restarted plugin's Apply, want the old and the stuck one", n)
+	}
+
+	// A newer version rolls again, normally.
+	stuck.Image = image
+	stuck.EnvVars = map[string]string{"GREETING": "fixed"}
+	apply(t, p, change(t, "dep_stuck", 3, stuck), sdk.Applied)
+	waitUntil(t, time.Minute, "dep_stuck rolled to version 3", func() bool {
+		rss := replicaSetsOf(t, cluster, "dep_stuck")
+		return len(rss) == 1 && kube.AppliedVersion(rss[0].Annotations) == 3 && w.ready("dep_stuck") == replicas
+	})
+	apply(t, p, deleted("dep_stuck", 4), sdk.Deleted)
+	apply(t, p, deleted("dep_next", 3), sdk.Deleted)
 }
