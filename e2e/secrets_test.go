@@ -64,8 +64,10 @@ func randomSecret() string {
 // secrets through the host, which asks ctrl with its token. The workload
 // runs with a Secret read through envFrom holding exactly the values; the
 // database holds none of them; the plugin process does not hold the token;
-// and the output of ctrl, krane and the plugin, all captured at trace
-// level, holds no token and no value.
+// and the output of ctrl, krane and the plugins, all captured at trace
+// level, holds no token and no value. The environment's sentinel, deployed
+// with a credential, ends with the Secret <k8s_name>-credentials holding
+// it (the real sentinel plugin opens it through the same path).
 func TestSecretsEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	cluster := kubeenv.Shared(t)
@@ -240,6 +242,46 @@ controller "sentinel" {
 	}
 	t.Logf("ctrl audited %d DecryptEnv call(s) for the deployment", len(audit))
 
+	// The environment's sentinel, deployed with a credential: sealed by
+	// ctrl, opened by the sentinel plugin through the host, it ends as the
+	// Secret <k8s_name>-credentials, the last envFrom of the sentinel.
+	sentinels := ctrlv1.NewSentinelServiceClient(conn)
+	sl, err := sentinels.ListSentinels(ctx, &ctrlv1.ListSentinelsRequest{EnvironmentId: "env-sec", Region: region})
+	if err != nil || len(sl.GetSentinels()) != 1 {
+		t.Fatalf("the environment's sentinel: %v, %v", sl, err)
+	}
+	sen := sl.GetSentinels()[0]
+	credential := randomSecret()
+	start = time.Now()
+	sd, err := sentinels.DeploySentinel(ctx, &ctrlv1.DeploySentinelRequest{SentinelId: sen.GetId(), Wait: true,
+		Credentials: map[string]string{"DATABASE_PASSWORD": credential}})
+	if err != nil || sd.GetResult() != "ready" {
+		t.Fatalf("deploy sentinel %s with a credential: %v %s %s", sen.GetId(), err, sd.GetResult(), sd.GetMessage())
+	}
+	t.Logf("sentinel with a credential ready %s after DeploySentinel (Secret opened through host and ctrl, pods rolled)", time.Since(start).Round(time.Millisecond))
+	credSecret, err := cluster.Client.CoreV1().Secrets("sentinel-e2e-secrets").Get(ctx, sen.GetK8SName()+"-credentials", metav1.GetOptions{})
+	if err != nil || string(credSecret.Data["DATABASE_PASSWORD"]) != credential || len(credSecret.Data) != 1 {
+		t.Fatalf("Secret %s-credentials: %v (want exactly the credential)", sen.GetK8SName(), err)
+	}
+	senDep, err := cluster.Client.AppsV1().Deployments("sentinel-e2e-secrets").Get(ctx, sen.GetK8SName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ef := senDep.Spec.Template.Spec.Containers[0].EnvFrom; len(ef) == 0 || ef[len(ef)-1].SecretRef.Name != credSecret.Name {
+		t.Fatalf("sentinel envFrom %+v, want %s last", ef, credSecret.Name)
+	}
+	senAudit, err := st.VaultAudit(ctx, sen.GetId(), 100)
+	if err != nil || len(senAudit) == 0 || senAudit[0].Outcome != "allowed" || senAudit[0].Region != region {
+		t.Fatalf("vault audit of sentinel %s: %+v, %v", sen.GetId(), senAudit, err)
+	}
+	var senBlob []byte
+	if err := st.DB().QueryRowContext(ctx, "SELECT encrypted_credentials FROM sentinels WHERE id = ?", sen.GetId()).Scan(&senBlob); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.HostFor("deployment").DecryptEnv(ctx, sen.GetId(), senBlob); err == nil || !strings.Contains(err.Error(), "does not reconcile kind") {
+		t.Fatalf("the deployment plugin's Host opening a sentinel's credentials: %v, want PermissionDenied", err)
+	}
+
 	// Decrypt latency of the whole path a plugin sees: plugin -> broker ->
 	// host -> ctrl (token check, MySQL read, audit insert) and back.
 	probe := &hostProbe{}
@@ -268,7 +310,7 @@ controller "sentinel" {
 	}
 
 	// The database holds ciphertext only: every cell of every table.
-	found, cells, err := testenv.FindInDatabase(ctx, st.DB(), slices.Collect(maps.Values(secrets))...)
+	found, cells, err := testenv.FindInDatabase(ctx, st.DB(), append(slices.Collect(maps.Values(secrets)), credential)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +348,7 @@ controller "sentinel" {
 	if !strings.Contains(logs["krane and plugin"], "Secret applied") || !strings.Contains(logs["krane and plugin"], "plugin running") {
 		t.Fatal("the plugin's output did not reach the captured krane log")
 	}
-	needles := map[string]string{"the cluster token": token, "the operator token": operator}
+	needles := map[string]string{"the cluster token": token, "the operator token": operator, "the sentinel's credential": credential}
 	for k, v := range secrets {
 		needles["the value of "+k] = v
 	}
@@ -320,7 +362,7 @@ controller "sentinel" {
 		}
 	}
 	t.Logf("scanned %d bytes of ctrl output and %d bytes of krane and plugin output (trace level) for 2 tokens and %d values: none found",
-		len(logs["ctrl"]), len(logs["krane and plugin"]), len(secrets))
+		len(logs["ctrl"]), len(logs["krane and plugin"]), len(secrets)+1)
 }
 
 // hostProbe is a plugin that only keeps its Host.

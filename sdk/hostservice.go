@@ -27,8 +27,12 @@ type Host interface {
 	// DecryptEnv opens a deployment's sealed secret environment (the
 	// Deployment's encrypted_env) through ctrl. ctrl allows it only for a
 	// deployment scheduled in this cluster's region, only for the blob it
-	// stored for that deployment, and audits every call. The values are
-	// secrets: never log them, never put them in errors or statuses.
+	// stored for that deployment, and audits every call. With a sentinel id
+	// (sen_...) it opens that sentinel's encrypted_credentials under the
+	// same rules (the sentinel runs in this region). The host lets only the
+	// plugin that reconciles the kind (deployment, or sentinel) ask. The
+	// values are secrets: never log them, never put them in errors or
+	// statuses.
 	DecryptEnv(ctx context.Context, deploymentID string, sealed []byte) (map[string]string, error)
 }
 

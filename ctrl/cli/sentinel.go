@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -51,16 +52,26 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 		cpu, memory          int64
 		timeout, waitTimeout time.Duration
 		wait                 bool
+		credFiles, credKeys  []string
 	)
 	cmd := &cobra.Command{
-		Use:   "deploy SENTINEL_ID [--image I] [--replicas N] [--cpu M] [--memory M] [--wait]",
-		Short: "Change a sentinel's image or size (unset flags keep the current value); with --wait, follow it until it runs healthy",
+		Use:   "deploy SENTINEL_ID [--image I] [--replicas N] [--cpu M] [--memory M] [--credentials-file F] [--credential KEY] [--wait]",
+		Short: "Change a sentinel's image, size or credentials (unset flags keep the current value); with --wait, follow it until it runs healthy",
 		Long: "Writes the sentinel's new configuration (a new version its cluster applies) and starts SentinelService.Deploy, " +
 			"which waits until the cluster reports the sentinel healthy on the image at that version, a permanent apply error, or the timeout. " +
-			"A sentinel that fails is not rolled back. Exit status: 0 ready (or started, without --wait), 1 failed or error.",
+			"A sentinel that fails is not rolled back. Exit status: 0 ready (or started, without --wait), 1 failed or error.\n\n" +
+			"Credentials (database, ClickHouse, Redis, ...) are sealed by ctrl for the sentinel and reach its container as the Secret " +
+			"<k8s_name>-credentials (docs/secrets.md). --credentials-file reads KEY=VALUE lines (# comments, optional export and quotes, " +
+			"as --secret-env-file of `deploy create`) or, when the file starts with '{', a JSON object of strings. --credential KEY takes the " +
+			"value of the environment variable KEY; --credential KEY=- reads it from stdin (no prompt, one trailing newline dropped). " +
+			"Values are never taken from the command line. Given credentials replace the sentinel's as a whole; without any, it keeps the ones it has.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			asJSON, err := s.api.json()
+			if err != nil {
+				return err
+			}
+			creds, err := credentialsFrom(credFiles, credKeys, os.LookupEnv, cmd.InOrStdin())
 			if err != nil {
 				return err
 			}
@@ -70,7 +81,7 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 			}
 			defer closeConn()
 			req := &ctrlv1.DeploySentinelRequest{SentinelId: args[0], Image: image, Replicas: replicas, CpuMillicores: cpu, MemoryMib: memory,
-				TimeoutSeconds: int32(timeout / time.Second)}
+				TimeoutSeconds: int32(timeout / time.Second), Credentials: creds}
 			if !wait {
 				resp, err := api.DeploySentinel(cmd.Context(), req)
 				if err != nil {
@@ -94,6 +105,8 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 	f.Int64Var(&memory, "memory", 0, "new memory in MiB (0: keep)")
 	f.DurationVar(&timeout, "timeout", 0, "how long the deploy waits for the cluster (0: ctrl's sentinel.deploy_timeout)")
 	f.BoolVar(&wait, "wait", false, "follow the deploy and exit 0 only when the sentinel is ready")
+	f.StringArrayVar(&credFiles, "credentials-file", nil, "file of the sentinel's credentials: KEY=VALUE lines, or a JSON object of strings (repeatable; a later file wins)")
+	f.StringArrayVar(&credKeys, "credential", nil, "a credential whose value is the environment variable KEY, or with KEY=- read from stdin (repeatable; wins over the files)")
 	f.DurationVar(&waitTimeout, "wait-timeout", 30*time.Minute, "give up following after this long (the deploy goes on)")
 	return cmd
 }
@@ -244,6 +257,7 @@ func printSentinel(out io.Writer, s *ctrlv1.SentinelInfo) {
 	fmt.Fprintf(w, "Environment:\t%s (workspace %s, project %s, app %s)\n", s.GetEnvironmentId(), s.GetWorkspaceId(), s.GetProjectId(), s.GetAppId())
 	fmt.Fprintf(w, "Image:\t%s\n", s.GetImage())
 	fmt.Fprintf(w, "Size:\t%d replicas, %dm CPU, %d MiB\n", s.GetReplicas(), s.GetCpuMillicores(), s.GetMemoryMib())
+	fmt.Fprintf(w, "Credentials:\t%s\n", or(strings.Join(s.GetCredentialNames(), ", "), "-"))
 	fmt.Fprintf(w, "Desired state:\t%s (version %d)\n", s.GetDesiredState(), s.GetVersion())
 	fmt.Fprintf(w, "Deploy:\t%s\n", s.GetDeployStatus())
 	if s.GetDeployMessage() != "" {

@@ -63,6 +63,13 @@ func readDotenv(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("--secret-env-file: %w", err)
 	}
 	defer clear(data)
+	return parseDotenv(data, "--secret-env-file "+path)
+}
+
+// parseDotenv parses the lines of readDotenv; what names the source in
+// errors ("--secret-env-file F"), which name lines and variables, never
+// values.
+func parseDotenv(data []byte, what string) (map[string]string, error) {
 	out := map[string]string{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
@@ -74,7 +81,7 @@ func readDotenv(path string) (map[string]string, error) {
 		line = strings.TrimPrefix(line, "export ")
 		k, raw, ok := strings.Cut(line, "=")
 		k = strings.TrimSpace(k)
-		where := fmt.Sprintf("--secret-env-file %s, line %d", path, n)
+		where := fmt.Sprintf("%s, line %d", what, n)
 		if !ok || k == "" || strings.ContainsAny(k, " \t") {
 			return nil, fmt.Errorf("%s: want KEY=VALUE", where)
 		}
@@ -88,7 +95,7 @@ func readDotenv(path string) (map[string]string, error) {
 		out[k] = v
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("--secret-env-file %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
 }
@@ -203,13 +210,21 @@ func newVault() *cobra.Command {
 			return nil
 		},
 	}
-	var deployment string
+	var deployment, sentinel string
 	var limit int
 	audit := &cobra.Command{
-		Use:   "audit [--deployment D]",
+		Use:   "audit [--deployment D | --sentinel S]",
 		Short: "List decryption requests of clusters, newest first (allowed, denied, failed)",
-		Args:  cobra.NoArgs,
+		Long: "Every DecryptEnv request of a cluster: for a deployment's secret variables, or (an id sen_...) for a " +
+			"sentinel's credentials. The DEPLOYMENT column holds the id the cluster asked for.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if deployment != "" && sentinel != "" {
+				return errors.New("--deployment and --sentinel: pass one of them")
+			}
+			if sentinel != "" {
+				deployment = sentinel // one column holds the id asked for
+			}
 			st, err := openStore(cmd, true)
 			if err != nil {
 				return err
@@ -228,6 +243,7 @@ func newVault() *cobra.Command {
 		},
 	}
 	audit.Flags().StringVar(&deployment, "deployment", "", "only this deployment's requests")
+	audit.Flags().StringVar(&sentinel, "sentinel", "", "only this sentinel's requests (its credentials)")
 	audit.Flags().IntVar(&limit, "limit", 100, "at most this many entries")
 	cmd.AddCommand(initCmd, rotate, audit)
 	return cmd

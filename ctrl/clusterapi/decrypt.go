@@ -18,6 +18,7 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
+	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
@@ -39,60 +40,60 @@ func failed(code codes.Code, format string, args ...any) decision {
 
 // DecryptEnv opens a deployment's sealed environment for a cluster that
 // runs it: only a cluster token of a region where the deployment is
-// scheduled, only for the blob ctrl stored for it. Every call that reaches
-// this handler is audited, and nothing is returned unless its audit entry
-// was written.
+// scheduled, only for the blob ctrl stored for it. A sentinel id (sen_...)
+// opens the sentinel's sealed credentials under the same rules: only a
+// cluster of the sentinel's region, only while it is desired running, only
+// the blob ctrl stored for it. Every call that reaches this handler is
+// audited, and nothing is returned unless its audit entry was written.
 func (s *Server) DecryptEnv(ctx context.Context, req *clusterv1.DecryptEnvRequest) (*clusterv1.DecryptEnvResponse, error) {
 	who, err := caller(ctx)
 	if err != nil {
 		return nil, err
 	}
 	id := req.GetDeploymentId()
+	subject := kinds.SecretsKind(id)
 	env, d := s.decrypt(ctx, who, id, req.GetEncryptedEnv())
 	entry := store.VaultAuditEntry{DeploymentID: id, ClusterID: who.ClusterID, Region: who.Region, TokenID: who.TokenID,
 		Outcome: d.outcome, Reason: d.reason, KeyID: d.keyID}
 	if err := s.store.RecordVaultAudit(context.WithoutCancel(ctx), entry); err != nil {
 		clear(env)
 		s.m.decrypts.WithLabelValues(store.VaultFailed).Inc()
-		s.log.Error("cannot audit a decryption request; refusing it", "deployment", id, "cluster", who.ClusterID, "region", who.Region, "error", err)
+		s.log.Error("cannot audit a decryption request; refusing it", subject, id, "cluster", who.ClusterID, "region", who.Region, "error", err)
 		return nil, status.Errorf(codes.Unavailable, "ctrl cannot record the audit of this decryption (database unavailable); retry with backoff")
 	}
 	markAudited(ctx)
 	s.m.decrypts.WithLabelValues(d.outcome).Inc()
 	if d.outcome != store.VaultAllowed {
-		s.log.Warn("decryption refused", "deployment", id, "cluster", who.ClusterID, "region", who.Region, "outcome", d.outcome, "reason", d.reason)
+		s.log.Warn("decryption refused", subject, id, "cluster", who.ClusterID, "region", who.Region, "outcome", d.outcome, "reason", d.reason)
 		return nil, status.Error(d.code, d.reason)
 	}
-	s.log.Info("secret environment opened", "deployment", id, "cluster", who.ClusterID, "region", who.Region, "key", d.keyID, "variables", len(env))
+	s.log.Info("secret environment opened", subject, id, "cluster", who.ClusterID, "region", who.Region, "key", d.keyID, "variables", len(env))
 	return &clusterv1.DecryptEnvResponse{Env: env}, nil
 }
 
 func (s *Server) decrypt(ctx context.Context, who auth.Identity, id string, blob []byte) (map[string]string, decision) {
 	switch {
 	case id == "" || len(id) > 64:
-		return nil, denied(codes.InvalidArgument, "deployment_id: a deployment id (dep_...) is required")
+		return nil, denied(codes.InvalidArgument, "deployment_id: a deployment id (dep_...) or a sentinel id (sen_...) is required")
 	case len(blob) == 0:
 		return nil, denied(codes.InvalidArgument, "encrypted_env: the sealed environment to open is required")
 	case len(blob) > vault.MaxBlobSize:
 		return nil, denied(codes.InvalidArgument, "encrypted_env: %d bytes; no sealed environment is larger than %d", len(blob), vault.MaxBlobSize)
 	}
-	stored, regions, err := s.store.SealedEnv(ctx, id)
-	// An unknown deployment is refused like another region's, so the answer
-	// tells nobody which ids exist elsewhere.
-	if errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(regions, who.Region)) {
-		return nil, denied(codes.PermissionDenied, "deployment %s is not scheduled to run in region %s: a cluster may open only the secrets of deployments it runs", id, who.Region)
+	var (
+		stored []byte
+		d      *decision
+	)
+	if kinds.SecretsKind(id) == kinds.Sentinel {
+		stored, d = s.sentinelCredentials(ctx, who, id)
+	} else {
+		stored, d = s.deploymentEnv(ctx, who, id)
 	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, failed(status.FromContextError(ctx.Err()).Code(), "the request was cancelled")
-		}
-		return nil, failed(codes.Unavailable, "ctrl cannot read the deployment (database unavailable); retry with backoff")
-	}
-	if len(stored) == 0 {
-		return nil, denied(codes.PermissionDenied, "deployment %s has no secret environment", id)
+	if d != nil {
+		return nil, *d
 	}
 	if len(stored) != len(blob) || subtle.ConstantTimeCompare(stored, blob) != 1 {
-		return nil, denied(codes.PermissionDenied, "encrypted_env is not the sealed environment ctrl stored for deployment %s", id)
+		return nil, denied(codes.PermissionDenied, "encrypted_env is not the sealed environment ctrl stored for %s %s", kinds.SecretsKind(id), id)
 	}
 	if s.vault == nil {
 		return nil, failed(codes.FailedPrecondition, "ctrl has no vault keyring (vault.keyring_file), so it cannot open sealed environments")
@@ -105,11 +106,61 @@ func (s *Server) decrypt(ctx context.Context, who auth.Identity, id string, blob
 		d.keyID = keyID
 		return nil, d
 	case err != nil:
-		d := failed(codes.Internal, "the sealed environment stored for deployment %s does not open with ctrl's keyring (%v); an operator must look at it", id, err)
+		d := failed(codes.Internal, "the sealed environment stored for %s %s does not open with ctrl's keyring (%v); an operator must look at it", kinds.SecretsKind(id), id, err)
 		d.keyID = keyID
 		return nil, d
 	}
 	return env, decision{outcome: store.VaultAllowed, reason: "opened with key " + keyID, keyID: keyID, code: codes.OK}
+}
+
+// storeFailure is the decision when the database could not be read.
+func storeFailure(ctx context.Context, what string) *decision {
+	if ctx.Err() != nil {
+		d := failed(status.FromContextError(ctx.Err()).Code(), "the request was cancelled")
+		return &d
+	}
+	d := failed(codes.Unavailable, "ctrl cannot read the %s (database unavailable); retry with backoff", what)
+	return &d
+}
+
+// deploymentEnv is the blob stored for a deployment the caller's region
+// runs, or the decision refusing the request.
+func (s *Server) deploymentEnv(ctx context.Context, who auth.Identity, id string) ([]byte, *decision) {
+	stored, regions, err := s.store.SealedEnv(ctx, id)
+	// An unknown deployment is refused like another region's, so the answer
+	// tells nobody which ids exist elsewhere.
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(regions, who.Region)) {
+		d := denied(codes.PermissionDenied, "deployment %s is not scheduled to run in region %s: a cluster may open only the secrets of deployments it runs", id, who.Region)
+		return nil, &d
+	}
+	if err != nil {
+		return nil, storeFailure(ctx, "deployment")
+	}
+	if len(stored) == 0 {
+		d := denied(codes.PermissionDenied, "deployment %s has no secret environment", id)
+		return nil, &d
+	}
+	return stored, nil
+}
+
+// sentinelCredentials is the blob stored for a running sentinel of the
+// caller's region, or the decision refusing the request.
+func (s *Server) sentinelCredentials(ctx context.Context, who auth.Identity, id string) ([]byte, *decision) {
+	c, err := s.store.SentinelSealedCredentials(ctx, id)
+	// Unknown, another region's and stopped are one answer: a cluster
+	// learns nothing about sentinels it does not run.
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (c.Region != who.Region || !c.Running)) {
+		d := denied(codes.PermissionDenied, "sentinel %s is not running in region %s: a cluster may open only the credentials of sentinels it runs", id, who.Region)
+		return nil, &d
+	}
+	if err != nil {
+		return nil, storeFailure(ctx, "sentinel")
+	}
+	if len(c.Blob) == 0 {
+		d := denied(codes.PermissionDenied, "sentinel %s has no credentials", id)
+		return nil, &d
+	}
+	return c.Blob, nil
 }
 
 // auditedKey marks, in a call's context, that the handler wrote the call's

@@ -3,6 +3,10 @@ package deployapi
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -15,6 +19,7 @@ import (
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -30,6 +35,9 @@ type SentinelOptions struct {
 	Log              hclog.Logger
 	// LiveClusterWithin: see Options.
 	LiveClusterWithin time.Duration
+	// Vault seals sentinels' credentials; nil when ctrl has no keyring
+	// (deploys with credentials are then refused).
+	Vault *vault.Source
 }
 
 // Sentinels serves krane.ctrl.v1.SentinelService (one sentinel: deploy,
@@ -43,6 +51,7 @@ type Sentinels struct {
 	ingress, waiting *workflows.Ingress
 	log              hclog.Logger
 	live             time.Duration
+	vault            *vault.Source
 }
 
 // NewSentinels returns the sentinel and rollout APIs.
@@ -51,7 +60,7 @@ func NewSentinels(o SentinelOptions) *Sentinels {
 		o.Log = hclog.NewNullLogger()
 	}
 	return &Sentinels{store: o.Store, ingress: o.Ingress, waiting: o.Waiting,
-		log: o.Log.Named("sentinelapi"), live: o.LiveClusterWithin}
+		log: o.Log.Named("sentinelapi"), live: o.LiveClusterWithin, vault: o.Vault}
 }
 
 // Register adds both services to gs.
@@ -73,9 +82,22 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	if err := dr.Validate(); err != nil {
 		return nil, invalid(err)
 	}
+	creds := req.GetCredentials()
+	if len(creds) > 0 && s.vault == nil {
+		return nil, status.Error(codes.FailedPrecondition, "credentials: this ctrl has no vault keyring (vault.keyring_file), so it cannot seal them; "+
+			"an operator creates one with `ctrl vault init`")
+	}
+	if err := checkCredentials(creds); err != nil {
+		return nil, invalid(err)
+	}
 	row, err := s.sentinel(ctx, req.GetSentinelId())
 	if err != nil {
 		return nil, err
+	}
+	if len(creds) > 0 {
+		if err := s.sealCredentials(row, creds, &dr); err != nil {
+			return nil, err
+		}
 	}
 	// A stopped sentinel is started again by its deploy (SentinelService).
 	if err := checkServed(ctx, s.store, []string{row.Region}, kinds.Sentinel, s.live); err != nil {
@@ -85,7 +107,8 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	if err != nil {
 		return nil, restateError(ctx, err, "starting the sentinel deploy in Restate")
 	}
-	s.log.Info("sentinel deploy started", "sentinel", row.ID, "image", dr.Image, "replicas", dr.Replicas, "invocation", inv, "by", caller(ctx))
+	s.log.Info("sentinel deploy started", "sentinel", row.ID, "image", dr.Image, "replicas", dr.Replicas, "credentials", len(dr.CredentialNames),
+		"invocation", inv, "by", caller(ctx))
 	resp := &ctrlv1.DeploySentinelResponse{InvocationId: inv}
 	if req.GetWait() {
 		res, err := workflows.SentinelDeployOutcome(ctx, s.waiting, inv)
@@ -113,6 +136,42 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	}
 	resp.Sentinel = sentinelInfo(row)
 	return resp, nil
+}
+
+// checkCredentials checks the names and values of a sentinel's
+// credentials; errors name the variable, never a value.
+func checkCredentials(creds map[string]string) error {
+	names := slices.Sorted(maps.Keys(creds))
+	if err := deployspec.ValidSecretEnvKeys("credentials", names, nil); err != nil {
+		return err
+	}
+	for _, k := range names {
+		if strings.ContainsRune(creds[k], 0) {
+			return &deployspec.FieldError{Field: "credentials", Reason: fmt.Sprintf("the value of %s contains a NUL byte, which no process environment can hold", k)}
+		}
+	}
+	return nil
+}
+
+// sealCredentials seals creds for the sentinel into dr: the plaintext ends
+// here. When the sentinel's stored credentials open to the same values,
+// dr says so (CredentialsSameAs), and the deploy keeps them unchanged.
+func (s *Sentinels) sealCredentials(row store.SentinelRow, creds map[string]string, dr *workflows.SentinelDeployRequest) error {
+	blob, err := s.vault.Seal(row.ID, creds)
+	if err != nil {
+		return invalid(&deployspec.FieldError{Field: "credentials", Reason: err.Error()})
+	}
+	dr.EncryptedCredentials, dr.CredentialNames = blob, slices.Sorted(maps.Keys(creds))
+	if len(row.EncryptedCredentials) > 0 {
+		// A stored blob that does not open (a key removed from the keyring)
+		// is simply replaced.
+		old, _, err := s.vault.Open(row.ID, row.EncryptedCredentials)
+		if err == nil && maps.Equal(old, creds) {
+			dr.CredentialsSameAs = row.EncryptedCredentials
+		}
+		clear(old)
+	}
+	return nil
 }
 
 // StopSentinel sets a sentinel's desired state to stopped with a new
@@ -207,6 +266,7 @@ func sentinelInfo(r store.SentinelRow) *ctrlv1.SentinelInfo {
 		UpdatedReplicas: r.UpdatedReplicas, ReadyReplicas: r.ReadyReplicas, ObservedGeneration: r.ObservedGeneration,
 		Health: healthEnum(r.Health), HealthReason: r.HealthReason, DeployStatus: r.DeployStatus, DeployMessage: r.DeployMessage,
 		Version: r.Version, ReportObservedVersion: r.ReportObservedVersion, UpdatedAt: timestamppb.New(r.UpdatedAt),
+		CredentialNames: r.CredentialNames,
 	}
 }
 

@@ -96,7 +96,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	deployapi.New(deployapi.Options{Store: st, Ingress: ingress, Log: log, DefaultTimeout: cfg.Deploy.Timeout, Vault: keys,
 		LiveClusterWithin: cfg.Deploy.LiveClusterWithin}).Register(gs)
 	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: workflows.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log,
-		LiveClusterWithin: cfg.Deploy.LiveClusterWithin}).Register(gs)
+		LiveClusterWithin: cfg.Deploy.LiveClusterWithin, Vault: keys}).Register(gs)
 
 	r.wg.Go(func() {
 		if err := endpoint.Serve(lis); err != nil {

@@ -111,7 +111,7 @@ FROM deployment_topology dt JOIN deployments d ON d.id = dt.deployment_id`,
 		keyCols: []string{"id", "region"},
 		keyArgs: func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT id, region, version, workspace_id, project_id, app_id, environment_id, k8s_name,
-  image, replicas, cpu_millicores, memory_mib, desired_state
+  image, replicas, cpu_millicores, memory_mib, desired_state, encrypted_credentials
 FROM sentinels`,
 		regionCond: "region = ?",
 		regionArgs: func(_, region string) []any { return []any{region} },
@@ -202,7 +202,7 @@ func scanSentinel(s scanner, kind string) (Change, error) {
 	var sn clusterv1.Sentinel
 	var desiredState string
 	if err := s.Scan(&c.ID, &c.Region, &c.Version, &sn.WorkspaceId, &sn.ProjectId, &sn.AppId, &sn.EnvironmentId,
-		&sn.K8SName, &sn.Image, &sn.Replicas, &sn.CpuMillicores, &sn.MemoryMib, &desiredState); err != nil {
+		&sn.K8SName, &sn.Image, &sn.Replicas, &sn.CpuMillicores, &sn.MemoryMib, &desiredState, &sn.EncryptedCredentials); err != nil {
 		return c, err
 	}
 	sn.Id = c.ID

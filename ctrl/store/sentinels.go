@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -43,6 +44,10 @@ type SentinelRow struct {
 	DeployRequest string
 	DeployMessage string
 	DeployChanged bool
+	// EncryptedCredentials is the sentinel's sealed credentials (nil:
+	// none); CredentialNames the names of its variables, sorted.
+	EncryptedCredentials []byte
+	CredentialNames      []string
 
 	CreatedAt, UpdatedAt time.Time
 }
@@ -50,21 +55,81 @@ type SentinelRow struct {
 const sentinelColumns = `id, region, workspace_id, project_id, app_id, environment_id, k8s_name, image, replicas,
   cpu_millicores, memory_mib, desired_state, version, running_image, available_replicas, updated_replicas,
   ready_replicas, observed_generation, health, health_reason, reported_deleted, report_observed_version,
-  deploy_status, deploy_request, deploy_message, deploy_changed, created_at, updated_at`
+  deploy_status, deploy_request, deploy_message, deploy_changed, encrypted_credentials, credential_names, created_at, updated_at`
 
 func scanSentinelRow(s scanner) (SentinelRow, error) {
 	var (
 		r                SentinelRow
 		msg              sql.NullString
+		names            []byte
 		created, updated int64
 	)
 	err := s.Scan(&r.ID, &r.Region, &r.WorkspaceID, &r.ProjectID, &r.AppID, &r.EnvironmentID, &r.K8sName, &r.Image, &r.Replicas,
 		&r.CPUMillicores, &r.MemoryMiB, &r.DesiredState, &r.Version, &r.RunningImage, &r.AvailableReplicas, &r.UpdatedReplicas,
 		&r.ReadyReplicas, &r.ObservedGeneration, &r.Health, &r.HealthReason, &r.ReportedDeleted, &r.ReportObservedVersion,
-		&r.DeployStatus, &r.DeployRequest, &msg, &r.DeployChanged, &created, &updated)
+		&r.DeployStatus, &r.DeployRequest, &msg, &r.DeployChanged, &r.EncryptedCredentials, &names, &created, &updated)
+	if err != nil {
+		return r, err
+	}
 	r.DeployMessage = msg.String
 	r.CreatedAt, r.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-	return r, err
+	if len(names) > 0 {
+		if jerr := json.Unmarshal(names, &r.CredentialNames); jerr != nil {
+			return r, fmt.Errorf("sentinels.credential_names of %s is not a JSON array of strings: %w", r.ID, jerr)
+		}
+	}
+	return r, nil
+}
+
+// SetSentinelCredentials replaces a sentinel's sealed credentials (blob,
+// sealed by ctrl's vault for the sentinel's id) and the names of their
+// variables, and touches the sentinel: its cluster gets the new blob with
+// the next version. Only ciphertext comes here.
+func (t *Tx) SetSentinelCredentials(ctx context.Context, id, region string, blob []byte, names []string) error {
+	if len(blob) == 0 {
+		return fmt.Errorf("store: sentinel %s: no sealed credentials to set", id)
+	}
+	js, err := json.Marshal(names)
+	if err != nil {
+		return err
+	}
+	res, err := t.Exec(ctx, "UPDATE sentinels SET encrypted_credentials = ?, credential_names = ?, updated_at = ? WHERE id = ?", blob, js, nowMillis(), id)
+	if err != nil {
+		return fmt.Errorf("store: set the credentials of sentinel %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: set the credentials of sentinel %s: %w", id, ErrNotFound)
+	}
+	t.Touch(kinds.Sentinel, region, id)
+	return nil
+}
+
+// SealedCredentials is what a decryption request for a sentinel is
+// checked against.
+type SealedCredentials struct {
+	// Blob is the sealed credentials stored for the sentinel; nil: none.
+	Blob []byte
+	// Region is the sentinel's; Running whether it is desired running.
+	Region  string
+	Running bool
+}
+
+// SentinelSealedCredentials reads a sentinel's sealed credentials, its
+// region and desired state; ErrNotFound when there is no such sentinel.
+func (s *Store) SentinelSealedCredentials(ctx context.Context, id string) (SealedCredentials, error) {
+	var (
+		c     SealedCredentials
+		state string
+	)
+	err := s.db.QueryRowContext(ctx, "SELECT encrypted_credentials, region, desired_state FROM sentinels WHERE id = ?", id).Scan(&c.Blob, &c.Region, &state)
+	if errors.Is(err, sql.ErrNoRows) {
+		return SealedCredentials{}, ErrNotFound
+	}
+	if err != nil {
+		return SealedCredentials{}, fmt.Errorf("store: read the sealed credentials of sentinel %s: %w", id, err)
+	}
+	c.Running = state == "running"
+	return c, nil
 }
 
 // GetSentinel reads one sentinel from the primary; ErrNotFound when there

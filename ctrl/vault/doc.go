@@ -1,4 +1,5 @@
-// Package vault seals deployments' secret environment variables in ctrl and
+// Package vault seals deployments' secret environment variables (and
+// sentinels' credentials, the same way, under the sentinel's id) in ctrl and
 // opens them for the clusters that run them.
 //
 // Envelope encryption: every Seal draws a fresh 32-byte data key, encrypts

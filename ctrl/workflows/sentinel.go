@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -53,7 +54,22 @@ type SentinelDeployRequest struct {
 	// TimeoutSeconds bounds the wait for the cluster; 0 means ctrl's
 	// sentinel.deploy_timeout.
 	TimeoutSeconds int32 `json:"timeout_seconds,omitempty"`
+	// EncryptedCredentials, when set, replaces the sentinel's credentials:
+	// sealed by the sentinel API for this sentinel's id (the request is
+	// journaled in Restate, so it never carries plaintext), with the names
+	// of the variables in CredentialNames.
+	EncryptedCredentials []byte   `json:"encrypted_credentials,omitempty"`
+	CredentialNames      []string `json:"credential_names,omitempty"`
+	// CredentialsSameAs is the sealed credentials the API opened and found
+	// equal to the new ones: while the sentinel still holds exactly this
+	// blob, the deploy keeps it (a fresh seal differs in every byte, and
+	// would roll the pods for nothing).
+	CredentialsSameAs []byte `json:"credentials_same_as,omitempty"`
 }
+
+// MaxSealedCredentials bounds a sentinel's sealed credentials (the vault's
+// own bound on a sealed environment).
+const MaxSealedCredentials = 768 << 10
 
 // Validate checks the request's fields (zero means "keep").
 func (r SentinelDeployRequest) Validate() error {
@@ -71,6 +87,12 @@ func (r SentinelDeployRequest) Validate() error {
 		return deployspec.Errorf("memory_mib", "%d is out of range 0..%d (0 keeps the current value)", r.MemoryMiB, MaxSentinelMemoryMiB)
 	case r.TimeoutSeconds < 0 || r.TimeoutSeconds > deployspec.MaxTimeout:
 		return deployspec.Errorf("timeout_seconds", "%d is out of range 0..%d (0: ctrl's sentinel.deploy_timeout)", r.TimeoutSeconds, deployspec.MaxTimeout)
+	case len(r.EncryptedCredentials) > MaxSealedCredentials:
+		return deployspec.Errorf("credentials", "sealed, they take %d bytes; at most %d", len(r.EncryptedCredentials), MaxSealedCredentials)
+	case len(r.EncryptedCredentials) == 0 && (len(r.CredentialNames) > 0 || len(r.CredentialsSameAs) > 0):
+		return deployspec.Errorf("credentials", "names without sealed credentials (a deploy request must carry the sealed blob)")
+	case len(r.EncryptedCredentials) > 0 && len(r.CredentialNames) == 0:
+		return deployspec.Errorf("credentials", "sealed credentials without the names of their variables")
 	}
 	return nil
 }
@@ -281,7 +303,16 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 			next.MemoryMiB = req.MemoryMiB
 		}
 		w.Image, w.Version = next.Image, row.Version
-		if next == row.Sentinel {
+		// New credentials change the sentinel unless the API found them
+		// equal to the ones it still holds.
+		newCredentials := len(req.EncryptedCredentials) > 0 &&
+			(len(req.CredentialsSameAs) == 0 || !bytes.Equal(req.CredentialsSameAs, row.EncryptedCredentials))
+		if newCredentials {
+			if err := tx.SetSentinelCredentials(ctx, id, row.Region, req.EncryptedCredentials, req.CredentialNames); err != nil {
+				return err
+			}
+		}
+		if next == row.Sentinel && !newCredentials {
 			if SentinelConverged(row) {
 				w.Ready = true
 				return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady, false)
@@ -289,8 +320,10 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing, false)
 		}
 		w.Changed = true
-		if err := tx.PutSentinel(ctx, next); err != nil {
-			return err
+		if next != row.Sentinel {
+			if err := tx.PutSentinel(ctx, next); err != nil {
+				return err
+			}
 		}
 		return tx.SetSentinelDeploy(ctx, id, request, store.SentinelProgressing, true)
 	})

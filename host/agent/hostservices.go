@@ -58,17 +58,20 @@ func (a *Agent) HostFor(controller string) sdk.Host {
 }
 
 // DecryptEnv forwards to ctrl, which checks region, blob and audits. The
-// host adds one rule: only the controller that reconciles deployments may
-// ask, so another plugin cannot read workloads' secrets through the host.
+// host adds one rule: only the controller that reconciles the kind the
+// secrets belong to may ask (kind deployment for a deployment's secret
+// environment, kind sentinel for a sentinel's credentials, a sen_ id), so
+// another plugin cannot read them through the host.
 func (h hostServices) DecryptEnv(ctx context.Context, deploymentID string, sealed []byte) (map[string]string, error) {
 	a := h.a
+	kind := kinds.SecretsKind(deploymentID)
 	a.mu.Lock()
-	owner, client := a.kindOwner[kinds.Deployment], a.client
+	owner, client := a.kindOwner[kind], a.client
 	a.mu.Unlock()
 	if owner != h.controller {
 		a.hostM.decrypts.WithLabelValues(h.controller, codes.PermissionDenied.String()).Inc()
-		a.log.Warn("refused a plugin's decryption request: it does not reconcile deployments", "controller", h.controller, "deployment", deploymentID)
-		return nil, status.Errorf(codes.PermissionDenied, "controller %q does not reconcile kind %q; only that kind's controller may open deployments' secrets", h.controller, kinds.Deployment)
+		a.log.Warn("refused a plugin's decryption request: it does not reconcile the kind the secrets belong to", "controller", h.controller, "kind", kind, "id", deploymentID)
+		return nil, status.Errorf(codes.PermissionDenied, "controller %q does not reconcile kind %q; only that kind's controller may open the secrets of %s", h.controller, kind, deploymentID)
 	}
 	if client == nil {
 		return nil, status.Error(codes.Unavailable, "the krane host is not connected to ctrl")
@@ -84,10 +87,10 @@ func (h hostServices) DecryptEnv(ctx context.Context, deploymentID string, seale
 	st := status.Convert(err)
 	a.hostM.decrypts.WithLabelValues(h.controller, st.Code().String()).Inc()
 	if err != nil {
-		a.log.Warn("ctrl did not open a secret environment", "controller", h.controller, "deployment", deploymentID, "code", st.Code().String(), "reason", st.Message())
+		a.log.Warn("ctrl did not open a secret environment", "controller", h.controller, kind, deploymentID, "code", st.Code().String(), "reason", st.Message())
 		return nil, status.Error(st.Code(), fmt.Sprintf("ctrl: %s", st.Message()))
 	}
-	a.log.Debug("secret environment opened for a plugin", "controller", h.controller, "deployment", deploymentID, "variables", len(resp.GetEnv()), "took", time.Since(start))
+	a.log.Debug("secret environment opened for a plugin", "controller", h.controller, kind, deploymentID, "variables", len(resp.GetEnv()), "took", time.Since(start))
 	return resp.GetEnv(), nil
 }
 

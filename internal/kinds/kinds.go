@@ -3,6 +3,8 @@
 // here: ctrl serves any other kind from its generic resources table.
 package kinds
 
+import "strings"
+
 const (
 	// Deployment is a user workload in one region (krane.cluster.v1.Deployment).
 	Deployment = "deployment"
@@ -16,3 +18,18 @@ const (
 
 // BuiltIn lists the built-in kinds.
 var BuiltIn = []string{Deployment, Sentinel, CiliumNetworkPolicy}
+
+// SentinelIDPrefix starts every sentinel id ctrl makes. Sealed secrets are
+// told apart by it: a sentinel id names a sentinel's credentials, any other
+// id a deployment's secret environment.
+const SentinelIDPrefix = "sen_"
+
+// SecretsKind is the kind whose controller may open the sealed secrets of
+// the object id names: Sentinel for a sentinel id (sen_...), Deployment
+// for any other.
+func SecretsKind(id string) string {
+	if strings.HasPrefix(id, SentinelIDPrefix) {
+		return Sentinel
+	}
+	return Deployment
+}

@@ -85,13 +85,19 @@ func identityFromDeployment(d *appsv1.Deployment) identity {
 }
 
 // specHash hashes the desired state itself (not the plugin config), so the
-// annotation tells whether ctrl's spec changed.
+// annotation tells whether ctrl's spec changed. Sealed credentials enter it
+// by their hash, and only when present: the hash of a sentinel without
+// credentials is what it always was.
 func specHash(s *clusterv1.Sentinel) string {
-	return kube.SpecHash(struct {
+	h := kube.SpecHash(struct {
 		ID, K8sName, Workspace, Project, App, Environment, Image string
 		Replicas                                                 int32
 		CPU, Memory                                              int64
 	}{s.GetId(), s.GetK8SName(), s.GetWorkspaceId(), s.GetProjectId(), s.GetAppId(), s.GetEnvironmentId(), s.GetImage(), s.GetReplicas(), s.GetCpuMillicores(), s.GetMemoryMib()})
+	if c := credentialsHash(s); c != "" {
+		h = kube.SpecHash(struct{ Spec, Credentials string }{h, c})
+	}
+	return h
 }
 
 func (id identity) labels() map[string]string {
@@ -183,7 +189,7 @@ func buildDeployment(s *clusterv1.Sentinel, version uint64, p params) *appsv1.De
 				{Name: portNameUDP, ContainerPort: p.GossipPort, Protocol: corev1.ProtocolUDP},
 			},
 			Env:       containerEnv(id, p),
-			EnvFrom:   envFrom(p.EnvFromSecrets),
+			EnvFrom:   envFrom(p.EnvFromSecrets, s),
 			Resources: corev1.ResourceRequirements{Requests: res, Limits: res},
 			LivenessProbe: &corev1.Probe{
 				ProbeHandler:  httpGet(p.LivenessPath, p.Port),
@@ -219,7 +225,7 @@ func buildDeployment(s *clusterv1.Sentinel, version uint64, p params) *appsv1.De
 				},
 			},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: id.labels()},
+				ObjectMeta: metav1.ObjectMeta{Labels: id.labels(), Annotations: templateAnnotations(s)},
 				Spec:       pod,
 			},
 		},
@@ -242,7 +248,9 @@ func containerEnv(id identity, p params) []corev1.EnvVar {
 	}
 }
 
-func envFrom(secrets []SecretRef) []corev1.EnvFromSource {
+// envFrom reads the config's env_from_secrets, then the sentinel's
+// credentials Secret: last, so its keys win over theirs.
+func envFrom(secrets []SecretRef, s *clusterv1.Sentinel) []corev1.EnvFromSource {
 	var out []corev1.EnvFromSource
 	for _, s := range secrets {
 		ref := &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: s.Name}}
@@ -251,7 +259,20 @@ func envFrom(secrets []SecretRef) []corev1.EnvFromSource {
 		}
 		out = append(out, corev1.EnvFromSource{SecretRef: ref})
 	}
+	if len(s.GetEncryptedCredentials()) > 0 {
+		out = append(out, corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: credentialsName(s.GetK8SName())}}})
+	}
 	return out
+}
+
+// templateAnnotations carry the hash of the sealed credentials, so that
+// new credentials roll the pods (their environment is read at start).
+func templateAnnotations(s *clusterv1.Sentinel) map[string]string {
+	if h := credentialsHash(s); h != "" {
+		return map[string]string{CredentialsHashAnnotation: h}
+	}
+	return nil
 }
 
 func httpGet(path string, port int32) corev1.ProbeHandler {

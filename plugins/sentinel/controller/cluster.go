@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk"
@@ -39,6 +41,10 @@ type cluster struct {
 
 	client kubernetes.Interface
 	dyn    dynamic.Interface
+	meta   metadata.Interface
+	// host opens sentinels' credentials (through ctrl); nil without host
+	// services.
+	host sdk.Host
 
 	namespaces  cache.Indexer
 	deployments cache.Indexer
@@ -46,6 +52,10 @@ type cluster struct {
 	pods        cache.Indexer
 	services    cache.Indexer
 	pdbs        cache.Indexer
+	// secrets caches the credentials Secrets' metadata (never their data).
+	secrets cache.Indexer
+	// verified: the credentials Secrets this configuration wrote.
+	verified verifiedCredentials
 	// policies is nil while cilium.io/v2 CiliumNetworkPolicy is not served.
 	policies atomic.Pointer[policyCache]
 
@@ -67,6 +77,7 @@ type policyCache struct {
 
 type clusterDeps struct {
 	clients           *kube.Clients
+	host              sdk.Host
 	params            params
 	log               hclog.Logger
 	feed              *sdk.StatusFeed
@@ -77,7 +88,13 @@ type clusterDeps struct {
 // (the plugin's permissions were checked by kube.Connect).
 func startCluster(ctx context.Context, d clusterDeps) (*cluster, error) {
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{p: d.params, log: d.log, client: d.clients.Client, dyn: d.clients.Dynamic, feed: d.feed, ctx: cctx, cancel: cancel}
+	c := &cluster{p: d.params, log: d.log, client: d.clients.Client, dyn: d.clients.Dynamic, host: d.host, feed: d.feed, ctx: cctx, cancel: cancel}
+	md, err := metadata.NewForConfig(d.clients.Config)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("metadata client: %w", err)
+	}
+	c.meta = md
 	ok := false
 	defer func() {
 		if !ok {
@@ -148,14 +165,31 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		*x.into = x.inf.GetIndexer()
 	}
 	c.namespaces = namespaces.Core().V1().Namespaces().Informer().GetIndexer()
+	// Credentials Secrets as metadata: their data never crosses the wire
+	// into the cache.
+	secrets := metadatainformer.NewFilteredSharedInformerFactory(c.meta, 0, ns, func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	secretInformer := secrets.ForResource(secretsGVR).Informer()
+	if err := secretInformer.SetTransform(kube.StripManagedFields); err != nil {
+		return err
+	}
+	if err := secretInformer.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
+		return err
+	}
+	c.secrets = secretInformer.GetIndexer()
 
 	objects.Start(c.ctx.Done())
 	namespaces.Start(c.ctx.Done())
+	secrets.Start(c.ctx.Done())
 	for _, f := range []informers.SharedInformerFactory{objects, namespaces} {
 		for typ, synced := range f.WaitForCacheSync(ctx.Done()) {
 			if !synced {
 				return fmt.Errorf("informer cache of %v in namespace %q did not sync: %w", typ, ns, context.Cause(ctx))
 			}
+		}
+	}
+	for gvr, synced := range secrets.WaitForCacheSync(ctx.Done()) {
+		if !synced {
+			return fmt.Errorf("informer cache of %s in namespace %q did not sync (may the plugin list and watch secrets?): %w", gvr.Resource, ns, context.Cause(ctx))
 		}
 	}
 	return nil
@@ -333,6 +367,10 @@ func (c *cluster) servicesOf(id string) []*corev1.Service {
 
 func (c *cluster) pdbsOf(id string) []*policyv1.PodDisruptionBudget {
 	return byIndex[*policyv1.PodDisruptionBudget](c.pdbs, id)
+}
+
+func (c *cluster) secretsOf(id string) []*metav1.PartialObjectMetadata {
+	return byIndex[*metav1.PartialObjectMetadata](c.secrets, id)
 }
 
 func (c *cluster) policiesOf(id string) []*unstructured.Unstructured {

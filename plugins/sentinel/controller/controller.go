@@ -84,8 +84,9 @@ func New(log hclog.Logger, opts ...Option) *Controller {
 }
 
 // permissions are what the plugin's identity needs (rbac.yaml grants
-// them): the objects of every sentinel in namespace ns, the ReplicaSets and
-// pods its status comes from, and ns itself.
+// them): the objects of every sentinel in namespace ns (with its
+// credentials Secret), the ReplicaSets and pods its status comes from, and
+// ns itself.
 func permissions(ns string) []sdk.Permission {
 	objects := []string{"list", "watch", "create", "patch", "delete"}
 	return []sdk.Permission{
@@ -93,6 +94,7 @@ func permissions(ns string) []sdk.Permission {
 		{Resource: "services", Verbs: objects, Namespace: ns},
 		{Group: "policy", Resource: "poddisruptionbudgets", Verbs: objects, Namespace: ns},
 		{Group: "cilium.io", Resource: "ciliumnetworkpolicies", Verbs: objects, Namespace: ns},
+		{Resource: "secrets", Verbs: objects, Namespace: ns},
 		{Group: "apps", Resource: "replicasets", Verbs: []string{"list", "watch"}, Namespace: ns},
 		{Resource: "pods", Verbs: []string{"list", "watch"}, Namespace: ns},
 		{Resource: "namespaces", Verbs: []string{"create"}},
@@ -106,7 +108,7 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 		Version: version.Version,
 		Kinds: []sdk.KindInfo{{
 			Kind:        kinds.Sentinel,
-			Description: "an environment's routing proxy: Deployment, Service, PodDisruptionBudget, gossip Service and CiliumNetworkPolicy",
+			Description: "an environment's routing proxy: Deployment, Service, PodDisruptionBudget, gossip Service and CiliumNetworkPolicy, and a Secret with its credentials",
 			SpecType:    string((&clusterv1.Sentinel{}).ProtoReflect().Descriptor().FullName()),
 		}},
 		ConfigSchema: ConfigSchema,
@@ -125,6 +127,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	}
 	cl, err := startCluster(ctx, clusterDeps{
 		clients:           clients,
+		host:              req.Host,
 		params:            params{settings: s, Region: req.Region},
 		log:               c.log,
 		feed:              c.StatusFeed,
@@ -212,6 +215,22 @@ func (cl *cluster) apply(ctx context.Context, s *clusterv1.Sentinel, version uin
 	if live != nil {
 		uid = live.UID
 	}
+	// The credentials Secret before the Deployment whose template names
+	// its hash (credentials.go), owned by the Deployment once it exists.
+	var creds *credentialsWriter
+	if len(s.GetEncryptedCredentials()) > 0 {
+		creds = &credentialsWriter{cl: cl, s: s}
+		defer creds.close()
+		var early *metav1.OwnerReference
+		if uid != "" {
+			early = ownerRefFromUID(name, uid)
+		}
+		w, err := creds.ensure(ctx, early)
+		if err != nil {
+			return false, err
+		}
+		wrote = wrote || w
+	}
 	written, err := cl.applyIfDrifted(ctx, deploymentsGVR, buildDeployment(s, version, cl.p), liveObject(live))
 	if err != nil {
 		return false, err
@@ -220,6 +239,18 @@ func (cl *cluster) apply(ctx context.Context, s *clusterv1.Sentinel, version uin
 		wrote, uid = true, written.GetUID()
 	}
 	owner := ownerRefFromUID(name, uid)
+	if creds != nil {
+		w, err := creds.ensure(ctx, owner)
+		if err != nil {
+			return false, err
+		}
+		wrote = wrote || w
+	} else if len(cl.secretsOf(s.GetId())) > 0 {
+		// No credentials (any more): the pods no longer name the Secret.
+		if err := cl.deleteCredentials(ctx, s.GetId(), ""); err != nil {
+			return wrote, err
+		}
+	}
 	id := identityOf(s, version)
 
 	type object struct {
@@ -368,6 +399,10 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 	ns := cl.p.Namespace
 	opts := metav1.ListOptions{LabelSelector: kube.ManagedSelector(Component) + "," + LabelSentinel + "=" + id}
 	kept := func(name string) bool { return keep != "" && (name == keep || name == gossipName(keep)) }
+	keepCredentials := ""
+	if keep != "" {
+		keepCredentials = credentialsName(keep)
+	}
 	var errs []error
 	del := func(gvr schema.GroupVersionResource) {
 		res := cl.dyn.Resource(gvr).Namespace(ns)
@@ -400,6 +435,9 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 	}
 	del(servicesGVR)
 	del(pdbsGVR)
+	if err := cl.deleteCredentials(ctx, id, keepCredentials); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) == 0 {
 		del(deploymentsGVR)
 	}
@@ -413,6 +451,11 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 // named after the Deployment keep.
 func (cl *cluster) hasStale(id, keep string) bool {
 	stale := func(name string) bool { return name != keep && name != gossipName(keep) }
+	for _, s := range cl.secretsOf(id) {
+		if s.Name != credentialsName(keep) {
+			return true
+		}
+	}
 	for _, d := range cl.deploymentsOf(id) {
 		if stale(d.Name) {
 			return true

@@ -11,9 +11,12 @@
 //   - a headless Service <k8s_name>-gossip selecting every sentinel pod of
 //     the environment, for peer discovery;
 //   - a CiliumNetworkPolicy <k8s_name>-gossip allowing gossip between them,
-//     through the dynamic client, and only while the CRD is served.
+//     through the dynamic client, and only while the CRD is served;
+//   - for a sentinel with encrypted_credentials, a Secret
+//     <k8s_name>-credentials holding them, opened through the krane host
+//     (credentials.go), and read as the container's last envFrom.
 //
-// The last four are owned by the Deployment. Writes happen only when an
+// The others are owned by the Deployment. Writes happen only when an
 // informer cache shows drift from the desired state, so a resync of
 // unchanged sentinels makes no API writes.
 //
@@ -24,5 +27,6 @@
 //
 // Files: config.go (the config block), validate.go (desired-state checks),
 // build.go (pure object builders), cluster.go (clients, caches, the CRD
-// watch), controller.go (the sdk.Controller), status.go (WatchStatus).
+// watch), credentials.go (the credentials Secret), controller.go (the
+// sdk.Controller), status.go (WatchStatus).
 package controller

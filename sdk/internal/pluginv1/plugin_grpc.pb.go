@@ -359,8 +359,10 @@ const (
 // arrives in ConfigureRequest.host_service_id. It brokers what only the host
 // may do with its ctrl credentials, so plugins never hold the cluster token.
 type HostClient interface {
-	// DecryptEnv asks ctrl to open a deployment's sealed secret environment.
-	// Errors carry ctrl's status code and reason (never secret material).
+	// DecryptEnv asks ctrl to open a deployment's sealed secret environment,
+	// or a sentinel's sealed credentials (a sen_ id; only for the plugin that
+	// reconciles kind sentinel). Errors carry ctrl's status code and reason
+	// (never secret material).
 	DecryptEnv(ctx context.Context, in *DecryptEnvRequest, opts ...grpc.CallOption) (*DecryptEnvResponse, error)
 	// GetDesiredState asks ctrl for one object's current desired state, for
 	// on-demand repair of an object changed in the cluster by someone else.
@@ -406,8 +408,10 @@ func (c *hostClient) GetDesiredState(ctx context.Context, in *GetDesiredStateReq
 // arrives in ConfigureRequest.host_service_id. It brokers what only the host
 // may do with its ctrl credentials, so plugins never hold the cluster token.
 type HostServer interface {
-	// DecryptEnv asks ctrl to open a deployment's sealed secret environment.
-	// Errors carry ctrl's status code and reason (never secret material).
+	// DecryptEnv asks ctrl to open a deployment's sealed secret environment,
+	// or a sentinel's sealed credentials (a sen_ id; only for the plugin that
+	// reconciles kind sentinel). Errors carry ctrl's status code and reason
+	// (never secret material).
 	DecryptEnv(context.Context, *DecryptEnvRequest) (*DecryptEnvResponse, error)
 	// GetDesiredState asks ctrl for one object's current desired state, for
 	// on-demand repair of an object changed in the cluster by someone else.

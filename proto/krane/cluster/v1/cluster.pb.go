@@ -1177,9 +1177,12 @@ func (x *HeartbeatResponse) GetHeadVersion() uint64 {
 }
 
 type DecryptEnvRequest struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	DeploymentId string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
-	// The sealed blob exactly as received in Deployment.encrypted_env.
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A deployment id (dep_...), or a sentinel id (sen_...) to open the
+	// sentinel's credentials.
+	DeploymentId string `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
+	// The sealed blob exactly as received in Deployment.encrypted_env (or
+	// Sentinel.encrypted_credentials).
 	EncryptedEnv  []byte `protobuf:"bytes,2,opt,name=encrypted_env,json=encryptedEnv,proto3" json:"encrypted_env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1557,8 +1560,11 @@ type Sentinel struct {
 	Replicas      int32                  `protobuf:"varint,8,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	CpuMillicores int64                  `protobuf:"varint,9,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
 	MemoryMib     int64                  `protobuf:"varint,10,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The sentinel container's credentials, sealed by ctrl; opened only
+	// through DecryptEnv by a cluster of the sentinel's region. Empty: none.
+	EncryptedCredentials []byte `protobuf:"bytes,11,opt,name=encrypted_credentials,json=encryptedCredentials,proto3" json:"encrypted_credentials,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Sentinel) Reset() {
@@ -1659,6 +1665,13 @@ func (x *Sentinel) GetMemoryMib() int64 {
 		return x.MemoryMib
 	}
 	return 0
+}
+
+func (x *Sentinel) GetEncryptedCredentials() []byte {
+	if x != nil {
+		return x.EncryptedCredentials
+	}
+	return nil
 }
 
 // CiliumNetworkPolicy is a policy authored by ctrl as JSON
@@ -3163,7 +3176,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x15initial_delay_seconds\x18\x04 \x01(\x05R\x13initialDelaySeconds\x12%\n" +
 	"\x0eperiod_seconds\x18\x05 \x01(\x05R\rperiodSeconds\x12'\n" +
 	"\x0ftimeout_seconds\x18\x06 \x01(\x05R\x0etimeoutSeconds\x12+\n" +
-	"\x11failure_threshold\x18\a \x01(\x05R\x10failureThreshold\"\xad\x02\n" +
+	"\x11failure_threshold\x18\a \x01(\x05R\x10failureThreshold\"\xe2\x02\n" +
 	"\bSentinel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bk8s_name\x18\x02 \x01(\tR\ak8sName\x12!\n" +
@@ -3177,7 +3190,8 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0ecpu_millicores\x18\t \x01(\x03R\rcpuMillicores\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\n" +
-	" \x01(\x03R\tmemoryMib\"}\n" +
+	" \x01(\x03R\tmemoryMib\x123\n" +
+	"\x15encrypted_credentials\x18\v \x01(\fR\x14encryptedCredentials\"}\n" +
 	"\x13CiliumNetworkPolicy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rk8s_namespace\x18\x02 \x01(\tR\fk8sNamespace\x12\x19\n" +

@@ -87,8 +87,11 @@ type ClusterServiceClient interface {
 	// Deployment.encrypted_env) for a cluster that runs it. Allowed only for a
 	// cluster token of a region the deployment is scheduled in (running), and
 	// only for the blob ctrl stored for that deployment; anything else is
-	// PERMISSION_DENIED. Every call is audited in ctrl. ctrl without a vault
-	// keyring answers FAILED_PRECONDITION.
+	// PERMISSION_DENIED. A sentinel id (sen_...) opens that sentinel's
+	// Sentinel.encrypted_credentials under the same rules: the caller's region
+	// must be the sentinel's, and the sentinel must be desired running. Every
+	// call is audited in ctrl. ctrl without a vault keyring answers
+	// FAILED_PRECONDITION.
 	DecryptEnv(ctx context.Context, in *DecryptEnvRequest, opts ...grpc.CallOption) (*DecryptEnvResponse, error)
 	// Typed forms for the built-in kinds. WatchX with version_last_seen = 0
 	// streams the bootstrap and then closes the stream (a clean close marks a
@@ -337,8 +340,11 @@ type ClusterServiceServer interface {
 	// Deployment.encrypted_env) for a cluster that runs it. Allowed only for a
 	// cluster token of a region the deployment is scheduled in (running), and
 	// only for the blob ctrl stored for that deployment; anything else is
-	// PERMISSION_DENIED. Every call is audited in ctrl. ctrl without a vault
-	// keyring answers FAILED_PRECONDITION.
+	// PERMISSION_DENIED. A sentinel id (sen_...) opens that sentinel's
+	// Sentinel.encrypted_credentials under the same rules: the caller's region
+	// must be the sentinel's, and the sentinel must be desired running. Every
+	// call is audited in ctrl. ctrl without a vault keyring answers
+	// FAILED_PRECONDITION.
 	DecryptEnv(context.Context, *DecryptEnvRequest) (*DecryptEnvResponse, error)
 	// Typed forms for the built-in kinds. WatchX with version_last_seen = 0
 	// streams the bootstrap and then closes the stream (a clean close marks a

@@ -380,8 +380,8 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type SentinelServiceClient interface {
-	// DeploySentinel changes one sentinel's image or size and, when wait is set,
-	// returns once it runs healthy on the new configuration.
+	// DeploySentinel changes one sentinel's image, size or credentials and,
+	// when wait is set, returns once it runs healthy on the new configuration.
 	DeploySentinel(ctx context.Context, in *DeploySentinelRequest, opts ...grpc.CallOption) (*DeploySentinelResponse, error)
 	GetSentinel(ctx context.Context, in *GetSentinelRequest, opts ...grpc.CallOption) (*SentinelInfo, error)
 	ListSentinels(ctx context.Context, in *ListSentinelsRequest, opts ...grpc.CallOption) (*ListSentinelsResponse, error)
@@ -444,8 +444,8 @@ func (c *sentinelServiceClient) StopSentinel(ctx context.Context, in *StopSentin
 // All implementations must embed UnimplementedSentinelServiceServer
 // for forward compatibility.
 type SentinelServiceServer interface {
-	// DeploySentinel changes one sentinel's image or size and, when wait is set,
-	// returns once it runs healthy on the new configuration.
+	// DeploySentinel changes one sentinel's image, size or credentials and,
+	// when wait is set, returns once it runs healthy on the new configuration.
 	DeploySentinel(context.Context, *DeploySentinelRequest) (*DeploySentinelResponse, error)
 	GetSentinel(context.Context, *GetSentinelRequest) (*SentinelInfo, error)
 	ListSentinels(context.Context, *ListSentinelsRequest) (*ListSentinelsResponse, error)
