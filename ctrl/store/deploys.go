@@ -214,14 +214,26 @@ func (s *Store) ListDeployments(ctx context.Context, environmentID string, after
 // and every write of the deploy workflow takes this lock first, so they are
 // serialised per deployment.
 func (t *Tx) LockDeployment(ctx context.Context, id string) (string, error) {
+	// A read of this one deployment: kept writes of others need not go
+	// first (deferred.go).
+	if err := t.prepare(ctx, false, id); err != nil {
+		return "", err
+	}
 	var status string
-	err := t.QueryRow(ctx, "SELECT status FROM deployments WHERE id = ? FOR UPDATE", id).Scan(&status)
+	var replicas int32
+	// The replicas come along for ScaleTopology, which would otherwise
+	// read the locked row again.
+	err := t.tx.QueryRowContext(ctx, "SELECT status, replicas FROM deployments WHERE id = ? FOR UPDATE", id).Scan(&status, &replicas)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("store: deployment %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return "", fmt.Errorf("store: lock deployment %s: %w", id, err)
 	}
+	if t.replicas == nil {
+		t.replicas = map[string]int32{}
+	}
+	t.replicas[id] = replicas
 	return status, nil
 }
 
@@ -262,13 +274,11 @@ func (s *Store) TransitionDeployment(ctx context.Context, id string, from []stri
 
 // RecordEvent appends to a deployment's history (status is the status the
 // entry is filed under). The caller must hold the deployment's row lock
-// (LockDeployment), so sequence numbers never collide.
+// (LockDeployment), so sequence numbers never collide. The entry is sent
+// with the transaction's other kept writes (deferred.go): an error in it
+// (an unknown status) fails the transaction, not this call.
 func (t *Tx) RecordEvent(ctx context.Context, id, status, message string) error {
-	if _, err := t.Exec(ctx, `INSERT INTO deployment_events (deployment_id, seq, status, message, created_at)
-SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM deployment_events WHERE deployment_id = ?`,
-		id, status, nullString(message), nowMillis(), id); err != nil {
-		return fmt.Errorf("store: record status %s of deployment %s: %w", status, id, err)
-	}
+	t.own.events = append(t.own.events, deferredEvent{id: id, status: status, message: message, at: nowMillis()})
 	return nil
 }
 
@@ -377,11 +387,16 @@ func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) 
 // versions when the transaction commits. It returns the replicas the
 // deployment had before. The caller holds the deployment's row lock.
 func (t *Tx) ScaleTopology(ctx context.Context, deploymentID string, replicas int32) (int32, error) {
-	var before int32
-	if err := t.QueryRow(ctx, "SELECT replicas FROM deployments WHERE id = ?", deploymentID).Scan(&before); err != nil {
-		return 0, fmt.Errorf("store: read replicas of deployment %s: %w", deploymentID, err)
+	if err := t.prepare(ctx, false, deploymentID); err != nil {
+		return 0, err
 	}
-	rows, err := t.Query(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ? ORDER BY region FOR UPDATE",
+	before, ok := t.replicas[deploymentID]
+	if !ok {
+		if err := t.tx.QueryRowContext(ctx, "SELECT replicas FROM deployments WHERE id = ?", deploymentID).Scan(&before); err != nil {
+			return 0, fmt.Errorf("store: read replicas of deployment %s: %w", deploymentID, err)
+		}
+	}
+	rows, err := t.tx.QueryContext(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ? ORDER BY region FOR UPDATE",
 		deploymentID, replicas)
 	if err != nil {
 		return 0, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
@@ -399,15 +414,13 @@ func (t *Tx) ScaleTopology(ctx context.Context, deploymentID string, replicas in
 	if err := rows.Err(); err != nil {
 		return 0, err
 	}
-	now := nowMillis()
-	if _, err := t.Exec(ctx, "UPDATE deployments SET replicas = ?, updated_at = ? WHERE id = ?", replicas, now, deploymentID); err != nil {
-		return 0, fmt.Errorf("store: set replicas of deployment %s: %w", deploymentID, err)
+	// The rows are locked above, so the kept UPDATE changes exactly those
+	// regions when it is sent.
+	t.own.addScale(deferredScale{id: deploymentID, regions: regions, replicas: replicas})
+	if t.replicas == nil {
+		t.replicas = map[string]int32{}
 	}
-	// The rows are locked above, so this changes exactly those regions.
-	if _, err := t.Exec(ctx, "UPDATE deployment_topology SET desired_replicas = ?, updated_at = ? WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ?",
-		replicas, now, deploymentID, replicas); err != nil {
-		return 0, fmt.Errorf("store: scale deployment %s: %w", deploymentID, err)
-	}
+	t.replicas[deploymentID] = replicas
 	for _, region := range regions {
 		t.Touch(kinds.Deployment, region, deploymentID)
 	}

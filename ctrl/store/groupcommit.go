@@ -317,6 +317,8 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 // aborts the batch.
 func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []*writeReq) (members []*writeReq, current map[Ref]uint64, pending []*writeReq, err error) {
 	hooks := c.s.testHooks()
+	// The writes the kept callers' fns left to send (deferred.go).
+	var kept deferredWrites
 	// A caller alone needs no savepoint: its failure rolls back the whole
 	// transaction.
 	savepoints := len(batch) > 1
@@ -325,12 +327,14 @@ func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []
 			r.answer(nil, err)
 			continue
 		}
-		if savepoints {
-			if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT member"); err != nil {
-				return nil, nil, unanswered(members, batch[i:]), errBatchAborted{fmt.Errorf("savepoint: %w", err)}
-			}
+		tx := &Tx{tx: sqlTx, batch: &kept, savepoint: savepoints}
+		panicked, fnErr := runMember(r, tx)
+		if tx.sendErr != nil {
+			// Sending the batch's kept writes or taking the savepoint
+			// failed: they may be other callers', so the batch aborts
+			// (and a deadlock is retried as a whole).
+			return nil, nil, unanswered(members, batch[i:]), errBatchAborted{tx.sendErr}
 		}
-		panicked, fnErr := runMember(r, sqlTx)
 		if fnErr == nil && hooks.BatchFault != nil {
 			fnErr = hooks.BatchFault("member", i, len(batch))
 		}
@@ -341,25 +345,39 @@ func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []
 		}
 		if fnErr == nil {
 			members = append(members, r)
+			kept.take(&tx.own)
 			continue
 		}
+		// The caller's kept writes are dropped unsent.
 		if !savepoints {
 			r.panicked = panicked
 			r.answer(nil, fnErr)
 			return nil, nil, nil, nil // the deferred rollback undoes it
 		}
-		if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member"); err != nil {
-			rest := unanswered(members, batch[i+1:])
-			if panicked == nil {
-				rest = append(rest, r) // its error may come from the broken transaction
-			} else {
-				r.panicked = panicked
-				r.answer(nil, fnErr)
+		// A caller that sent no write took no savepoint, and has nothing
+		// to roll back (rolling back to the savepoint there is would undo
+		// the caller before it).
+		if tx.saved {
+			if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member"); err != nil {
+				rest := unanswered(members, batch[i+1:])
+				if panicked == nil {
+					rest = append(rest, r) // its error may come from the broken transaction
+				} else {
+					r.panicked = panicked
+					r.answer(nil, fnErr)
+				}
+				return nil, nil, rest, errBatchAborted{fmt.Errorf("roll back to savepoint: %w", err)}
 			}
-			return nil, nil, rest, errBatchAborted{fmt.Errorf("roll back to savepoint: %w", err)}
 		}
 		r.panicked = panicked
 		r.answer(nil, fnErr)
+	}
+	// One statement per table for the kept writes of every caller: an
+	// error here cannot be told apart per caller, so, like a missing row
+	// below, the batch runs again one call at a time, where it fails
+	// alone.
+	if err := kept.send(ctx, sqlTx); err != nil {
+		return nil, nil, members, errBatchAborted{err}
 	}
 	var refs []Ref
 	for _, r := range members {
@@ -382,8 +400,8 @@ func unanswered(members, rest []*writeReq) []*writeReq {
 	return append(append([]*writeReq(nil), members...), rest...)
 }
 
-// runMember runs one caller's fn inside the batch.
-func runMember(r *writeReq, sqlTx *sql.Tx) (panicked any, err error) {
+// runMember runs one caller's fn inside the batch, on tx.
+func runMember(r *writeReq, tx *Tx) (panicked any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			panicked = p
@@ -392,7 +410,6 @@ func runMember(r *writeReq, sqlTx *sql.Tx) (panicked any, err error) {
 	}()
 	// The caller's values (loggers, identities), the batch's lifetime.
 	ctx := context.WithValue(context.WithoutCancel(r.ctx), inBatchKey{}, true)
-	tx := &Tx{tx: sqlTx}
 	if err := r.fn(ctx, tx); err != nil {
 		return nil, err
 	}
