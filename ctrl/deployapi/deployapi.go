@@ -485,7 +485,7 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 	}
 	var before int32
 	_, err = s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-		cur, err := tx.LockDeployment(ctx, d.ID)
+		cur, err := tx.LockDeploymentToScale(ctx, d.ID)
 		if err != nil {
 			return err
 		}

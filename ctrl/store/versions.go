@@ -43,6 +43,10 @@ type Tx struct {
 	// replicas are the replicas of the deployments this Tx locked
 	// (LockDeployment), while no write it sent could have changed them.
 	replicas map[string]int32
+	// topology are the topology rows of the deployments this Tx locked
+	// with LockDeploymentToScale, while no write it sent could have
+	// changed them.
+	topology map[string][]topologyRow
 }
 
 // Touch marks a desired-state row as changed in this transaction, so it gets
@@ -65,7 +69,7 @@ func (t *Tx) Exec(ctx context.Context, query string, args ...any) (sql.Result, e
 	if err := t.prepare(ctx, true, ""); err != nil {
 		return nil, err
 	}
-	t.replicas = nil // the statement may change them
+	t.replicas, t.topology = nil, nil // the statement may change them
 	return t.tx.ExecContext(ctx, query, args...)
 }
 
