@@ -14,12 +14,14 @@ import (
 // alone, write throughput is one commit round trip (and, with a durable
 // log, one log flush) per write. The committer below runs concurrent
 // WriteTx calls in batches instead: one transaction runs each caller's fn
-// in its own savepoint, locks every row the survivors touched, stamps them
+// in its own savepoint, sends the writes the survivors kept (deferred.go)
+// in one statement per table, locks every row they touched, stamps them
 // all with one pass over version_seq, and commits once. See doc.go for why
 // the no-lost-change argument holds for batches unchanged.
 //
 // Per caller, what a caller can observe is kept: a caller's error rolls
-// back to its savepoint (its writes vanish, the others' stay), it gets its
+// back to its savepoint, taken before its first write sent (its writes
+// vanish, kept ones unsent, the others' stay), it gets its
 // own versions and its own error, and its fn sees the callers before it in
 // the batch as if they had committed just before it started. What callers
 // share is the fate of the COMMIT and of errors that abort the whole
