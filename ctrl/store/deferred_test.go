@@ -219,3 +219,63 @@ func TestGroupCommitScaleStatementsPerCaller(t *testing.T) {
 	}
 	t.Logf("%d statements for a batch of %d scales (%.2f per caller)", q, n, float64(q)/n)
 }
+
+// After LockDeploymentToScale, ScaleTopology changes and versions what it
+// does after LockDeployment: the running rows whose replicas differ, not
+// stopped rows nor rows already at the count.
+func TestScaleAfterEitherLockTouchesTheSameRows(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	for _, lock := range []struct {
+		name string
+		fn   func(*store.Tx, context.Context, string) (string, error)
+	}{{"LockDeployment", (*store.Tx).LockDeployment}, {"LockDeploymentToScale", (*store.Tx).LockDeploymentToScale}} {
+		t.Run(lock.name, func(t *testing.T) {
+			id := "either-" + strings.ToLower(lock.name)
+			if _, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+				if err := putDeployment(ctx, tx, id, "r1", "img:1", 1, "running"); err != nil {
+					return err
+				}
+				for _, tp := range []store.Topology{
+					{DeploymentID: id, Region: "r2", DesiredReplicas: 1, DesiredStatus: "stopped"},
+					{DeploymentID: id, Region: "r3", DesiredReplicas: 3, DesiredStatus: "running"},
+				} {
+					if err := tx.PutTopology(ctx, tp); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var before int32
+			stamped, err := s.WriteTx(ctx, scaleWith(lock.fn, id, 3, "ready", "scaled", &before))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if before != 1 || len(stamped) != 1 || stamped[0].Region != "r1" {
+				t.Fatalf("before %d, stamped %v; want 1 and r1 alone", before, stamped)
+			}
+			rows, err := s.DB().Query("SELECT region, desired_status, desired_replicas FROM deployment_topology WHERE deployment_id = ? ORDER BY region", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var got []string
+			for rows.Next() {
+				var region, st string
+				var n int32
+				if err := rows.Scan(&region, &st, &n); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, fmt.Sprintf("%s:%s:%d", region, st, n))
+			}
+			if want := "r1:running:3,r2:stopped:1,r3:running:3"; strings.Join(got, ",") != want {
+				t.Errorf("topology %v; want %s", got, want)
+			}
+			if d, _ := replicasOf(t, s, id); d != 3 {
+				t.Errorf("deployment replicas %d; want 3", d)
+			}
+		})
+	}
+}
