@@ -482,32 +482,37 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 	if n := req.GetReplicas(); n < 1 || n > deployspec.MaxReplicas {
 		return nil, invalid(&deployspec.FieldError{Field: "replicas", Reason: fmt.Sprintf("%d is out of range 1..%d per region (to run none, stop the deployment)", n, deployspec.MaxReplicas)})
 	}
-	d, err := s.deployment(ctx, "deployment_id", req.GetDeploymentId())
-	if err != nil {
-		return nil, err
+	// No read of the deployment first: the transaction's lock finds it or
+	// not, and a scale is one statement in a group commit (store).
+	id := req.GetDeploymentId()
+	if id == "" || len(id) > 64 {
+		return nil, invalid(&deployspec.FieldError{Field: "deployment_id", Reason: "a deployment id (dep_...) is required"})
 	}
 	var before int32
-	_, err = s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-		cur, err := tx.LockDeployment(ctx, d.ID)
+	_, err := s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		cur, err := tx.LockDeploymentToScale(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return status.Errorf(codes.NotFound, "deployment_id: no deployment %q", id)
+		}
 		if err != nil {
 			return err
 		}
 		if cur != store.StatusReady && cur != store.StatusNetwork {
-			return status.Errorf(codes.FailedPrecondition, "deployment %s is %s; only a ready deployment can be scaled (wait for it, or create a new one)", d.ID, cur)
+			return status.Errorf(codes.FailedPrecondition, "deployment %s is %s; only a ready deployment can be scaled (wait for it, or create a new one)", id, cur)
 		}
-		if before, err = tx.ScaleTopology(ctx, d.ID, req.GetReplicas()); err != nil {
+		if before, err = tx.ScaleTopology(ctx, id, req.GetReplicas()); err != nil {
 			return err
 		}
 		if before == req.GetReplicas() {
 			return nil
 		}
-		return tx.RecordEvent(ctx, d.ID, cur, fmt.Sprintf("scaled from %d to %d replicas per region by %s", before, req.GetReplicas(), caller(ctx)))
+		return tx.RecordEvent(ctx, id, cur, fmt.Sprintf("scaled from %d to %d replicas per region by %s", before, req.GetReplicas(), caller(ctx)))
 	})
 	if err != nil {
 		return nil, s.storeError(ctx, err, "scaling failed")
 	}
 	if before != req.GetReplicas() {
-		s.log.Info("deployment scaled", "deployment", d.ID, "from", before, "to", req.GetReplicas(), "by", caller(ctx))
+		s.log.Info("deployment scaled", "deployment", id, "from", before, "to", req.GetReplicas(), "by", caller(ctx))
 	}
 	return &ctrlv1.ScaleDeploymentResponse{PreviousReplicas: before, Replicas: req.GetReplicas()}, nil
 }

@@ -77,7 +77,7 @@ func BenchmarkScaleWrite(b *testing.B) {
 			before := s.WriteStats()
 			runWriters(b, ids, func(ctx context.Context, id string, replicas int32) error {
 				_, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-					if _, err := tx.LockDeployment(ctx, id); err != nil {
+					if _, err := tx.LockDeploymentToScale(ctx, id); err != nil {
 						return err
 					}
 					if _, err := tx.ScaleTopology(ctx, id, replicas); err != nil {

@@ -214,15 +214,81 @@ func (s *Store) ListDeployments(ctx context.Context, environmentID string, after
 // and every write of the deploy workflow takes this lock first, so they are
 // serialised per deployment.
 func (t *Tx) LockDeployment(ctx context.Context, id string) (string, error) {
+	// A read of this one deployment: kept writes of others need not go
+	// first (deferred.go).
+	if err := t.prepare(ctx, false, id); err != nil {
+		return "", err
+	}
 	var status string
-	err := t.QueryRow(ctx, "SELECT status FROM deployments WHERE id = ? FOR UPDATE", id).Scan(&status)
+	var replicas int32
+	// The replicas come along for ScaleTopology, which would otherwise
+	// read the locked row again.
+	err := t.tx.QueryRowContext(ctx, "SELECT status, replicas FROM deployments WHERE id = ? FOR UPDATE", id).Scan(&status, &replicas)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("store: deployment %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return "", fmt.Errorf("store: lock deployment %s: %w", id, err)
 	}
+	t.cacheReplicas(id, replicas)
 	return status, nil
+}
+
+// LockDeploymentToScale is LockDeployment that also locks the
+// deployment's topology rows (the rows ScaleTopology locks), in the same
+// statement, so that ScaleTopology after it sends none.
+func (t *Tx) LockDeploymentToScale(ctx context.Context, id string) (string, error) {
+	if err := t.prepare(ctx, false, id); err != nil {
+		return "", err
+	}
+	rows, err := t.tx.QueryContext(ctx, `SELECT d.status, d.replicas, t.region, t.desired_status, t.desired_replicas
+FROM deployments d LEFT JOIN deployment_topology t ON t.deployment_id = d.id
+WHERE d.id = ? ORDER BY t.region FOR UPDATE`, id)
+	if err != nil {
+		return "", fmt.Errorf("store: lock deployment %s: %w", id, err)
+	}
+	defer rows.Close()
+	var status string
+	var replicas int32
+	found := false
+	topology := []topologyRow{}
+	for rows.Next() {
+		var region, desired sql.NullString
+		var n sql.NullInt32
+		if err := rows.Scan(&status, &replicas, &region, &desired, &n); err != nil {
+			return "", fmt.Errorf("store: lock deployment %s: %w", id, err)
+		}
+		found = true
+		if region.Valid {
+			topology = append(topology, topologyRow{region: region.String, running: desired.String == "running", replicas: n.Int32})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("store: lock deployment %s: %w", id, err)
+	}
+	if !found {
+		return "", fmt.Errorf("store: deployment %s: %w", id, ErrNotFound)
+	}
+	t.cacheReplicas(id, replicas)
+	if t.topology == nil {
+		t.topology = map[string][]topologyRow{}
+	}
+	t.topology[id] = topology
+	return status, nil
+}
+
+// topologyRow is a locked topology row as LockDeploymentToScale read it.
+type topologyRow struct {
+	region   string
+	running  bool
+	replicas int32
+}
+
+func (t *Tx) cacheReplicas(id string, n int32) {
+	if t.replicas == nil {
+		t.replicas = map[string]int32{}
+	}
+	t.replicas[id] = n
 }
 
 // TransitionDeployment moves a deployment to status to if its status is
@@ -262,13 +328,11 @@ func (s *Store) TransitionDeployment(ctx context.Context, id string, from []stri
 
 // RecordEvent appends to a deployment's history (status is the status the
 // entry is filed under). The caller must hold the deployment's row lock
-// (LockDeployment), so sequence numbers never collide.
+// (LockDeployment), so sequence numbers never collide. The entry is sent
+// with the transaction's other kept writes (deferred.go): an error in it
+// (an unknown status) fails the transaction, not this call.
 func (t *Tx) RecordEvent(ctx context.Context, id, status, message string) error {
-	if _, err := t.Exec(ctx, `INSERT INTO deployment_events (deployment_id, seq, status, message, created_at)
-SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM deployment_events WHERE deployment_id = ?`,
-		id, status, nullString(message), nowMillis(), id); err != nil {
-		return fmt.Errorf("store: record status %s of deployment %s: %w", status, id, err)
-	}
+	t.own.events = append(t.own.events, deferredEvent{id: id, status: status, message: message, at: nowMillis()})
 	return nil
 }
 
@@ -375,43 +439,62 @@ func (t *Tx) StopTopology(ctx context.Context, deploymentID string, touch bool) 
 // ScaleTopology sets the replicas per region of a deployment's running
 // topology rows and of the deployment itself; changed rows get new
 // versions when the transaction commits. It returns the replicas the
-// deployment had before. The caller holds the deployment's row lock.
+// deployment had before. The caller holds the deployment's row lock
+// (LockDeployment; after LockDeploymentToScale, ScaleTopology sends no
+// statement of its own).
 func (t *Tx) ScaleTopology(ctx context.Context, deploymentID string, replicas int32) (int32, error) {
-	var before int32
-	if err := t.QueryRow(ctx, "SELECT replicas FROM deployments WHERE id = ?", deploymentID).Scan(&before); err != nil {
-		return 0, fmt.Errorf("store: read replicas of deployment %s: %w", deploymentID, err)
-	}
-	rows, err := t.Query(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ? ORDER BY region FOR UPDATE",
-		deploymentID, replicas)
-	if err != nil {
-		return 0, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
-	}
-	var regions []string
-	for rows.Next() {
-		var region string
-		if err := rows.Scan(&region); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		regions = append(regions, region)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err := t.prepare(ctx, false, deploymentID); err != nil {
 		return 0, err
 	}
-	now := nowMillis()
-	if _, err := t.Exec(ctx, "UPDATE deployments SET replicas = ?, updated_at = ? WHERE id = ?", replicas, now, deploymentID); err != nil {
-		return 0, fmt.Errorf("store: set replicas of deployment %s: %w", deploymentID, err)
+	var err error
+	before, ok := t.replicas[deploymentID]
+	if !ok {
+		if err := t.tx.QueryRowContext(ctx, "SELECT replicas FROM deployments WHERE id = ?", deploymentID).Scan(&before); err != nil {
+			return 0, fmt.Errorf("store: read replicas of deployment %s: %w", deploymentID, err)
+		}
 	}
-	// The rows are locked above, so this changes exactly those regions.
-	if _, err := t.Exec(ctx, "UPDATE deployment_topology SET desired_replicas = ?, updated_at = ? WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ?",
-		replicas, now, deploymentID, replicas); err != nil {
-		return 0, fmt.Errorf("store: scale deployment %s: %w", deploymentID, err)
+	var regions []string
+	if topology, ok := t.topology[deploymentID]; ok {
+		for _, r := range topology {
+			if r.running && r.replicas != replicas {
+				regions = append(regions, r.region)
+			}
+		}
+	} else if regions, err = t.lockScaledRegions(ctx, deploymentID, replicas); err != nil {
+		return 0, err
 	}
+	// The rows are locked above, so the kept UPDATE changes exactly those
+	// regions when it is sent.
+	t.own.addScale(deferredScale{id: deploymentID, regions: regions, replicas: replicas})
+	t.cacheReplicas(deploymentID, replicas)
+	delete(t.topology, deploymentID) // read again (after sending) if asked again
 	for _, region := range regions {
 		t.Touch(kinds.Deployment, region, deploymentID)
 	}
 	return before, nil
+}
+
+// lockScaledRegions locks a deployment's running topology rows whose
+// replicas are not n, and returns their regions.
+func (t *Tx) lockScaledRegions(ctx context.Context, deploymentID string, n int32) ([]string, error) {
+	rows, err := t.tx.QueryContext(ctx, "SELECT region FROM deployment_topology WHERE deployment_id = ? AND desired_status = 'running' AND desired_replicas <> ? ORDER BY region FOR UPDATE",
+		deploymentID, n)
+	if err != nil {
+		return nil, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
+	}
+	defer rows.Close()
+	var regions []string
+	for rows.Next() {
+		var region string
+		if err := rows.Scan(&region); err != nil {
+			return nil, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
+		}
+		regions = append(regions, region)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: read topology of deployment %s: %w", deploymentID, err)
+	}
+	return regions, nil
 }
 
 // Instance is one pod of a deployment as its cluster last reported it.

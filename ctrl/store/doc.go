@@ -47,6 +47,19 @@
 // a lost connection) it rolls back entirely, head update included, and
 // its callers run again (as a batch after a deadlock, else each alone).
 //
+// Some writes are kept instead of sent at once (deferred.go): a scale's
+// UPDATEs and history entries. A caller's kept writes join the batch's
+// only if its function succeeds (else they are dropped, never sent); the
+// batch sends them, one multi-row statement per table, after the last
+// caller's function and before step 0; and a Tx sends whatever is kept
+// before any statement that could read it, so every function reads what
+// it would have read had each write been sent at once. A caller takes its
+// savepoint before its first write sent, so a caller that sent none has
+// nothing to roll back. For the argument below nothing changes: every
+// content write of the transaction is sent before step 0, and a failure
+// to send aborts the whole transaction, as any failure before COMMIT
+// does.
+//
 // Rows are never hard-deleted on this path: a delete is a new version whose
 // row says deleted (a stopped topology, a stopped sentinel, deleted = TRUE).
 //
@@ -85,8 +98,9 @@
 // read-only snapshot transaction; by the same argument the snapshot holds
 // every version <= H, so continuing the stream from H is gap-free too.
 //
-// A caller rolled back to its savepoint touched nothing that is stamped:
-// its rows are not in steps 0 to 4, and its writes are undone before COMMIT.
+// A caller rolled back to its savepoint (or that sent no write, its kept
+// writes dropped) touched nothing that is stamped: its rows are not in
+// steps 0 to 4, and its writes are undone before COMMIT.
 // A caller kept in the batch is answered only after COMMIT, with exactly the
 // versions step 2 gave its rows. So each caller's versions are as visible,
 // and as ordered, as if its call had been a transaction of its own that

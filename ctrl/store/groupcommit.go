@@ -14,12 +14,14 @@ import (
 // alone, write throughput is one commit round trip (and, with a durable
 // log, one log flush) per write. The committer below runs concurrent
 // WriteTx calls in batches instead: one transaction runs each caller's fn
-// in its own savepoint, locks every row the survivors touched, stamps them
+// in its own savepoint, sends the writes the survivors kept (deferred.go)
+// in one statement per table, locks every row they touched, stamps them
 // all with one pass over version_seq, and commits once. See doc.go for why
 // the no-lost-change argument holds for batches unchanged.
 //
 // Per caller, what a caller can observe is kept: a caller's error rolls
-// back to its savepoint (its writes vanish, the others' stay), it gets its
+// back to its savepoint, taken before its first write sent (its writes
+// vanish, kept ones unsent, the others' stay), it gets its
 // own versions and its own error, and its fn sees the callers before it in
 // the batch as if they had committed just before it started. What callers
 // share is the fate of the COMMIT and of errors that abort the whole
@@ -317,6 +319,8 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 // aborts the batch.
 func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []*writeReq) (members []*writeReq, current map[Ref]uint64, pending []*writeReq, err error) {
 	hooks := c.s.testHooks()
+	// The writes the kept callers' fns left to send (deferred.go).
+	var kept deferredWrites
 	// A caller alone needs no savepoint: its failure rolls back the whole
 	// transaction.
 	savepoints := len(batch) > 1
@@ -325,12 +329,14 @@ func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []
 			r.answer(nil, err)
 			continue
 		}
-		if savepoints {
-			if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT member"); err != nil {
-				return nil, nil, unanswered(members, batch[i:]), errBatchAborted{fmt.Errorf("savepoint: %w", err)}
-			}
+		tx := &Tx{tx: sqlTx, batch: &kept, savepoint: savepoints}
+		panicked, fnErr := runMember(r, tx)
+		if tx.sendErr != nil {
+			// Sending the batch's kept writes or taking the savepoint
+			// failed: they may be other callers', so the batch aborts
+			// (and a deadlock is retried as a whole).
+			return nil, nil, unanswered(members, batch[i:]), errBatchAborted{tx.sendErr}
 		}
-		panicked, fnErr := runMember(r, sqlTx)
 		if fnErr == nil && hooks.BatchFault != nil {
 			fnErr = hooks.BatchFault("member", i, len(batch))
 		}
@@ -341,25 +347,39 @@ func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []
 		}
 		if fnErr == nil {
 			members = append(members, r)
+			kept.take(&tx.own)
 			continue
 		}
+		// The caller's kept writes are dropped unsent.
 		if !savepoints {
 			r.panicked = panicked
 			r.answer(nil, fnErr)
 			return nil, nil, nil, nil // the deferred rollback undoes it
 		}
-		if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member"); err != nil {
-			rest := unanswered(members, batch[i+1:])
-			if panicked == nil {
-				rest = append(rest, r) // its error may come from the broken transaction
-			} else {
-				r.panicked = panicked
-				r.answer(nil, fnErr)
+		// A caller that sent no write took no savepoint, and has nothing
+		// to roll back (rolling back to the savepoint there is would undo
+		// the caller before it).
+		if tx.saved {
+			if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member"); err != nil {
+				rest := unanswered(members, batch[i+1:])
+				if panicked == nil {
+					rest = append(rest, r) // its error may come from the broken transaction
+				} else {
+					r.panicked = panicked
+					r.answer(nil, fnErr)
+				}
+				return nil, nil, rest, errBatchAborted{fmt.Errorf("roll back to savepoint: %w", err)}
 			}
-			return nil, nil, rest, errBatchAborted{fmt.Errorf("roll back to savepoint: %w", err)}
 		}
 		r.panicked = panicked
 		r.answer(nil, fnErr)
+	}
+	// One statement per table for the kept writes of every caller: an
+	// error here cannot be told apart per caller, so, like a missing row
+	// below, the batch runs again one call at a time, where it fails
+	// alone.
+	if err := kept.send(ctx, sqlTx); err != nil {
+		return nil, nil, members, errBatchAborted{err}
 	}
 	var refs []Ref
 	for _, r := range members {
@@ -382,8 +402,8 @@ func unanswered(members, rest []*writeReq) []*writeReq {
 	return append(append([]*writeReq(nil), members...), rest...)
 }
 
-// runMember runs one caller's fn inside the batch.
-func runMember(r *writeReq, sqlTx *sql.Tx) (panicked any, err error) {
+// runMember runs one caller's fn inside the batch, on tx.
+func runMember(r *writeReq, tx *Tx) (panicked any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			panicked = p
@@ -392,7 +412,6 @@ func runMember(r *writeReq, sqlTx *sql.Tx) (panicked any, err error) {
 	}()
 	// The caller's values (loggers, identities), the batch's lifetime.
 	ctx := context.WithValue(context.WithoutCancel(r.ctx), inBatchKey{}, true)
-	tx := &Tx{tx: sqlTx}
 	if err := r.fn(ctx, tx); err != nil {
 		return nil, err
 	}

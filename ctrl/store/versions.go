@@ -19,10 +19,34 @@ type Stamped struct {
 // Tx is a write transaction. Write content through its methods (or Exec),
 // and call Touch for every desired-state row whose content changed; WriteTx
 // stamps the touched rows with new versions as its last step.
+//
+// Some of its methods keep their writes to send later (deferred.go); the
+// Tx sends them before any statement that could read them, so what the
+// caller reads is as if they had been sent at once.
 type Tx struct {
 	tx      *sql.Tx
 	touched []Ref
 	seen    map[Ref]bool
+
+	// own are this caller's kept writes; batch (group commit only) are the
+	// kept writes of the callers before it in the batch.
+	own   deferredWrites
+	batch *deferredWrites
+	// savepoint: a savepoint must be taken before this caller's first
+	// write (a caller of a batch of several); saved: it was.
+	savepoint, saved bool
+	// sendErr is a failure to send kept writes or to take the savepoint:
+	// every later statement fails with it, and it is the transaction's
+	// error whatever the caller's function returns (in a batch, it aborts
+	// the batch: the writes may be other callers').
+	sendErr error
+	// replicas are the replicas of the deployments this Tx locked
+	// (LockDeployment), while no write it sent could have changed them.
+	replicas map[string]int32
+	// topology are the topology rows of the deployments this Tx locked
+	// with LockDeploymentToScale, while no write it sent could have
+	// changed them.
+	topology map[string][]topologyRow
 }
 
 // Touch marks a desired-state row as changed in this transaction, so it gets
@@ -42,17 +66,81 @@ func (t *Tx) Touch(kind, region, id string) {
 
 // Exec runs a statement in the transaction.
 func (t *Tx) Exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := t.prepare(ctx, true, ""); err != nil {
+		return nil, err
+	}
+	t.replicas, t.topology = nil, nil // the statement may change them
 	return t.tx.ExecContext(ctx, query, args...)
 }
 
 // QueryRow runs a query that returns at most one row in the transaction.
-func (t *Tx) QueryRow(ctx context.Context, query string, args ...any) *sql.Row {
-	return t.tx.QueryRowContext(ctx, query, args...)
+// A query must not write (writes go through Exec).
+func (t *Tx) QueryRow(ctx context.Context, query string, args ...any) *Row {
+	if err := t.prepare(ctx, false, ""); err != nil {
+		return &Row{err: err}
+	}
+	return &Row{row: t.tx.QueryRowContext(ctx, query, args...)}
 }
 
-// Query runs a query in the transaction.
+// Row is the result of Tx.QueryRow, as *sql.Row.
+type Row struct {
+	row *sql.Row
+	err error
+}
+
+// Scan is sql.Row.Scan.
+func (r *Row) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.row.Scan(dest...)
+}
+
+// Query runs a query in the transaction. A query must not write.
 func (t *Tx) Query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := t.prepare(ctx, false, ""); err != nil {
+		return nil, err
+	}
 	return t.tx.QueryContext(ctx, query, args...)
+}
+
+// prepare runs before a statement of the caller: it sends the kept writes
+// the statement could read (all of them, or, for a read of one deployment
+// named by deploymentID, all of them if that deployment has a scale kept),
+// and takes the caller's savepoint before its first write.
+func (t *Tx) prepare(ctx context.Context, write bool, deploymentID string) error {
+	if t.sendErr != nil {
+		return t.sendErr
+	}
+	if b := t.batch; b != nil && !b.empty() && (deploymentID == "" || b.scaled[deploymentID]) {
+		if err := b.send(ctx, t.tx); err != nil {
+			t.sendErr = err
+			return err
+		}
+	}
+	own := !t.own.empty() && (deploymentID == "" || t.own.scaled[deploymentID])
+	if (write || own) && t.savepoint && !t.saved {
+		if _, err := t.tx.ExecContext(ctx, "SAVEPOINT member"); err != nil {
+			t.sendErr = fmt.Errorf("store: savepoint: %w", err)
+			return t.sendErr
+		}
+		t.saved = true
+	}
+	if own {
+		if err := t.own.send(ctx, t.tx); err != nil {
+			t.sendErr = err
+			return err
+		}
+	}
+	return nil
+}
+
+// sendKept sends this caller's kept writes (at the end of its function).
+func (t *Tx) sendKept(ctx context.Context) error {
+	if t.own.empty() {
+		return nil
+	}
+	return t.prepare(ctx, true, "")
 }
 
 // TestHooks are switches for the tests of the versioning design. Production
@@ -154,6 +242,12 @@ func (s *Store) writeTxOnce(ctx context.Context, fn func(ctx context.Context, tx
 	}()
 	tx := &Tx{tx: sqlTx}
 	if err := fn(ctx, tx); err != nil {
+		if tx.sendErr != nil {
+			return nil, tx.sendErr
+		}
+		return nil, err
+	}
+	if err := tx.sendKept(ctx); err != nil {
 		return nil, err
 	}
 	stamped, err := s.stamp(ctx, sqlTx, tx.touched)
