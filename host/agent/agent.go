@@ -232,12 +232,13 @@ func (a *Agent) supervisorHost() supervisor.Host {
 // pluginEnviron is the host's environment without what may carry its ctrl
 // token: the control_plane.token_env variable and every KRANE_* variable
 // (the host's configuration overrides, KRANE_CONTROL_PLANE__TOKEN among
-// them; plugins get their config through Configure). Plugins never hold
+// them; plugins get their config through Configure) except the heap
+// profile directory, which is meant for the plugins too. Plugins never hold
 // the cluster's credentials; what needs them, the host does for them.
 func pluginEnviron(environ []string, tokenEnv string) []string {
 	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
-		return name == tokenEnv || strings.HasPrefix(name, "KRANE_")
+		return name == tokenEnv || (strings.HasPrefix(name, "KRANE_") && name != sdk.EnvHeapProfileDir)
 	})
 }
 
