@@ -122,7 +122,13 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		// plugin never sees anything it does not manage. Pods and
 		// ReplicaSets carry the pod template's labels.
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
-		informers.WithTransform(kube.StripManagedFields))
+		// What status and drift never read is not kept: pods are slimmed
+		// (SlimPod keeps what sentinelStatus reads), and the status of
+		// ReplicaSets, Services and PodDisruptionBudgets is dropped (the
+		// Deployment's is read; status is never applied, so drift does not
+		// look at it).
+		informers.WithTransform(kube.Chain(kube.StripManagedFields, kube.Slim(kube.SlimPod),
+			kube.StripStatusOf[*appsv1.ReplicaSet](), kube.StripStatusOf[*corev1.Service](), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())))
 	namespaces := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
