@@ -39,7 +39,8 @@ type Factory func(log hclog.Logger) Controller
 //   - exits when the host process goes away (parent watcher) and shuts down
 //     the controller on SIGTERM;
 //   - turns OpenTelemetry tracing on when the OTEL_* variables ask for it
-//     (package telemetry) and continues the host's trace around Apply.
+//     (package telemetry) and continues the host's trace around Apply;
+//   - writes a heap profile on SIGUSR1 when EnvHeapProfileDir is set.
 func Serve(factory Factory) {
 	log := hclog.New(&hclog.LoggerOptions{
 		Level:      hclog.LevelFromString(envOr(EnvLogLevel, "info")),
@@ -77,6 +78,7 @@ func Serve(factory Factory) {
 		log.Error("tracing is off: the OTEL_* environment cannot be used", "error", err)
 	}
 
+	HeapProfileOnSignal(log, service)
 	go exitWithParent(log, impl)
 	go shutdownOnSIGTERM(log, impl)
 

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,7 +26,7 @@ import (
 func main() {
 	bin := flag.String("bin", "bin", "directory with ctrl, krane and the plugins (make build)")
 	out := flag.String("out", "bench/results.json", "where to write the figures")
-	only := flag.String("only", "", "comma-separated measurements to run (default all): "+strings.Join(names(), ","))
+	only := flag.String("only", "", "comma-separated measurements to run (default all): "+strings.Join(names(), ",")+"; memory runs only when named (bootstrap includes it; "+bench.EnvMemoryEnv+" adds environment to krane and its plugins there)")
 	fleetMode := flag.Bool("fleet", false, "measure the fleet (and the write path) on ctrl, MariaDB and Restate alone, no cluster: make bench-fleet")
 	fo := bench.DefaultFleetOptions()
 	sizes := flag.String("fleet-clusters", joinInts(fo.Clusters), "fleet sizes to measure (a size is skipped when memory is short)")
@@ -41,6 +42,11 @@ func main() {
 	}
 	fo.Arms = strings.Split(*arms, ",")
 	list := measurements
+	if *only != "" {
+		// The memory figures of bootstrap alone, when named: a full run
+		// measures them within bootstrap.
+		list = append(slices.Clone(measurements), measurement{"memory", bench.Memory})
+	}
 	if *fleetMode {
 		list = []measurement{
 			{"writes", bench.Writes},

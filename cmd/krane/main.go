@@ -23,6 +23,7 @@ import (
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
 	"krane.dev/internal/version"
+	"krane.dev/sdk"
 	"krane.dev/sdk/telemetry"
 )
 
@@ -74,6 +75,7 @@ func runAgent(path string) error {
 	}
 	log := newLogger(cfg)
 	log.Info("starting krane", "version", version.Version, "config", path)
+	sdk.HeapProfileOnSignal(log, "krane")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// Tracing from OTEL_* (off when unset); plugins inherit the variables.

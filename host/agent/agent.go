@@ -232,14 +232,30 @@ func (a *Agent) supervisorHost() supervisor.Host {
 // pluginEnviron is the host's environment without what may carry its ctrl
 // token: the control_plane.token_env variable and every KRANE_* variable
 // (the host's configuration overrides, KRANE_CONTROL_PLANE__TOKEN among
-// them; plugins get their config through Configure). Plugins never hold
+// them; plugins get their config through Configure) except the heap
+// profile directory, which is meant for the plugins too. Plugins never hold
 // the cluster's credentials; what needs them, the host does for them.
+//
+// Plugins run with GOGC=50 unless the environment sets GOGC (see
+// pluginGOGC).
 func pluginEnviron(environ []string, tokenEnv string) []string {
-	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+	env := slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
-		return name == tokenEnv || strings.HasPrefix(name, "KRANE_")
+		return name == tokenEnv || (strings.HasPrefix(name, "KRANE_") && name != sdk.EnvHeapProfileDir)
 	})
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") }) {
+		env = append(env, "GOGC="+pluginGOGC)
+	}
+	return env
 }
+
+// pluginGOGC is the plugins' collector setting when the operator sets none:
+// a plugin's heap is mostly its informer caches, which live as long as the
+// process, so the default (GOGC=100: the heap may grow to twice the live
+// data before a collection) costs memory for nothing a plugin needs. 50
+// trades a little CPU at cache fills and resyncs for a smaller peak
+// (docs/operating.md, "Memory of krane and its plugins").
+const pluginGOGC = "50"
 
 // startController runs one controller's plugin; its loops start when the
 // plugin describes its kinds. Caller holds a.mu.

@@ -364,20 +364,37 @@ func cpuSince(before map[string]float64) string {
 }
 
 // procRSS is a process's resident set size in MiB.
-func procRSS(pid int) float64 {
+func procRSS(pid int) float64 { return procMemory(pid).RSS }
+
+// memUse is a process's resident memory in MiB: all of it, the anonymous
+// part (heap, stacks) and the file-backed part (mostly executable text,
+// which the process's own work does not change).
+type memUse struct{ RSS, Anon, File float64 }
+
+func procMemory(pid int) memUse {
+	var m memUse
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		return m
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseFloat(strings.Fields(v)[0], 64)
-			return kb / 1024
+		key, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || len(strings.Fields(v)) == 0 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(strings.Fields(v)[0], 64)
+		switch key {
+		case "VmRSS":
+			m.RSS = kb / 1024
+		case "RssAnon":
+			m.Anon = kb / 1024
+		case "RssFile":
+			m.File = kb / 1024
 		}
 	}
-	return 0
+	return m
 }
 
 // commandName is the base name of a process's executable.

@@ -3,8 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,6 +20,7 @@ import (
 	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/plugins/deployment/controller"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 )
 
@@ -185,7 +190,7 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 		return nil, err
 	}
 	figs = append(figs, rf...)
-	mf, err := memory(ctx, e)
+	mf, err := memory(ctx, e, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -325,17 +330,69 @@ func resyncCost(ctx context.Context, e *Env) ([]Figure, error) {
 	}, nil
 }
 
+// Memory measures (5) alone (`go run ./cmd/bench -only memory`): 2,000
+// deployments and 2,000 sentinels, their objects applied by a fresh krane,
+// then the memory of the host and each plugin. As within Bootstrap, the
+// controller-manager and scheduler are stopped, so the caches hold the
+// plugins' own objects and no pods.
+func Memory(ctx context.Context, e *Env) ([]Figure, error) {
+	c := e.St.Clusters[e.Region]
+	c.StopComponent("kube-controller-manager")
+	c.StopComponent("kube-scheduler")
+	defer func() {
+		_ = c.StartComponent("kube-controller-manager")
+		_ = c.StartComponent("kube-scheduler")
+	}()
+	e.St.StopKrane(e.Region)
+	ns := "ws-bench-mem"
+	if err := (bulk{e.Store.DB()}).deployments(ctx, e.Region, ns, "mem-d", bootN, 1); err != nil {
+		return nil, err
+	}
+	if err := c.EnsureNamespace(ctx, ns); err != nil {
+		return nil, err
+	}
+	applied, stop, err := countAdded(ctx, c, ns, bootN)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	return memory(ctx, e, applied)
+}
+
+// EnvMemoryEnv is extra environment for the krane host (and through it the
+// plugins) in the memory measurement, space-separated NAME=VALUE pairs:
+// GOGC=100 to compare collector settings, or KRANE_PLUGIN_HEAP_PROFILE_DIR=DIR
+// to have every process write a heap profile into DIR once measured.
+const EnvMemoryEnv = "KRANE_BENCH_MEMORY_ENV"
+
 // memory restarts krane with every controller over 2,000 deployments and
-// 2,000 sentinels and reads the RSS of the host and each plugin.
-func memory(ctx context.Context, e *Env) ([]Figure, error) {
+// 2,000 sentinels and reads the memory of the host and each plugin once
+// the sentinel objects exist and deploymentsApplied (nil: already) is
+// closed.
+func memory(ctx context.Context, e *Env, deploymentsApplied <-chan struct{}) ([]Figure, error) {
 	c := e.St.Clusters[e.Region]
 	e.St.StopKrane(e.Region)
 	if err := (bulk{e.Store.DB()}).sentinels(ctx, e.Region, "mem", bootN); err != nil {
 		return nil, err
 	}
-	e.St.SetKraneEnv(e.Region, nil)
+	extra := strings.Fields(os.Getenv(EnvMemoryEnv))
+	profiles := ""
+	for _, kv := range extra {
+		if v, ok := strings.CutPrefix(kv, sdk.EnvHeapProfileDir+"="); ok {
+			profiles = v
+		}
+	}
+	e.St.SetKraneEnv(e.Region, extra)
+	defer e.St.SetKraneEnv(e.Region, nil)
 	if err := e.St.StartKrane(ctx, e.Region); err != nil {
 		return nil, err
+	}
+	if deploymentsApplied != nil {
+		select {
+		case <-deploymentsApplied:
+		case <-time.After(5 * time.Minute):
+			return nil, fmt.Errorf("krane did not apply the %d deployments' ReplicaSets within 5 minutes", bootN)
+		}
 	}
 	// Informers have settled once the sentinel objects all exist.
 	deadline := time.Now().Add(5 * time.Minute)
@@ -351,10 +408,50 @@ func memory(ctx context.Context, e *Env) ([]Figure, error) {
 	}
 	time.Sleep(5 * time.Second)
 	host := e.St.Krane(e.Region).Pid()
-	figs := []Figure{{Section: "5 memory", Name: "krane host RSS (2,000 deployments + 2,000 sentinels = 12,000 objects)", Value: procRSS(host), Unit: "MiB"}}
+	pids := []int{host}
 	for pid := range children(host) {
-		figs = append(figs, Figure{Section: "5 memory", Name: commandName(pid) + " RSS", Value: procRSS(pid), Unit: "MiB"})
+		pids = append(pids, pid)
+	}
+	var figs []Figure
+	for i, pid := range pids {
+		m := procMemory(pid)
+		name := commandName(pid) + " RSS"
+		if i == 0 {
+			name = "krane host RSS (2,000 deployments + 2,000 sentinels = 12,000 objects)"
+		}
+		figs = append(figs, Figure{Section: "5 memory", Name: name, Value: m.RSS, Unit: "MiB",
+			Note: fmt.Sprintf("anonymous %.1f MiB, file-backed (executable) %.1f MiB", m.Anon, m.File)})
 	}
 	e.logf("memory: %v", figs)
+	if profiles != "" {
+		if err := heapProfiles(profiles, pids); err != nil {
+			return nil, err
+		}
+		e.logf("memory: heap profiles in %s (go tool pprof -top -inuse_space FILE)", profiles)
+	}
 	return figs, nil
+}
+
+// heapProfiles sends SIGUSR1 to every process and waits until each has
+// written a profile into dir (the processes were started with
+// sdk.EnvHeapProfileDir=dir).
+func heapProfiles(dir string, pids []int) error {
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+			return fmt.Errorf("heap profile of process %d: %w", pid, err)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for _, pid := range pids {
+		for {
+			if m, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("*-%d-*.pprof", pid))); len(m) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("process %d (%s) wrote no heap profile into %s within a minute of SIGUSR1; was it started with %s set?", pid, commandName(pid), dir, sdk.EnvHeapProfileDir)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
 }

@@ -44,7 +44,9 @@ func NewInformers() *Informers { return &Informers{stop: make(chan struct{})} }
 
 // Typed returns a factory of typed informers over the objects selector
 // selects (a label selector, e.g. ManagedSelector(component); "" for all).
-// opts add to the defaults (e.g. informers.WithNamespace).
+// opts add to the defaults (e.g. informers.WithNamespace); an
+// informers.WithTransform among them replaces StripManagedFields, so give
+// it Chain(StripManagedFields, ...) (transform.go).
 func (i *Informers) Typed(client kubernetes.Interface, selector string, opts ...informers.SharedInformerOption) informers.SharedInformerFactory {
 	base := []informers.SharedInformerOption{informers.WithTransform(StripManagedFields)}
 	if selector != "" {

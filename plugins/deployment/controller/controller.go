@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -207,7 +209,12 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 // metadata only, for their zone.
 func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 	k.informers = kube.NewInformers()
-	ours := k.informers.Typed(k.client, kube.ManagedSelector(Component))
+	// The caches keep what status and drift read: pods slimmed (SlimPod
+	// keeps every field instanceOf reads), PodDisruptionBudgets without
+	// their status (only compared with what is applied). ReplicaSets keep
+	// theirs (rolls and status read it); Secrets have none.
+	ours := k.informers.Typed(k.client, kube.ManagedSelector(Component), informers.WithTransform(kube.Chain(
+		kube.StripManagedFields, kube.Slim(kube.SlimPod), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())))
 	namespaces := k.informers.Typed(k.client, kube.ManagedByLabel+"="+kube.ManagedBy)
 	nodes := k.informers.Metadata(k.metadata)
 

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -17,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -139,7 +142,13 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		// plugin never sees anything it does not manage. Pods and
 		// ReplicaSets carry the pod template's labels.
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
-		informers.WithTransform(kube.StripManagedFields))
+		// What status and drift never read is not kept: pods are slimmed
+		// (SlimPod keeps what sentinelStatus reads), and the status of
+		// ReplicaSets, Services and PodDisruptionBudgets is dropped (the
+		// Deployment's is read; status is never applied, so drift does not
+		// look at it).
+		informers.WithTransform(kube.Chain(kube.StripManagedFields, kube.Slim(kube.SlimPod),
+			kube.StripStatusOf[*appsv1.ReplicaSet](), kube.StripStatusOf[*corev1.Service](), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())))
 	namespaces := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
@@ -236,7 +245,7 @@ func (c *cluster) startPolicyInformer(ctx context.Context) error {
 		o.LabelSelector = kube.ManagedSelector(Component)
 	})
 	inf := f.ForResource(PolicyGVR).Informer()
-	if err := inf.SetTransform(kube.StripManagedFields); err != nil {
+	if err := inf.SetTransform(compactPolicy); err != nil {
 		return err
 	}
 	if err := inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
@@ -373,12 +382,74 @@ func (c *cluster) secretsOf(id string) []*metav1.PartialObjectMetadata {
 	return byIndex[*metav1.PartialObjectMetadata](c.secrets, id)
 }
 
-func (c *cluster) policiesOf(id string) []*unstructured.Unstructured {
+func (c *cluster) policiesOf(id string) []*cachedPolicy {
 	pc := c.policies.Load()
 	if pc == nil {
 		return nil
 	}
-	return byIndex[*unstructured.Unstructured](pc.indexer, id)
+	return byIndex[*cachedPolicy](pc.indexer, id)
+}
+
+// live is the cached policy namespace/name as an object to compare with
+// the desired one, or nil when the cache holds none.
+func (pc *policyCache) live(namespace, name string) runtime.Object {
+	p := cached[*cachedPolicy](pc.indexer, namespace, name)
+	if p == nil {
+		return nil
+	}
+	u, err := p.object()
+	if err != nil {
+		return nil // cannot happen (the cache wrote the JSON); nil re-applies
+	}
+	return u
+}
+
+// cachedPolicy is a gossip policy as the cache keeps it: the metadata that
+// lookups, the index and events read, and the whole object (less status
+// and managedFields) as JSON, decoded only to compare it with the desired
+// policy at an apply. Kept as an unstructured object, the nested maps of
+// each policy cost several times its JSON: at 2,000 sentinels that was the
+// largest part of the plugin's heap.
+type cachedPolicy struct {
+	metav1.ObjectMeta
+	doc []byte
+}
+
+func (p *cachedPolicy) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject shares doc, which is never written after the transform.
+func (p *cachedPolicy) DeepCopyObject() runtime.Object {
+	return &cachedPolicy{ObjectMeta: *p.ObjectMeta.DeepCopy(), doc: p.doc}
+}
+
+// object decodes the cached JSON (numbers become float64, which Drift
+// compares by value).
+func (p *cachedPolicy) object() (*unstructured.Unstructured, error) {
+	var m map[string]any
+	if err := json.Unmarshal(p.doc, &m); err != nil {
+		return nil, fmt.Errorf("cached CiliumNetworkPolicy %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return &unstructured.Unstructured{Object: m}, nil
+}
+
+// compactPolicy is the policy informer's transform: a listed or watched
+// policy becomes a cachedPolicy. Anything else (a compacted policy again)
+// passes unchanged.
+func compactPolicy(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	unstructured.RemoveNestedField(u.Object, "status")
+	unstructured.RemoveNestedField(u.Object, "metadata", "managedFields")
+	doc, err := json.Marshal(u.Object)
+	if err != nil {
+		return nil, fmt.Errorf("cache CiliumNetworkPolicy %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return &cachedPolicy{ObjectMeta: metav1.ObjectMeta{
+		Name: u.GetName(), Namespace: u.GetNamespace(), UID: u.GetUID(), ResourceVersion: u.GetResourceVersion(),
+		Generation: u.GetGeneration(), Labels: u.GetLabels(), DeletionTimestamp: u.GetDeletionTimestamp(),
+	}, doc: doc}, nil
 }
 
 func byIndex[T any](idx cache.Indexer, id string) []T {

@@ -269,7 +269,7 @@ func (cl *cluster) apply(ctx context.Context, s *clusterv1.Sentinel, version uin
 		if err != nil {
 			return false, err
 		}
-		objects = append(objects, object{PolicyGVR, policy, liveObject(cached[*unstructured.Unstructured](pc.indexer, ns, gossipName(name)))})
+		objects = append(objects, object{PolicyGVR, policy, pc.live(ns, gossipName(name))})
 	}
 	for _, o := range objects {
 		written, err := cl.applyIfDrifted(ctx, o.gvr, o.desired, o.live)
