@@ -306,8 +306,17 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 	}
 	for _, r := range members {
 		n := len(r.touched)
-		r.answer(stamped[:n:n], nil)
+		mine := stamped[:n:n]
 		stamped = stamped[n:]
+		// As for a transaction of its own: the test hook may turn this
+		// caller's answer into a lost one after the COMMIT succeeded.
+		if hooks.AfterCommit != nil {
+			if err := hooks.AfterCommit(r.ctx); err != nil {
+				r.answer(nil, fmt.Errorf("store: commit: %w", err))
+				continue
+			}
+		}
+		r.answer(mine, nil)
 	}
 	return nil, nil
 }

@@ -393,3 +393,52 @@ func TestReportsDoNotWaitForTheGroupCommit(t *testing.T) {
 		t.Fatalf("a report while a group commit is held: %v, %v; want it stored at once", res, err)
 	}
 }
+
+// lostAnswer marks the one caller whose commit answer the hook loses.
+type lostAnswer struct{}
+
+// TestGroupCommitAfterCommitHookPerCaller: the AfterCommit test hook (an
+// answer lost after a successful COMMIT) runs for each caller of a group
+// commit with the caller's own context, as it does for a transaction of its
+// own, so the crash-point suite's ambiguous commits reach steps whose
+// writes were batched. Only the caller the hook picks sees the error; its
+// writes are committed all the same.
+func TestGroupCommitAfterCommitHookPerCaller(t *testing.T) {
+	checkLeaks(t)
+	s := openBatchStore(t)
+	var mu sync.Mutex
+	hooked := 0
+	s.SetTestHooks(store.TestHooks{AfterCommit: func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		hooked++
+		if ctx.Value(lostAnswer{}) != nil {
+			return errBoom
+		}
+		return nil
+	}})
+	lost := context.WithValue(context.Background(), lostAnswer{}, true)
+	res := runBatch(t, s, []call{
+		{fn: putResource("kept-1", "a")},
+		{ctx: lost, fn: putResource("lost", "a")},
+		{fn: putResource("kept-2", "a")},
+	}, nil)
+	if st := s.WriteStats(); st.Batched < 3 {
+		t.Fatalf("write stats %+v: the three calls were not one group commit", st)
+	}
+	mu.Lock()
+	// The gate write that held the committer ran the hook too.
+	if hooked != 4 {
+		t.Errorf("the hook ran %d times, want once per call (3) and once for the gate write", hooked)
+	}
+	mu.Unlock()
+	if res[0].err != nil || res[2].err != nil {
+		t.Errorf("the other callers: %v, %v; want no error", res[0].err, res[2].err)
+	}
+	if !errors.Is(res[1].err, errBoom) || len(res[1].stamped) != 0 {
+		t.Errorf("the caller whose answer was lost: %v, %v; want the hook's error", res[1].stamped, res[1].err)
+	}
+	if n := countRows(t, s, "lost"); n != 1 {
+		t.Errorf("lost: %d rows; a lost answer does not undo a commit", n)
+	}
+}

@@ -150,7 +150,9 @@ type TestHooks struct {
 	// inside the transaction (to widen the window between the two).
 	AfterStamp func(ctx context.Context, stamped []Stamped)
 	// AfterCommit runs after a write transaction (WriteTx, StampCommitted)
-	// committed. An error it returns is what the call returns, as
+	// committed, once per WriteTx call with that call's context (also for
+	// each caller of a group commit). An error it returns is what the call
+	// returns, as
 	// "store: commit: <err>": a commit whose answer was lost (the
 	// connection broke after the server committed). Exists to prove the
 	// callers survive an ambiguous commit.
