@@ -54,7 +54,7 @@ type Controller struct {
 
 	// Secret environments (secrets.go).
 	envCache envCache
-	verified verifiedSecrets
+	verified kube.VerifiedSecrets
 	stats    secretCounters
 
 	nsLocks keyedMutex

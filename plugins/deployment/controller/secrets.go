@@ -104,7 +104,7 @@ func ownerRef(name string, uid types.UID) *metav1.OwnerReference {
 // checked for this blob.
 func (c *Controller) secretCurrent(k *kubeState, p *secretPlan, owner *metav1.OwnerReference) bool {
 	live, err := k.secrets.Secrets(p.namespace).Get(p.name)
-	if err != nil || live.DeletionTimestamp != nil || !c.verified.is(p.key(), p.blobHash, live.ResourceVersion) {
+	if err != nil || live.DeletionTimestamp != nil || !c.verified.Is(p.key(), p.blobHash, live.ResourceVersion) {
 		return false
 	}
 	return metadataMatches(p, owner, live)
@@ -138,7 +138,7 @@ func (c *Controller) ensureSecret(ctx context.Context, k *kubeState, host sdk.Ho
 	if err == nil && live.DeletionTimestamp == nil && metadataMatches(p, owner, live) && equalData(live.Data, data) {
 		// Written before this process started (or before the cache saw its
 		// own write): the content is right, so remember it.
-		c.verified.put(p.key(), p.blobHash, live.ResourceVersion)
+		c.verified.Put(p.key(), p.blobHash, live.ResourceVersion)
 		return false, nil
 	}
 	obj, err := kube.ToUnstructured(buildSecret(p, data, owner))
@@ -153,7 +153,7 @@ func (c *Controller) ensureSecret(ctx context.Context, k *kubeState, host sdk.Ho
 		}
 		return false, classify(err, p.id)
 	}
-	c.verified.put(p.key(), p.blobHash, out.GetResourceVersion())
+	c.verified.Put(p.key(), p.blobHash, out.GetResourceVersion())
 	c.log.Info("Secret applied", "deployment", p.id, "secret", p.key(), "variables", len(data), "owner", ownerName(owner))
 	return true, nil
 }
@@ -232,7 +232,7 @@ func (c *Controller) deleteSecretObjects(ctx context.Context, k *kubeState, id s
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return classify(fmt.Errorf("delete Secret %s/%s: %w", s.Namespace, s.Name, err), id)
 		}
-		c.verified.forget(s.Namespace + "/" + s.Name)
+		c.verified.Forget(s.Namespace + "/" + s.Name)
 		c.log.Info("Secret deleted", "deployment", id, "secret", s.Namespace+"/"+s.Name)
 	}
 	return nil
@@ -267,37 +267,6 @@ func clearData(m map[string][]byte) {
 // applied object (strings: they cannot be zeroed, only released).
 func clearUnstructuredData(obj *unstructured.Unstructured) {
 	unstructured.RemoveNestedField(obj.Object, "data")
-}
-
-// verifiedSecrets remembers, per Secret, the blob and resourceVersion whose
-// content this process wrote or checked.
-type verifiedSecrets struct {
-	mu sync.Mutex
-	m  map[string]verifiedSecret
-}
-
-type verifiedSecret struct{ blobHash, resourceVersion string }
-
-func (v *verifiedSecrets) is(key, blobHash, rv string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	e, ok := v.m[key]
-	return ok && e.blobHash == blobHash && e.resourceVersion == rv
-}
-
-func (v *verifiedSecrets) put(key, blobHash, rv string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.m == nil {
-		v.m = map[string]verifiedSecret{}
-	}
-	v.m[key] = verifiedSecret{blobHash, rv}
-}
-
-func (v *verifiedSecrets) forget(key string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.m, key)
 }
 
 // envCache keeps opened environments for a short time. Bounded by total

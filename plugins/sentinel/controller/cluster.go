@@ -58,7 +58,7 @@ type cluster struct {
 	// secrets caches the credentials Secrets' metadata (never their data).
 	secrets cache.Indexer
 	// verified: the credentials Secrets this configuration wrote.
-	verified verifiedCredentials
+	verified kube.VerifiedSecrets
 	// policies is nil while cilium.io/v2 CiliumNetworkPolicy is not served.
 	policies atomic.Pointer[policyCache]
 

@@ -31,7 +31,6 @@ import (
 	"maps"
 	"regexp"
 	"slices"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -91,37 +90,6 @@ func buildCredentialsSecret(s *clusterv1.Sentinel, p params, owner *metav1.Owner
 	}
 }
 
-// verifiedCredentials remembers, per Secret, the blob hash and the
-// resourceVersion of what this process wrote.
-type verifiedCredentials struct {
-	mu sync.Mutex
-	m  map[string]verifiedSecret
-}
-
-type verifiedSecret struct{ hash, resourceVersion string }
-
-func (v *verifiedCredentials) is(key, hash, rv string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	e, ok := v.m[key]
-	return ok && e.hash == hash && e.resourceVersion == rv
-}
-
-func (v *verifiedCredentials) put(key, hash, rv string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.m == nil {
-		v.m = map[string]verifiedSecret{}
-	}
-	v.m[key] = verifiedSecret{hash, rv}
-}
-
-func (v *verifiedCredentials) forget(key string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.m, key)
-}
-
 // credentialsWriter writes one sentinel's credentials Secret during one
 // Apply; it opens the credentials at most once. close zeroes what it
 // opened.
@@ -144,7 +112,7 @@ func (w *credentialsWriter) key() string {
 func (w *credentialsWriter) current(owner *metav1.OwnerReference) bool {
 	cl := w.cl
 	live := cached[*metav1.PartialObjectMetadata](cl.secrets, cl.p.Namespace, credentialsName(w.s.GetK8SName()))
-	if live == nil || live.DeletionTimestamp != nil || !cl.verified.is(w.key(), credentialsHash(w.s), live.ResourceVersion) {
+	if live == nil || live.DeletionTimestamp != nil || !cl.verified.Is(w.key(), credentialsHash(w.s), live.ResourceVersion) {
 		return false
 	}
 	desired, err := kube.ToUnstructured(buildCredentialsSecret(w.s, cl.p, owner, nil))
@@ -182,7 +150,7 @@ func (w *credentialsWriter) ensure(ctx context.Context, owner *metav1.OwnerRefer
 	if err != nil {
 		return false, fmt.Errorf("sentinel %s: apply Secret %s: %w", w.s.GetId(), w.key(), classify(err))
 	}
-	w.cl.verified.put(w.key(), credentialsHash(w.s), out.GetResourceVersion())
+	w.cl.verified.Put(w.key(), credentialsHash(w.s), out.GetResourceVersion())
 	w.done, w.written = true, owner
 	w.cl.log.Info("credentials Secret applied", "sentinel", w.s.GetId(), "secret", w.key(), "variables", len(w.data), "owned", owner != nil)
 	return true, nil
@@ -260,7 +228,7 @@ func (cl *cluster) deleteCredentials(ctx context.Context, id, keep string) error
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("delete Secret %s/%s: %w", ns, s.Name, err)
 		}
-		cl.verified.forget(ns + "/" + s.Name)
+		cl.verified.Forget(ns + "/" + s.Name)
 		cl.log.Info("credentials Secret deleted", "sentinel", id, "secret", ns+"/"+s.Name)
 	}
 	return nil
