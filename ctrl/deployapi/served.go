@@ -3,6 +3,7 @@ package deployapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -22,19 +23,38 @@ func checkServed(ctx context.Context, st *store.Store, regions []string, kind st
 	if within <= 0 {
 		return nil
 	}
-	if len(regions) == 0 {
-		var err error
-		if regions, err = st.ClusterRegions(ctx); err != nil {
-			return servedStoreError(ctx, err)
-		}
+	regions, err := targetRegions(ctx, st, regions)
+	if err != nil {
+		return err
 	}
+	return refuseUnserved(ctx, st, regions, kind, within, func(nse *fleetapi.NotServedError) string {
+		return fmt.Sprintf("%s; nothing was deployed", nse)
+	})
+}
+
+// targetRegions is regions, or every region with a registered cluster
+// when it is empty (what a deploy without regions targets).
+func targetRegions(ctx context.Context, st *store.Store, regions []string) ([]string, error) {
+	if len(regions) > 0 {
+		return regions, nil
+	}
+	all, err := st.ClusterRegions(ctx)
+	if err != nil {
+		return nil, servedStoreError(ctx, err)
+	}
+	return all, nil
+}
+
+// refuseUnserved is FailedPrecondition with why(...) and where to look
+// when no live cluster of some of regions runs a controller for kind.
+func refuseUnserved(ctx context.Context, st *store.Store, regions []string, kind string, within time.Duration, why func(*fleetapi.NotServedError) string) error {
 	err := fleetapi.CheckServed(ctx, st, regions, kind, within, time.Now())
 	var nse *fleetapi.NotServedError
 	switch {
 	case err == nil:
 		return nil
 	case errors.As(err, &nse):
-		return status.Errorf(codes.FailedPrecondition, "%s; nothing was deployed (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)", nse, within)
+		return status.Errorf(codes.FailedPrecondition, "%s (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)", why(nse), within)
 	default:
 		return servedStoreError(ctx, err)
 	}
@@ -52,11 +72,9 @@ func checkSentinelsServed(ctx context.Context, st *store.Store, env string, regi
 	if within <= 0 {
 		return nil
 	}
-	if len(regions) == 0 {
-		var err error
-		if regions, err = st.ClusterRegions(ctx); err != nil {
-			return servedStoreError(ctx, err)
-		}
+	regions, err := targetRegions(ctx, st, regions)
+	if err != nil {
+		return err
 	}
 	running := map[string]bool{}
 	const page = 500
@@ -84,19 +102,11 @@ func checkSentinelsServed(ctx context.Context, st *store.Store, env string, regi
 	if len(create) == 0 {
 		return nil
 	}
-	err := fleetapi.CheckServed(ctx, st, create, kinds.Sentinel, within, time.Now())
-	var nse *fleetapi.NotServedError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &nse):
-		return status.Errorf(codes.FailedPrecondition, "environment %s has no running sentinel in region(s) %v, so this deploy would create one there and wait for it, but %s; "+
+	return refuseUnserved(ctx, st, create, kinds.Sentinel, within, func(nse *fleetapi.NotServedError) string {
+		return fmt.Sprintf("environment %s has no running sentinel in region(s) %v, so this deploy would create one there and wait for it, but %s; "+
 			"enable the `sentinel` controller (its controller \"sentinel\" block in krane.hcl) on a cluster of each such region, then deploy again. "+
-			"Nothing was deployed (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)",
-			env, nse.Regions, nse, within)
-	default:
-		return servedStoreError(ctx, err)
-	}
+			"Nothing was deployed", env, nse.Regions, nse)
+	})
 }
 
 func servedStoreError(ctx context.Context, err error) error {
