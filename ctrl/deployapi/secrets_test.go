@@ -129,21 +129,7 @@ func TestSecretEnv(t *testing.T) {
 
 	// Every request is audited: allowed and denied, with cluster, region
 	// and (for the operator) the token's id.
-	audit, err := env.Store.VaultAudit(ctx, x.GetId(), 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := map[string]int{}
-	for _, e := range audit {
-		count[e.Outcome+"/"+e.Region+"/"+e.ClusterID]++
-		if e.TokenID == "" || e.At.IsZero() {
-			t.Errorf("audit entry without a token id or time: %+v", e)
-		}
-	}
-	want := map[string]int{"allowed/eu/eu-1": 1, "denied/us/us-1": 1, "denied//": 1, "denied/claimed:eu/": 1, "denied/eu/eu-1": 2}
-	if !maps.Equal(count, want) {
-		t.Fatalf("audit of %s: %v, want %v (%+v)", x.GetId(), count, want, audit)
-	}
+	checkAudit(t, env.Store, x.GetId(), map[string]int{"allowed/eu/eu-1": 1, "denied/us/us-1": 1, "denied//": 1, "denied/claimed:eu/": 1, "denied/eu/eu-1": 2})
 
 	// Rotation: blobs sealed before and after both open.
 	key, err := vault.Rotate(keyring, time.Now())
@@ -280,5 +266,25 @@ func TestSecretEnvValidation(t *testing.T) {
 	}
 	if a, _ := bare.Store.VaultAudit(context.Background(), d.ID, 10); len(a) != 1 || a[0].Outcome != store.VaultFailed {
 		t.Fatalf("audit %+v, want one failed entry", a)
+	}
+}
+
+// checkAudit checks the vault audit of id: the number of entries per
+// outcome/region/cluster, each with a token id and a time.
+func checkAudit(t *testing.T, st *store.Store, id string, want map[string]int) {
+	t.Helper()
+	audit, err := st.VaultAudit(context.Background(), id, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for _, e := range audit {
+		count[e.Outcome+"/"+e.Region+"/"+e.ClusterID]++
+		if e.TokenID == "" || e.At.IsZero() {
+			t.Errorf("audit entry without a token id or time: %+v", e)
+		}
+	}
+	if !maps.Equal(count, want) {
+		t.Fatalf("audit of %s: %v, want %v (%+v)", id, count, want, audit)
 	}
 }

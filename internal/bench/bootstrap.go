@@ -41,12 +41,7 @@ var onlyDeployments = []string{"KRANE_CONTROLLER__SENTINEL__ENABLED=false", "KRA
 // pods are made; both arms measure applying objects).
 func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 	c := e.St.Clusters[e.Region]
-	c.StopComponent("kube-controller-manager")
-	c.StopComponent("kube-scheduler")
-	defer func() {
-		_ = c.StartComponent("kube-controller-manager")
-		_ = c.StartComponent("kube-scheduler")
-	}()
+	defer quiet(c)()
 	e.St.StopKrane(e.Region)
 	ns, rawNS := "ws-bench-boot", "bench-raw"
 	if err := (bulk{e.Store.DB()}).deployments(ctx, e.Region, ns, "boot", bootN, 1); err != nil {
@@ -337,12 +332,7 @@ func resyncCost(ctx context.Context, e *Env) ([]Figure, error) {
 // plugins' own objects and no pods.
 func Memory(ctx context.Context, e *Env) ([]Figure, error) {
 	c := e.St.Clusters[e.Region]
-	c.StopComponent("kube-controller-manager")
-	c.StopComponent("kube-scheduler")
-	defer func() {
-		_ = c.StartComponent("kube-controller-manager")
-		_ = c.StartComponent("kube-scheduler")
-	}()
+	defer quiet(c)()
 	e.St.StopKrane(e.Region)
 	ns := "ws-bench-mem"
 	if err := (bulk{e.Store.DB()}).deployments(ctx, e.Region, ns, "mem-d", bootN, 1); err != nil {
@@ -454,4 +444,16 @@ func heapProfiles(dir string, pids []int) error {
 		}
 	}
 	return nil
+}
+
+// quiet stops the cluster's controller-manager and scheduler, so only the
+// measured writes reach the API server and no pods are made, and returns
+// what starts them again.
+func quiet(c *kubeenv.Cluster) (restore func()) {
+	c.StopComponent("kube-controller-manager")
+	c.StopComponent("kube-scheduler")
+	return func() {
+		_ = c.StartComponent("kube-controller-manager")
+		_ = c.StartComponent("kube-scheduler")
+	}
 }

@@ -99,10 +99,21 @@ func pluginKubeconfig(t *testing.T, c *kubeenv.Cluster) string {
 
 func start(t *testing.T, c *kubeenv.Cluster, config string, opts ...controller.Option) *harness {
 	t.Helper()
+	return startWith(t, c, config, hclog.Info, nil, opts...)
+}
+
+// startWith is start with the plugin's log level and, when host is not
+// nil, the host services the plugin calls (DecryptEnv).
+func startWith(t *testing.T, c *kubeenv.Cluster, config string, level hclog.Level, host sdk.Host, opts ...controller.Option) *harness {
+	t.Helper()
 	h := &harness{t: t, cluster: c, calls: &kube.CallCounter{}, logs: &logBuffer{}, reports: &reports{}}
-	log := hclog.New(&hclog.LoggerOptions{Name: "sentinel", Output: h.logs, Level: hclog.Info})
+	log := hclog.New(&hclog.LoggerOptions{Name: "sentinel", Output: h.logs, Level: level})
 	opts = append([]controller.Option{controller.WithCallCounter(h.calls)}, opts...)
-	h.ctl = plugintest.New(t, controller.New(log, opts...))
+	var popts []plugintest.Option
+	if host != nil {
+		popts = append(popts, plugintest.WithHost(host))
+	}
+	h.ctl = plugintest.New(t, controller.New(log, opts...), popts...)
 	req := sdk.ConfigureRequest{Region: "local-a", ClusterID: "c1", Kube: sdk.KubeSource{Path: pluginKubeconfig(t, c)}, Config: []byte(config)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -53,30 +53,6 @@ func (f *fakeCtrl) DecryptEnv(_ context.Context, id string, sealed []byte) (map[
 	return maps.Clone(env), nil
 }
 
-// startWithHost is start with host services: the plugin's Host is h.
-func startWithHost(t *testing.T, c *kubeenv.Cluster, config string, host sdk.Host) *harness {
-	t.Helper()
-	h := &harness{t: t, cluster: c, calls: &kube.CallCounter{}, logs: &logBuffer{}, reports: &reports{}}
-	log := hclog.New(&hclog.LoggerOptions{Name: "sentinel", Output: h.logs, Level: hclog.Trace})
-	h.ctl = plugintest.New(t, controller.New(log, controller.WithCallCounter(h.calls)), plugintest.WithHost(host))
-	req := sdk.ConfigureRequest{Region: "local-a", ClusterID: "c1", Kube: sdk.KubeSource{Path: pluginKubeconfig(t, c)}, Config: []byte(config)}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for {
-		err := h.ctl.Configure(ctx, req)
-		if err == nil {
-			break
-		}
-		// RBAC bindings reach the authorizer's cache a moment after they
-		// are written.
-		if !strings.Contains(err.Error(), "forbidden") || ctx.Err() != nil {
-			t.Fatalf("Configure: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return h
-}
-
 func sha(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
@@ -92,7 +68,7 @@ func sha(b []byte) string {
 func TestCredentialsSecret(t *testing.T) {
 	c := sharedCluster(t)
 	vault := &fakeCtrl{}
-	h := startWithHost(t, c, fullConfig, vault)
+	h := startWith(t, c, fullConfig, hclog.Trace, vault)
 	ctx := context.Background()
 	s := sentinel("sen_creds", "sentinel-creds", "env_creds", imageV1, 1)
 	blob1, blob2 := []byte("sealed-1"), []byte("sealed-2")
