@@ -128,9 +128,10 @@ func walkEnv(t *testing.T, st *stack.Stack, region string) []string {
 // imports only the sdk, its kind registered with the schema it publishes,
 // objects published with `ctrl resource apply` and found in the cluster, a
 // spec the schema refuses named by ctrl, a spec only the plugin refuses
-// reported back and shown by `ctrl resource get`, a delete, and a missing
-// RBAC permission named at start; the host and ctrl are the binaries of
-// this checkout, unchanged.
+// reported back and shown by `ctrl resource get`, a delete, the plugin's
+// missing ServiceAccount named at start and, once its rbac.yaml is
+// applied, the plugin running as that account and refused what it was not
+// granted; the host and ctrl are the binaries of this checkout, unchanged.
 func TestPluginAuthorWalkthrough(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Fatal("the guide uses kubectl: install it (Debian: apt-get install kubernetes-client) or put it in PATH")

@@ -69,7 +69,11 @@ control_plane {
   url = "http://%s"
   token = %q
 }
-kubernetes { kubeconfig = %q }
+kubernetes {
+  kubeconfig = %q
+  # The test's admin credentials serve the plugins too.
+  plugin_identities { enabled = false }
+}
 sync {
   reconnect_min = "50ms"
   reconnect_max = "200ms"

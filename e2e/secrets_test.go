@@ -129,7 +129,11 @@ control_plane {
   url = "http://%s"
   token_env = "E2E_CLUSTER_TOKEN"
 }
-kubernetes { kubeconfig = %q }
+kubernetes {
+  kubeconfig = %q
+  # The test's admin credentials serve the plugins too.
+  plugin_identities { enabled = false }
+}
 sync {
   reconnect_min = "50ms"
   reconnect_max = "200ms"

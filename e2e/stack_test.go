@@ -37,6 +37,7 @@ func sharedStack(t *testing.T) *stack.Stack {
 		}
 		testenv.OnStop(traces.Stop)
 		env := append([]string{"KRANE_SYNC__RESYNC_INTERVAL=5s"}, traces.Env()...)
+		env = append(env, tokenRenewalEnv...)
 		out := &lineWriter{t: t}
 		begin := time.Now()
 		shared, stackErr = stack.Start(context.Background(), stack.Options{

@@ -127,7 +127,11 @@ control_plane {
   ca_file = %q
   %s
 }
-kubernetes { kubeconfig = %q }
+kubernetes {
+  kubeconfig = %q
+  # The test's admin credentials serve the plugins too.
+  plugin_identities { enabled = false }
+}
 sync {
   reconnect_min = "100ms"
   reconnect_max = "200ms"

@@ -41,7 +41,11 @@ control_plane {
   url = %q
   token = "tok"
 }
-kubernetes { kubeconfig = %q }
+kubernetes {
+  kubeconfig = %q
+  # The test's admin credentials serve the plugins too.
+  plugin_identities { enabled = false }
+}
 leader_election { enabled = true }
 plugin_dir = %q
 controller "configmap" {

@@ -43,7 +43,11 @@ control_plane {
   url = %q
   token = "tok"
 }
-kubernetes { kubeconfig = %q }
+kubernetes {
+  kubeconfig = %q
+  # The test's admin credentials serve the plugins too.
+  plugin_identities { enabled = false }
+}
 server { listen = "127.0.0.1:0" }
 plugin_dir = "."
 %s`, ctrl.URL(), kube.Kubeconfig, controllers)

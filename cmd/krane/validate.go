@@ -15,6 +15,7 @@ import (
 
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
+	"krane.dev/host/identity"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 )
@@ -22,9 +23,11 @@ import (
 // validateConfig checks krane.hcl and, for each enabled controller, starts
 // its plugin only to ask for its schema (sha256 pin included), then checks
 // the config block against it. Nothing connects to ctrl. With cluster set,
-// it also asks the API server (SelfSubjectAccessReview, as the identity of
-// krane.hcl's kubernetes block) whether each plugin may do what it
-// declares it needs, naming every missing permission.
+// it also asks the API server (SelfSubjectAccessReview, as the plugin's
+// own ServiceAccount, whose token the host requests as it does at run time;
+// as the identity of krane.hcl's kubernetes block when plugin identities
+// are off) whether each plugin may do what it declares it needs, naming
+// every missing permission.
 func validateConfig(ctx context.Context, path string, cluster bool) error {
 	cfg, err := config.Load(path, nil)
 	if err != nil {
@@ -50,7 +53,7 @@ func validateConfig(ctx context.Context, path string, cluster bool) error {
 			}
 		}
 		if err == nil && cluster {
-			err = checkRBAC(ctx, cfg, info)
+			err = checkRBAC(ctx, cfg, ctl, info)
 		}
 		if err != nil {
 			fmt.Printf("controller %-12s INVALID: %v\n", n, err)
@@ -59,7 +62,11 @@ func validateConfig(ctx context.Context, path string, cluster bool) error {
 		}
 		rbac := ""
 		if cluster {
-			rbac = fmt.Sprintf(", RBAC ok: %d permissions", len(info.Permissions))
+			who := "krane's identity"
+			if cfg.Kubernetes.PluginIdentities.Enabled {
+				who = cfg.Kubernetes.PluginIdentities.Namespace + "/" + ctl.ServiceAccount
+			}
+			rbac = fmt.Sprintf(", RBAC ok as %s: %d permissions", who, len(info.Permissions))
 		}
 		fmt.Printf("controller %-12s ok (%s %s, kinds %v%s)\n", n, info.Name, info.Version, kinds(info), rbac)
 	}
@@ -101,11 +108,24 @@ func describe(ctx context.Context, ctl config.Controller, level string) (sdk.Inf
 }
 
 // checkRBAC runs the check a plugin's Configure runs (kube.Connect), as
-// the identity krane.hcl gives plugins.
-func checkRBAC(ctx context.Context, cfg *config.Config, info sdk.Info) error {
+// the identity krane.hcl gives the plugin: its own ServiceAccount (which
+// also proves the host may request its tokens), or the host's.
+func checkRBAC(ctx context.Context, cfg *config.Config, ctl config.Controller, info sdk.Info) error {
 	src := sdk.KubeSource{InCluster: cfg.Kubernetes.Kubeconfig == "", Path: cfg.Kubernetes.Kubeconfig, Context: cfg.Kubernetes.Context}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if cfg.Kubernetes.PluginIdentities.Enabled {
+		m, err := identity.NewMinter(cfg.Kubernetes)
+		if err != nil {
+			return fmt.Errorf("identity: %w", err)
+		}
+		own, remove, err := m.Issue(cctx, ctl.ServiceAccount)
+		if err != nil {
+			return fmt.Errorf("identity: %w", err)
+		}
+		defer remove()
+		src = own
+	}
 	if _, err := kube.Connect(cctx, src, info.Permissions); err != nil {
 		return fmt.Errorf("RBAC: %w", err)
 	}

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
 )
@@ -292,22 +293,28 @@ func checkRBAC(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *instal
 		}
 		seen[key] = true
 		id := identity{namespace: sa.Namespace, name: sa.Name}
-		switch runsAs[key] {
-		case "krane":
+		ctl, enabled := pluginRunsAs(in.krane, sa)
+		switch {
+		case runsAs[key] == "krane":
 			uses, err := kraneUses(in.krane)
 			if err != nil {
 				t.Fatal(err)
 			}
-			id.uses, id.source = uses, "the enabled plugins' rbac.yaml and the host's leader-election Lease"
-		case "ctrl":
+			id.uses, id.source = uses, "the host's leader-election Lease and the enabled plugins' tokens"
+		case runsAs[key] == "ctrl":
 			id.source = "ctrl links no Kubernetes client"
-		case "restate":
+		case runsAs[key] == "restate":
 			id.source = "Restate does not call the Kubernetes API"
+		case enabled:
+			uses, err := pluginUses(ctl.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id.uses, id.source = uses, "plugins/"+ctl.Name+"/rbac.yaml: krane runs the plugin as this account"
+		case plugin:
+			id.source = "the account of a plugin this overlay does not enable"
 		default:
 			id.source = "no pod of the overlay runs as it"
-			if plugin {
-				id.source = "a plugin's test identity: in a cluster the plugins run as krane's ServiceAccount"
-			}
 		}
 		ids = append(ids, id)
 	}
@@ -342,6 +349,7 @@ func checkRBAC(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *instal
 		granted = append(granted, perms...)
 	}
 	checked := 0
+	denied := map[string][]Permission{} // identity -> others' uses it was refused
 	for _, id := range ids {
 		user, groups := ServiceAccountUser(id.namespace, id.name)
 		for _, p := range id.uses {
@@ -366,6 +374,8 @@ func checkRBAC(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *instal
 			checked++
 			if ok {
 				t.Errorf("%s may %s, which it does not use (%s)", user, p, id.source)
+			} else if slices.Contains(everyone, p) {
+				denied[id.name] = append(denied[id.name], p)
 			}
 		}
 		for _, ns := range namespaces {
@@ -381,6 +391,62 @@ func checkRBAC(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *instal
 		}
 	}
 	t.Logf("%d SubjectAccessReviews for %d identities", checked, len(ids))
+	if in.krane != nil {
+		checkPluginSeparation(t, ctx, c, in.krane, denied)
+	}
+}
+
+// mustBeSeparate names, per built-in plugin, what another plugin needs and
+// it must never hold: the reason each plugin runs as its own account. The
+// reviews above refuse each of these already (every component's uses are
+// denied to the others); naming them keeps the separation from resting on
+// how the roles happen to differ today.
+var mustBeSeparate = map[string][]Permission{
+	"deployment": {
+		{Verb: "create", Group: "cilium.io", Resource: "ciliumnetworkpolicies"},
+		{Verb: "create", Group: "apps", Resource: "deployments"},
+	},
+	"sentinel": {
+		{Verb: "create", Group: "apps", Resource: "replicasets"},
+		{Verb: "list", Resource: "nodes"},
+		{Verb: "delete", Resource: "namespaces"},
+	},
+	"cilium": {
+		{Verb: "list", Resource: "secrets"},
+		{Verb: "list", Resource: "secrets", Namespace: "ws-check"},
+		{Verb: "watch", Resource: "secrets"},
+		{Verb: "list", Resource: "pods"},
+		{Verb: "create", Group: "apps", Resource: "replicasets"},
+	},
+}
+
+// checkPluginSeparation asks, for each enabled plugin's account, that
+// what only another plugin needs is denied (mustBeSeparate), and logs what
+// each account was refused of the other components' uses.
+func checkPluginSeparation(t *testing.T, ctx context.Context, c *kubeenv.Cluster, k *kraneInstall, denied map[string][]Permission) {
+	ns := k.cfg.Kubernetes.PluginIdentities.Namespace
+	for _, ctl := range k.cfg.Enabled() {
+		user, groups := ServiceAccountUser(ns, ctl.ServiceAccount)
+		refused := denied[ctl.ServiceAccount]
+		for _, p := range mustBeSeparate[ctl.Name] {
+			ok, err := Allowed(ctx, c.Client, user, groups, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				t.Errorf("%s may %s, which only another plugin needs", user, p)
+				continue
+			}
+			refused = append(refused, p)
+		}
+		var names []string
+		for _, p := range refused {
+			names = append(names, p.String())
+		}
+		slices.Sort(names)
+		names = slices.Compact(names)
+		t.Logf("plugin %s runs as %s, which is denied %d permissions only other components use: %s", ctl.Name, user, len(names), strings.Join(names, "; "))
+	}
 }
 
 // effective lists what user may do in namespace, as the API server's rule
@@ -413,30 +479,22 @@ func effective(ctx context.Context, admin *rest.Config, user string, groups []st
 // does with the Lease: read it, create it, update it (renew, release).
 var leaseUses = []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}}}
 
-// kraneUses is what krane's code uses: each enabled plugin's ClusterRole
-// from plugins/NAME/rbac.yaml (cluster-wide), and the Lease in
-// leader_election.namespace when leader election is on.
+// kraneUses is what the host's own code uses: the leader-election Lease
+// in leader_election.namespace when leader election is on, and a token of
+// each enabled plugin's ServiceAccount (TokenRequest), by name.
 func kraneUses(k *kraneInstall) ([]Permission, error) {
 	var out []Permission
-	for _, ctl := range k.cfg.Enabled() {
-		objs, err := readManifest(filepath.Join(repoRoot, "plugins", ctl.Name, "rbac.yaml"))
-		if err != nil {
-			return nil, err
+	if pi := k.cfg.Kubernetes.PluginIdentities; pi.Enabled {
+		for _, ctl := range k.cfg.Enabled() {
+			out = append(out, Permission{Verb: "create", Resource: "serviceaccounts", Subresource: "token", Name: ctl.ServiceAccount, Namespace: pi.Namespace})
 		}
-		found := false
-		for _, u := range objs {
-			if u.GetKind() != "ClusterRole" {
-				continue
-			}
-			var r rbacv1.ClusterRole
-			if err := convert(u, &r); err != nil {
+	} else {
+		for _, ctl := range k.cfg.Enabled() {
+			uses, err := pluginUses(ctl.Name)
+			if err != nil {
 				return nil, err
 			}
-			out = append(out, Expand(r.Rules, "")...)
-			found = true
-		}
-		if !found {
-			return nil, fmt.Errorf("plugins/%s/rbac.yaml holds no ClusterRole", ctl.Name)
+			out = append(out, uses...)
 		}
 	}
 	if k.cfg.Leader.Enabled {
@@ -445,8 +503,50 @@ func kraneUses(k *kraneInstall) ([]Permission, error) {
 	return out, nil
 }
 
+// pluginUses is what a built-in plugin's code uses: the ClusterRole of its
+// plugins/NAME/rbac.yaml (cluster-wide), exact because the plugin's own
+// integration tests run under it.
+func pluginUses(name string) ([]Permission, error) {
+	objs, err := readManifest(filepath.Join(repoRoot, "plugins", name, "rbac.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Permission
+	found := false
+	for _, u := range objs {
+		if u.GetKind() != "ClusterRole" {
+			continue
+		}
+		var r rbacv1.ClusterRole
+		if err := convert(u, &r); err != nil {
+			return nil, err
+		}
+		out = append(out, Expand(r.Rules, "")...)
+		found = true
+	}
+	if !found {
+		return nil, fmt.Errorf("plugins/%s/rbac.yaml holds no ClusterRole", name)
+	}
+	return out, nil
+}
+
+// pluginRunsAs reports which enabled controller of the overlay's krane.hcl
+// runs as ServiceAccount sa, if any.
+func pluginRunsAs(k *kraneInstall, sa corev1.ServiceAccount) (config.Controller, bool) {
+	if k == nil || !k.cfg.Kubernetes.PluginIdentities.Enabled || sa.Namespace != k.cfg.Kubernetes.PluginIdentities.Namespace {
+		return config.Controller{}, false
+	}
+	for _, ctl := range k.cfg.Enabled() {
+		if ctl.ServiceAccount == sa.Name {
+			return ctl, true
+		}
+	}
+	return config.Controller{}, false
+}
+
 // pluginTestIdentities are the ServiceAccounts the plugins' rbac.yaml
-// files create for the plugins' own tests.
+// files create: the accounts krane runs them as, which their own tests
+// also run as.
 func pluginTestIdentities(t *testing.T) []corev1.ServiceAccount {
 	files, err := filepath.Glob(filepath.Join(repoRoot, "plugins", "*", "rbac.yaml"))
 	if err != nil {
@@ -490,12 +590,13 @@ func readManifest(path string) ([]*unstructured.Unstructured, error) {
 	}
 }
 
-// runKrane runs the real krane host with every enabled plugin as the
-// overlay's krane ServiceAccount, with the overlay's krane.hcl and
-// environment (ctrl's address and the pod's paths aside): the host must
-// win the Lease, every plugin must configure itself (discovery, its
-// checks, its informers' first list), nothing may be refused by the API
-// server, and stopping must release the Lease.
+// runKrane runs the real krane host as the overlay's krane
+// ServiceAccount, with the overlay's krane.hcl and environment (ctrl's
+// address and the pod's paths aside); the host requests each enabled
+// plugin's tokens and runs it as its own account. The host must win the
+// Lease, every plugin must configure itself (discovery, its checks, its
+// informers' first list), nothing may be refused by the API server, and
+// stopping must release the Lease.
 func runKrane(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *install) {
 	k := in.krane
 	bin := func(pkg, name string) string {

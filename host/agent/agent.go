@@ -29,6 +29,7 @@ import (
 
 	"krane.dev/host/config"
 	"krane.dev/host/ctrlclient"
+	"krane.dev/host/identity"
 	"krane.dev/host/status"
 	"krane.dev/host/supervisor"
 	"krane.dev/host/syncer"
@@ -54,6 +55,7 @@ type Agent struct {
 	supM   *supervisor.Metrics
 	syncM  *syncer.Metrics
 	hostM  *hostMetrics
+	identM *identity.Metrics
 	leader leaderState
 
 	// life serialises Run's start/stop and Reload; mu guards the fields
@@ -77,6 +79,9 @@ type controllerRun struct {
 	plugin *supervisor.Plugin
 	cancel context.CancelFunc
 	ctx    context.Context
+	// identityDone is closed once the plugin's credentials are removed
+	// (at once when plugins use the host's own).
+	identityDone chan struct{}
 
 	mu    sync.Mutex
 	loops map[string]*loopRun
@@ -100,6 +105,7 @@ func New(cfg *config.Config, log hclog.Logger, opts Options) *Agent {
 		supM:        supervisor.NewMetrics(reg),
 		syncM:       syncer.NewMetrics(reg),
 		hostM:       newHostMetrics(reg),
+		identM:      identity.NewMetrics(reg),
 		controllers: map[string]*controllerRun{},
 		kindOwner:   map[string]string{},
 		hb:          heartbeatState{kick: make(chan struct{}, 1)},
@@ -261,7 +267,7 @@ const pluginGOGC = "50"
 // plugin describes its kinds. Caller holds a.mu.
 func (a *Agent) startController(ctl config.Controller) {
 	ctx, cancel := context.WithCancel(a.runCtx)
-	run := &controllerRun{cancel: cancel, ctx: ctx, loops: map[string]*loopRun{}}
+	run := &controllerRun{cancel: cancel, ctx: ctx, loops: map[string]*loopRun{}, identityDone: make(chan struct{})}
 	hooks := supervisor.Hooks{
 		Started: func(info sdk.Info) error { return a.claimKinds(ctl.Name, run, info) },
 		Status:  a.reporter.Submit,
@@ -269,6 +275,16 @@ func (a *Agent) startController(ctl config.Controller) {
 	}
 	host := a.supervisorHost()
 	host.Services = a.HostFor(ctl.Name)
+	if kc := a.cfg.Kubernetes; kc.PluginIdentities.Enabled {
+		id := identity.ForPlugin(ctl.Name, ctl.ServiceAccount, func() (*identity.Minter, error) { return identity.NewMinter(kc) }, a.log.Named("identity"), a.identM)
+		host.Identity = id.Source
+		go func() {
+			defer close(run.identityDone)
+			id.Run(ctx)
+		}()
+	} else {
+		close(run.identityDone)
+	}
 	p := supervisor.New(ctl, host, hooks, a.log, a.supM)
 	if rc := a.opts.Reattach[ctl.Name]; rc != nil {
 		p.WithReattach(rc)
@@ -276,7 +292,16 @@ func (a *Agent) startController(ctl config.Controller) {
 	run.plugin = p
 	a.controllers[ctl.Name] = run
 	go p.Run(ctx)
-	a.log.Info("controller enabled", "controller", ctl.Name, "path", ctl.Path, "pinned", ctl.SHA256 != "")
+	a.log.Info("controller enabled", "controller", ctl.Name, "path", ctl.Path, "pinned", ctl.SHA256 != "",
+		"service_account", serviceAccount(a.cfg.Kubernetes, ctl))
+}
+
+// serviceAccount is who the controller's plugin is to the API server.
+func serviceAccount(k config.Kubernetes, ctl config.Controller) string {
+	if !k.PluginIdentities.Enabled {
+		return "krane's own (kubernetes.plugin_identities.enabled = false)"
+	}
+	return k.PluginIdentities.Namespace + "/" + ctl.ServiceAccount
 }
 
 // claimKinds makes sure no other controller reconciles the plugin's kinds
@@ -357,6 +382,7 @@ func (a *Agent) stopController(name string) {
 		<-lr.done
 	}
 	<-run.plugin.Done()
+	<-run.identityDone
 	a.log.Info("controller stopped", "controller", name)
 }
 

@@ -118,7 +118,11 @@ control_plane {
   url = %q
   token = %q
 }
-kubernetes { kubeconfig = %q }
+kubernetes {
+  kubeconfig = %q
+  # The test's admin credentials serve the plugins too.
+  plugin_identities { enabled = false }
+}
 sync {
   resync_interval = "1h"
   reconnect_min = "50ms"

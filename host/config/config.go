@@ -71,14 +71,44 @@ type ControlPlane struct {
 	ClientKeyFile  string `koanf:"client_key_file"`
 }
 
-// Kubernetes says how plugins reach the API server.
+// Kubernetes says how the host and its plugins reach the API server.
 type Kubernetes struct {
-	// Kubeconfig is a kubeconfig path; empty means in-cluster.
+	// Kubeconfig is a kubeconfig path; empty means in-cluster. It is the
+	// host's own identity; plugins get theirs (PluginIdentities).
 	Kubeconfig string  `koanf:"kubeconfig"`
 	Context    string  `koanf:"context"`
 	QPS        float32 `koanf:"qps"`
 	Burst      int     `koanf:"burst"`
+
+	PluginIdentities PluginIdentities `koanf:"plugin_identities"`
 }
+
+// PluginIdentities gives each plugin a Kubernetes identity of its own: the
+// host requests short-lived tokens for the plugin's ServiceAccount
+// (TokenRequest API) and hands the plugin a kubeconfig of that account, so
+// a plugin holds only the permissions its own role grants.
+type PluginIdentities struct {
+	// Enabled: each plugin runs as its ServiceAccount. Off, every plugin
+	// uses the host's own credentials (development against a cluster where
+	// the plugins' accounts do not exist).
+	Enabled bool `koanf:"enabled"`
+	// Namespace holds the plugins' ServiceAccounts.
+	Namespace string `koanf:"namespace"`
+	// TokenTTL is the lifetime asked for each token (at least 10m, the API
+	// server's minimum; it may grant less).
+	TokenTTL time.Duration `koanf:"token_ttl"`
+	// Refresh is how long after it was issued a token is replaced; 0 means
+	// at 80% of the lifetime the API server granted (what the kubelet does
+	// for projected tokens).
+	Refresh time.Duration `koanf:"refresh"`
+}
+
+// MinTokenTTL is the shortest token lifetime the TokenRequest API grants.
+const MinTokenTTL = 10 * time.Minute
+
+// tokenReread is how often client-go re-reads a token file; a plugin's
+// old token must outlive its renewal by more than this.
+const tokenReread = time.Minute
 
 // Sync tunes the per-kind sync loops.
 type Sync struct {
@@ -146,6 +176,9 @@ type Controller struct {
 	Path string `koanf:"path"`
 	// SHA256 pins the binary (hex); the plugin is refused if it differs.
 	SHA256 string `koanf:"sha256"`
+	// ServiceAccount is the plugin's Kubernetes identity, in
+	// kubernetes.plugin_identities.namespace. Default: krane-plugin-NAME.
+	ServiceAccount string `koanf:"service_account"`
 	// Config is the plugin's own block, checked against its schema.
 	Config map[string]any `koanf:"config"`
 }
@@ -157,32 +190,36 @@ const leaderJitter = 1.2
 // Defaults are the values used when krane.hcl says nothing.
 func Defaults() map[string]any {
 	return map[string]any{
-		"sync.resync_interval":           "1m",
-		"sync.reconnect_min":             "1s",
-		"sync.reconnect_max":             "5s",
-		"sync.workers":                   16,
-		"sync.apply_timeout":             "30s",
-		"sync.max_pending":               10000,
-		"sync.stream_timeout":            "45s",
-		"gc.max_delete_fraction":         0.25,
-		"gc.min_deletes":                 5,
-		"gc.allow_mass_delete":           false,
-		"server.listen":                  "127.0.0.1:9464",
-		"log.level":                      "info",
-		"log.json":                       false,
-		"kubernetes.qps":                 500,
-		"kubernetes.burst":               1000,
-		"plugin_dir":                     ".",
-		"leader_election.enabled":        false,
-		"leader_election.namespace":      "krane",
-		"leader_election.name":           "krane",
-		"leader_election.identity":       "",
-		"leader_election.lease_duration": "10s",
-		"leader_election.renew_deadline": "7s",
-		"leader_election.retry_period":   "2s",
-		"control_plane.url":              "",
-		"control_plane.token":            "",
-		"control_plane.token_env":        "",
+		"sync.resync_interval":                   "1m",
+		"sync.reconnect_min":                     "1s",
+		"sync.reconnect_max":                     "5s",
+		"sync.workers":                           16,
+		"sync.apply_timeout":                     "30s",
+		"sync.max_pending":                       10000,
+		"sync.stream_timeout":                    "45s",
+		"gc.max_delete_fraction":                 0.25,
+		"gc.min_deletes":                         5,
+		"gc.allow_mass_delete":                   false,
+		"server.listen":                          "127.0.0.1:9464",
+		"log.level":                              "info",
+		"log.json":                               false,
+		"kubernetes.qps":                         500,
+		"kubernetes.burst":                       1000,
+		"kubernetes.plugin_identities.enabled":   true,
+		"kubernetes.plugin_identities.namespace": "krane",
+		"kubernetes.plugin_identities.token_ttl": "1h",
+		"kubernetes.plugin_identities.refresh":   "0s",
+		"plugin_dir":                             ".",
+		"leader_election.enabled":                false,
+		"leader_election.namespace":              "krane",
+		"leader_election.name":                   "krane",
+		"leader_election.identity":               "",
+		"leader_election.lease_duration":         "10s",
+		"leader_election.renew_deadline":         "7s",
+		"leader_election.retry_period":           "2s",
+		"control_plane.url":                      "",
+		"control_plane.token":                    "",
+		"control_plane.token_env":                "",
 	}
 }
 
@@ -286,6 +323,9 @@ var (
 	invalidKeysRE = regexp.MustCompile(`'([^']*)' has invalid keys: (.*)`)
 	nameRE        = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
 	sha256RE      = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	dnsLabelRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	// A DNS subdomain, as Kubernetes requires of ServiceAccount names.
+	serviceAccountRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
 )
 
 // describeDecodeError rewrites mapstructure's messages into "unknown key
@@ -380,6 +420,17 @@ func (c *Config) finish(k *koanf.Koanf) error {
 			bad("leader_election.lease_duration", "want retry_period > 0, renew_deadline > 1.2 x retry_period and lease_duration > renew_deadline (got retry_period %s, renew_deadline %s, lease_duration %s)", l.RetryPeriod, l.RenewDeadline, l.LeaseDuration)
 		}
 	}
+	if pi := c.Kubernetes.PluginIdentities; pi.Enabled {
+		if !dnsLabelRE.MatchString(pi.Namespace) {
+			bad("kubernetes.plugin_identities.namespace", "%q is not a namespace name (lowercase letters, digits and dashes)", pi.Namespace)
+		}
+		if pi.TokenTTL < MinTokenTTL {
+			bad("kubernetes.plugin_identities.token_ttl", "%s is shorter than the %s the TokenRequest API grants at least", pi.TokenTTL, MinTokenTTL)
+		}
+		if pi.Refresh < 0 || (pi.Refresh > 0 && pi.Refresh > pi.TokenTTL-2*tokenReread) {
+			bad("kubernetes.plugin_identities.refresh", "%s: want 0 (80%% of the granted lifetime) or a duration ending at least %s before token_ttl (%s), so the old token outlives the plugin's switch to the new one", pi.Refresh, 2*tokenReread, pi.TokenTTL)
+		}
+	}
 	if !filepath.IsAbs(c.PluginDir) && c.Path != "" {
 		c.PluginDir = filepath.Join(filepath.Dir(c.Path), c.PluginDir)
 	}
@@ -398,6 +449,12 @@ func (c *Config) finish(k *koanf.Koanf) error {
 		}
 		if !filepath.IsAbs(ctl.Path) {
 			ctl.Path = filepath.Join(c.PluginDir, ctl.Path)
+		}
+		if ctl.ServiceAccount == "" {
+			ctl.ServiceAccount = "krane-plugin-" + name
+		}
+		if !serviceAccountRE.MatchString(ctl.ServiceAccount) {
+			bad(key+".service_account", "%q is not a ServiceAccount name (lowercase letters, digits, dots and dashes)", ctl.ServiceAccount)
 		}
 		ctl.SHA256 = strings.ToLower(strings.TrimSpace(ctl.SHA256))
 		if ctl.SHA256 != "" && !sha256RE.MatchString(ctl.SHA256) {

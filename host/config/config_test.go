@@ -214,3 +214,49 @@ func TestLeaderTimingsMatchClientGo(t *testing.T) {
 		}
 	}
 }
+
+func TestPluginIdentities(t *testing.T) {
+	cfg, err := Load(write(t, base+`
+controller "a" {}
+controller "b" { service_account = "custom-b" }
+`), []string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi := cfg.Kubernetes.PluginIdentities
+	if !pi.Enabled || pi.Namespace != "krane" || pi.TokenTTL != time.Hour || pi.Refresh != 0 {
+		t.Errorf("defaults = %+v", pi)
+	}
+	if a, b := cfg.Controllers["a"].ServiceAccount, cfg.Controllers["b"].ServiceAccount; a != "krane-plugin-a" || b != "custom-b" {
+		t.Errorf("service accounts: a=%q b=%q", a, b)
+	}
+	off, err := Load(write(t, base+`
+kubernetes {
+  plugin_identities { enabled = false }
+}
+`), []string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off.Kubernetes.PluginIdentities.Enabled {
+		t.Error("plugin_identities { enabled = false } left them enabled")
+	}
+	env, err := Load(write(t, base), []string{"KRANE_KUBERNETES__PLUGIN_IDENTITIES__REFRESH=30s", "KRANE_KUBERNETES__PLUGIN_IDENTITIES__TOKEN_TTL=10m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := env.Kubernetes.PluginIdentities; got.Refresh != 30*time.Second || got.TokenTTL != 10*time.Minute {
+		t.Errorf("environment overrides: %+v", got)
+	}
+	for _, tc := range []struct{ hcl, key string }{
+		{`kubernetes { plugin_identities { token_ttl = "5m" } }`, "kubernetes.plugin_identities.token_ttl"},
+		{`kubernetes { plugin_identities { refresh = "59m" } }`, "kubernetes.plugin_identities.refresh"},
+		{`kubernetes { plugin_identities { namespace = "Krane" } }`, "kubernetes.plugin_identities.namespace"},
+		{`controller "a" { service_account = "Not_A_Name" }`, "controller.a.service_account"},
+	} {
+		_, err := Load(write(t, base+tc.hcl), []string{})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("key %q", tc.key)) {
+			t.Errorf("%s: error %v, want one naming %s", tc.hcl, err, tc.key)
+		}
+	}
+}

@@ -36,6 +36,11 @@ type Host struct {
 	// Environ is the plugin processes' environment (nil: the host's own):
 	// the host's, minus what carries its credentials.
 	Environ []string
+	// Identity, when set, gives each starting instance the Kubernetes
+	// credentials of the plugin's own ServiceAccount in place of Kube (with
+	// Kube's rate limits); an error fails the start, which is retried
+	// with backoff like any other.
+	Identity func(ctx context.Context, qps float32, burst int) (sdk.KubeSource, error)
 }
 
 // Hooks connect a plugin to the rest of the host.
@@ -366,6 +371,16 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 		p.digest = digest
 		p.mu.Unlock()
 	}
+	kubeSrc := p.host.Kube
+	if p.host.Identity != nil {
+		ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		src, err := p.host.Identity(ictx, kubeSrc.QPS, kubeSrc.Burst)
+		cancel()
+		if err != nil {
+			return nil, nil, sdk.Info{}, fmt.Errorf("controller %q: Kubernetes identity of its plugin (ServiceAccount %s): %w", p.ctl.Name, p.ctl.ServiceAccount, err)
+		}
+		kubeSrc = src
+	}
 	cfg, err := sdk.NewClientConfig(sdk.ClientOptions{Path: p.ctl.Path, SHA256: sum, Logger: p.log, LogLevel: p.host.LogLevel, Reattach: p.reattach, Environ: p.host.Environ})
 	if err != nil {
 		return nil, nil, sdk.Info{}, fmt.Errorf("controller %q: %w", p.ctl.Name, err)
@@ -403,7 +418,7 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 			return fail(fmt.Errorf("controller %q: %w", p.ctl.Name, err))
 		}
 	}
-	err = ctl.Configure(cctx, sdk.ConfigureRequest{Region: p.host.Region, ClusterID: p.host.ClusterID, Kube: p.host.Kube, Config: cfgJSON, Host: p.host.Services})
+	err = ctl.Configure(cctx, sdk.ConfigureRequest{Region: p.host.Region, ClusterID: p.host.ClusterID, Kube: kubeSrc, Config: cfgJSON, Host: p.host.Services})
 	if err != nil {
 		return fail(fmt.Errorf("controller %q: configure: %w", p.ctl.Name, err))
 	}
