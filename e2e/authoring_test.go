@@ -65,6 +65,20 @@ func walkthrough(t *testing.T, path string) []step {
 	return steps
 }
 
+// authorSources copies the quota plugin's Go files out of this
+// repository, without its go.mod and go.sum: the guide's walkthrough makes
+// the module itself.
+func authorSources(t *testing.T) string {
+	t.Helper()
+	dir := authorModule(t)
+	for _, f := range []string{"go.mod", "go.sum"} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // authorModule copies the quota plugin's module out of this repository,
 // as its author's checkout would be, requiring this checkout's sdk.
 func authorModule(t *testing.T) string {
@@ -107,6 +121,10 @@ func walkEnv(t *testing.T, st *stack.Stack, region string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sdkDir, err := filepath.Abs("../sdk")
+	if err != nil {
+		t.Fatal(err)
+	}
 	env := append(os.Environ(), st.KraneProcessEnv(region)...)
 	return append(env,
 		"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
@@ -117,6 +135,7 @@ func walkEnv(t *testing.T, st *stack.Stack, region string) []string {
 		"PLUGIN_DIR="+st.PluginDir(),
 		fmt.Sprintf("KRANE_PID=%d", st.Krane(region).Pid()),
 		"KRANE_HTTP="+st.KraneHTTP[region],
+		"KRANE_SDK="+sdkDir,
 		// An author's module, outside this repository's settings.
 		"GOWORK=off", "GOFLAGS=-mod=mod",
 	)
@@ -142,7 +161,7 @@ func TestPluginAuthorWalkthrough(t *testing.T) {
 	if len(steps) < 20 {
 		t.Fatalf("the guide's walkthrough has %d commands; the walkthrough markers or its sh blocks are missing", len(steps))
 	}
-	dir := authorModule(t)
+	dir := authorSources(t)
 	env := walkEnv(t, st, region)
 	hcl, _ := st.KraneConfigPath(region)
 	before, err := os.ReadFile(hcl)

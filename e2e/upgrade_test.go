@@ -35,7 +35,7 @@ func TestTwoClustersRunDifferentPluginVersions(t *testing.T) {
 	pins := map[string]string{}
 	for _, v := range []string{"1.0.0", "1.1.0"} {
 		bin := filepath.Join(t.TempDir(), "quota-"+v, "krane-plugin-quota")
-		runIn(t, dir, env, "go", "build", "-ldflags", "-X main.version="+v, "-o", bin, ".")
+		runIn(t, dir, env, "go", "build", "-ldflags", "-X krane.dev/sdk.version="+v, "-o", bin, ".")
 		data, err := os.ReadFile(bin)
 		if err != nil {
 			t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"sync/atomic"
@@ -20,10 +19,6 @@ import (
 const Kind = "quota.acme.example"
 
 const component = "acme-quota"
-
-// version is set at build time (-ldflags "-X main.version=1.2.0");
-// without it, the version Go recorded in the binary.
-var version string
 
 // Spec is one team's quota.
 type Spec struct {
@@ -61,7 +56,7 @@ func New(log hclog.Logger) *Controller {
 
 func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 	return sdk.Info{
-		Name: "quota", Version: cmp.Or(version, sdk.BuildVersion()), Permissions: Permissions,
+		Name: "quota", Version: sdk.BuildVersion(), Permissions: Permissions,
 		ConfigSchema: `{"type":"object","additionalProperties":false}`,
 		Kinds:        []sdk.KindInfo{{Kind: Kind, Description: "a team's ResourceQuota", SpecType: "google.protobuf.Struct", SpecSchema: specSchema}},
 	}, nil
@@ -85,7 +80,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	}
 	c.cur.Swap(&configured{client: k.Dynamic, quotas: store, informers: inf}).informers.Stop()
 	c.ChangedAll()
-	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "version", cmp.Or(version, sdk.BuildVersion()))
+	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "version", sdk.BuildVersion())
 	return nil
 }
 
@@ -130,7 +125,7 @@ func (c *Controller) observe(id string) sdk.Observation {
 		return sdk.Observation{Status: st, Gone: true}
 	}
 	q := qs[0]
-	st, _ := sdk.JSONStatus(map[string]any{"present": true, "hard": q.Status.Hard, "used": q.Status.Used, "plugin_version": cmp.Or(version, sdk.BuildVersion())})
+	st, _ := sdk.JSONStatus(map[string]any{"present": true, "hard": q.Status.Hard, "used": q.Status.Used, "plugin_version": sdk.BuildVersion()})
 	return sdk.Observation{Status: st, Version: kube.AppliedVersion(q.Annotations)}
 }
 
