@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/vault"
+	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
 )
@@ -32,8 +33,9 @@ import (
 type Options struct {
 	// Regions get one cluster and one krane each; default local-a, local-b.
 	Regions []string
-	// BinDir holds ctrl, krane and the krane-plugin-* binaries (make build
-	// puts them in bin/); empty means build them now.
+	// BinDir holds ctrl, krane and the built-in krane-plugin-* binaries
+	// that KraneConfig enables (make build puts them in bin/); empty means
+	// build them now.
 	BinDir string
 	// KraneConfig is the krane.hcl every krane runs, with per-region
 	// overrides through KRANE_* variables; default: the repository's.
@@ -125,13 +127,13 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 		return nil, err
 	}
 	s.dir = dir
-	if err := s.step("binaries", s.findBinaries); err != nil {
-		return nil, err
-	}
 	if s.opts.KraneConfig == "" {
 		if s.opts.KraneConfig, err = repoFile("krane.hcl"); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.step("binaries", s.findBinaries); err != nil {
+		return nil, err
 	}
 
 	// MySQL, Restate and the clusters are independent: start them together.
@@ -205,6 +207,31 @@ func (s *Stack) step(what string, f func() error) error {
 	return nil
 }
 
+// neededBinaries names the binaries a stack of o runs: ctrl; krane, unless
+// o is CtrlOnly; and the built-in plugins o's krane.hcl enables in some
+// region (with that region's KRANE_* overrides).
+func neededBinaries(o Options) (map[string]string, error) {
+	need := map[string]string{"ctrl": binaries["ctrl"]}
+	if o.CtrlOnly {
+		return need, nil
+	}
+	need["krane"] = binaries["krane"]
+	for _, region := range o.Regions {
+		env := append([]string{"KRANE_REGION=" + region, "KRANE_CLUSTER_ID=" + ClusterID(region), "KRANE_TOKEN=stack"}, o.KraneEnv[region]...)
+		cfg, err := config.Load(o.KraneConfig, env)
+		if err != nil {
+			return nil, fmt.Errorf("the krane.hcl of region %s: %w", region, err)
+		}
+		for _, ctl := range cfg.Enabled() {
+			name := filepath.Base(ctl.Path)
+			if pkg, ok := binaries[name]; ok {
+				need[name] = pkg
+			}
+		}
+	}
+	return need, nil
+}
+
 func (s *Stack) findBinaries() error {
 	if s.opts.BinDir != "" {
 		abs, err := filepath.Abs(s.opts.BinDir)
@@ -213,7 +240,11 @@ func (s *Stack) findBinaries() error {
 		}
 		s.opts.BinDir = abs
 	}
-	for name, pkg := range binaries {
+	need, err := neededBinaries(s.opts)
+	if err != nil {
+		return err
+	}
+	for name, pkg := range need {
 		if s.opts.BinDir != "" {
 			p := filepath.Join(s.opts.BinDir, name)
 			if _, err := os.Stat(p); err != nil {
