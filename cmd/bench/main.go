@@ -27,6 +27,7 @@ func main() {
 	bin := flag.String("bin", "bin", "directory with ctrl, krane and the plugins (make build)")
 	out := flag.String("out", "bench/results.json", "where to write the figures")
 	only := flag.String("only", "", "comma-separated measurements to run (default all): "+strings.Join(names(), ",")+"; memory runs only when named (bootstrap includes it; "+bench.EnvMemoryEnv+" adds environment to krane and its plugins there)")
+	flag.IntVar(&bench.RepairEdits, "repair-edits", bench.RepairEdits, "hand edits per kind in the repair measurement")
 	fleetMode := flag.Bool("fleet", false, "measure the fleet (and the write path) on ctrl, MariaDB and Restate alone, no cluster: make bench-fleet")
 	fo := bench.DefaultFleetOptions()
 	sizes := flag.String("fleet-clusters", joinInts(fo.Clusters), "fleet sizes to measure (a size is skipped when memory is short)")

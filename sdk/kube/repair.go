@@ -31,7 +31,10 @@ import (
 // Order is kept: a repair applies only the version the plugin last applied
 // to that object (Applied). When ctrl already holds a newer version, or a
 // delete, the host is about to deliver it in order, and the repair leaves
-// it to the host.
+// it to the host. A repair holds Lock(id) while it checks that version and
+// applies; a plugin that takes the same lock around its Apply (as the host
+// never runs two Applies of one object at once, that is the only overlap)
+// can never have a repair undo a newer Apply.
 type Repairer struct {
 	kind  string
 	log   hclog.Logger
@@ -45,6 +48,8 @@ type Repairer struct {
 	wake    chan struct{}
 
 	repairs, skipped atomic.Int64
+
+	locks idLocks
 }
 
 // NewRepairer returns a Repairer of kind. apply is the plugin's Apply of
@@ -209,6 +214,8 @@ func (r *Repairer) repair(ctx context.Context, id string) {
 		r.log.Warn("on-demand repair: desired state lookup failed; the next resync repairs it", "kind", r.kind, "id", id, "error", err)
 		return
 	}
+	unlock := r.Lock(id)
+	defer unlock()
 	r.mu.Lock()
 	v, known := r.applied[id]
 	r.mu.Unlock()
@@ -225,4 +232,43 @@ func (r *Repairer) repair(ctx context.Context, id string) {
 	}
 	r.repairs.Add(1)
 	r.log.Info("changed by someone else: repaired from ctrl's desired state", "kind", r.kind, "id", id, "version", ch.Version, "took", time.Since(start))
+}
+
+// Lock serialises work on one object id: the plugin's Apply of id, and
+// this Repairer's repair of it. Call the returned func to unlock.
+func (r *Repairer) Lock(id string) (unlock func()) { return r.locks.lock(id) }
+
+// idLocks is a mutex per id; an entry lives only while someone holds or
+// waits for it.
+type idLocks struct {
+	mu    sync.Mutex
+	locks map[string]*idLock
+}
+
+type idLock struct {
+	sync.Mutex
+	refs int
+}
+
+func (k *idLocks) lock(id string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*idLock{}
+	}
+	l := k.locks[id]
+	if l == nil {
+		l = &idLock{}
+		k.locks[id] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, id)
+		}
+		k.mu.Unlock()
+	}
 }

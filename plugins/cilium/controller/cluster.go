@@ -31,14 +31,17 @@ type cluster struct {
 	dyn     dynamic.Interface
 	disco   discovery.DiscoveryInterface
 	changes kube.Changer
+	// repair is told of the plugin's own writes and deletes, and watches
+	// the policies for everyone else's.
+	repair *kube.Repairer
 
 	mu       sync.Mutex
 	informer cache.SharedIndexInformer // nil until the CRD is served
 	stop     chan struct{}
 }
 
-func newCluster(dyn dynamic.Interface, disco discovery.DiscoveryInterface, changes kube.Changer) *cluster {
-	return &cluster{dyn: dyn, disco: disco, changes: changes, stop: make(chan struct{})}
+func newCluster(dyn dynamic.Interface, disco discovery.DiscoveryInterface, changes kube.Changer, repair *kube.Repairer) *cluster {
+	return &cluster{dyn: dyn, disco: disco, changes: changes, repair: repair, stop: make(chan struct{})}
 }
 
 // policies returns the synced informer, starting it when the CRD is served.
@@ -84,6 +87,9 @@ func (c *cluster) start() (cache.SharedIndexInformer, error) {
 		return nil, err
 	}
 	if _, err := inf.AddEventHandler(kube.OnChange(c.changes, IDLabel)); err != nil {
+		return nil, err
+	}
+	if _, err := inf.AddEventHandler(c.repair.Handler(IDLabel)); err != nil {
 		return nil, err
 	}
 	factory.Start(c.stop)
@@ -172,6 +178,7 @@ func (c *cluster) listLive(ctx context.Context, id string) ([]unstructured.Unstr
 // deleteObject deletes one policy if it is still the object that was seen.
 func (c *cluster) deleteObject(ctx context.Context, u *unstructured.Unstructured) error {
 	uid := u.GetUID()
+	c.repair.Deleting(uid)
 	err := c.dyn.Resource(GVR).Namespace(u.GetNamespace()).Delete(ctx, u.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	// Gone already, or replaced by a newer object: nothing to do.
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {

@@ -32,6 +32,12 @@ type Controller struct {
 	failures failures
 	calls    kube.CallCounter
 
+	// repair re-applies a policy someone else changed or deleted at once,
+	// from ctrl's desired state (sdk/kube.Repairer), instead of at the
+	// host's next resync.
+	repair *kube.Repairer
+	stop   context.CancelFunc
+
 	mu   sync.RWMutex
 	cfg  Config
 	cl   *cluster // nil until configured
@@ -42,6 +48,14 @@ type Controller struct {
 func New(log hclog.Logger) *Controller {
 	c := &Controller{log: log}
 	c.StatusFeed = c.newFeed()
+	// A repair holds the Repairer's lock of the id, as Apply does.
+	c.repair = kube.NewRepairer(kinds.CiliumNetworkPolicy, log, func(ctx context.Context, ch sdk.Change) error {
+		_, err := c.applyChange(ctx, ch)
+		return err
+	})
+	var bg context.Context
+	bg, c.stop = context.WithCancel(context.Background())
+	go c.repair.Run(bg)
 	return c
 }
 
@@ -79,7 +93,8 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return fmt.Errorf("discovery client: %w", err)
 	}
-	cl := newCluster(k.Dynamic, disco, c)
+	c.repair.SetHost(req.Host)
+	cl := newCluster(k.Dynamic, disco, c, c.repair)
 	c.mu.Lock()
 	old := c.cl
 	c.cfg, c.cl, c.memo = cfg, cl, newMemo()
@@ -96,27 +111,38 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 }
 
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+	unlock := c.repair.Lock(req.Change.ID)
+	defer unlock()
+	res, err := c.applyChange(ctx, req.Change)
+	if err == nil {
+		c.repair.Applied(req.Change.ID, req.Change.Version, res == sdk.Deleted)
+	}
+	return sdk.Done(res, err)
+}
+
+// applyChange is one Apply, for the host or a repair; the caller holds the
+// id's lock.
+func (c *Controller) applyChange(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
 	c.mu.RLock()
 	cfg, cl, memo := c.cfg, c.cl, c.memo
 	c.mu.RUnlock()
 	if cl == nil {
-		return nil, errNotConfigured
+		return 0, errNotConfigured
 	}
-	ch := req.Change
 	if ch.Kind != kinds.CiliumNetworkPolicy {
-		return nil, sdk.InvalidField("kind", "%q: this plugin reconciles only %q", ch.Kind, kinds.CiliumNetworkPolicy)
+		return 0, sdk.InvalidField("kind", "%q: this plugin reconciles only %q", ch.Kind, kinds.CiliumNetworkPolicy)
 	}
 	if errs := validation.IsValidLabelValue(ch.ID); ch.ID == "" || len(errs) > 0 {
-		return nil, sdk.InvalidField("id", "%q is not usable as the %s label value: %v", ch.ID, IDLabel, errs)
+		return 0, sdk.InvalidField("id", "%q is not usable as the %s label value: %v", ch.ID, IDLabel, errs)
 	}
 	if ch.Deleted {
 		c.Deleted(ch.ID, ch.Version)
 		c.failures.clear(ch.ID)
 		if err := c.delete(ctx, cl, ch.ID); err != nil {
-			return nil, err
+			return 0, err
 		}
 		memo.forget(ch.ID)
-		return sdk.Done(sdk.Deleted, nil)
+		return sdk.Deleted, nil
 	}
 	res, err := c.apply(ctx, cfg, cl, memo, ch)
 	if err != nil {
@@ -125,7 +151,7 @@ func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.App
 		c.failures.clear(ch.ID)
 	}
 	c.Changed(ch.ID)
-	return sdk.Done(res, err)
+	return res, err
 }
 
 func (c *Controller) apply(ctx context.Context, cfg Config, cl *cluster, memo *memo, ch sdk.Change) (sdk.Result, error) {
@@ -157,9 +183,11 @@ func (c *Controller) apply(ctx context.Context, cfg Config, cl *cluster, memo *m
 	}
 	result := sdk.Unchanged
 	if live == nil || kube.Drift(want.Object.Object, live.Object) != "" {
-		if _, err := kube.Apply(ctx, cl.dyn, GVR, want.Object); err != nil {
+		out, err := kube.Apply(ctx, cl.dyn, GVR, want.Object)
+		if err != nil {
 			return 0, classify(err, pb.GetK8SNamespace())
 		}
+		cl.repair.Wrote(out)
 		result = sdk.Applied
 	}
 	// Renamed or moved: the old object goes only once the new one is in
@@ -230,6 +258,7 @@ func (c *Controller) Inventory(ctx context.Context, req *sdk.InventoryRequest) (
 }
 
 func (c *Controller) Shutdown(context.Context) error {
+	c.stop()
 	c.mu.Lock()
 	cl := c.cl
 	c.cl = nil

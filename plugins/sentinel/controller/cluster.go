@@ -65,6 +65,9 @@ type cluster struct {
 	// feed is told the sentinel id of every object event, and that every
 	// sentinel's status may have changed when the policy CRD comes or goes.
 	feed *sdk.StatusFeed
+	// repair is told of every object the plugin writes or deletes, so
+	// that only someone else's changes are repaired.
+	repair *kube.Repairer
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -81,6 +84,7 @@ type policyCache struct {
 type clusterDeps struct {
 	clients           *kube.Clients
 	host              sdk.Host
+	repair            *kube.Repairer
 	params            params
 	log               hclog.Logger
 	feed              *sdk.StatusFeed
@@ -91,7 +95,7 @@ type clusterDeps struct {
 // (the plugin's permissions were checked by kube.Connect).
 func startCluster(ctx context.Context, d clusterDeps) (*cluster, error) {
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{p: d.params, log: d.log, client: d.clients.Client, dyn: d.clients.Dynamic, host: d.host, feed: d.feed, ctx: cctx, cancel: cancel}
+	c := &cluster{p: d.params, log: d.log, client: d.clients.Client, dyn: d.clients.Dynamic, host: d.host, feed: d.feed, repair: d.repair, ctx: cctx, cancel: cancel}
 	md, err := metadata.NewForConfig(d.clients.Config)
 	if err != nil {
 		cancel()
@@ -158,18 +162,26 @@ func (c *cluster) startInformers(ctx context.Context) error {
 	for _, x := range []struct {
 		into *cache.Indexer
 		inf  cache.SharedIndexInformer
+		// written: the plugin writes these objects, so a change by
+		// someone else is repaired at once.
+		written bool
 	}{
-		{&c.deployments, objects.Apps().V1().Deployments().Informer()},
-		{&c.replicaSets, objects.Apps().V1().ReplicaSets().Informer()},
-		{&c.pods, objects.Core().V1().Pods().Informer()},
-		{&c.services, objects.Core().V1().Services().Informer()},
-		{&c.pdbs, objects.Policy().V1().PodDisruptionBudgets().Informer()},
+		{&c.deployments, objects.Apps().V1().Deployments().Informer(), true},
+		{&c.replicaSets, objects.Apps().V1().ReplicaSets().Informer(), false},
+		{&c.pods, objects.Core().V1().Pods().Informer(), false},
+		{&c.services, objects.Core().V1().Services().Informer(), true},
+		{&c.pdbs, objects.Policy().V1().PodDisruptionBudgets().Informer(), true},
 	} {
 		if err := x.inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
 			return err
 		}
 		if _, err := x.inf.AddEventHandler(c.eventHandler()); err != nil {
 			return err
+		}
+		if x.written {
+			if _, err := x.inf.AddEventHandler(c.repair.Handler(LabelSentinel)); err != nil {
+				return err
+			}
 		}
 		*x.into = x.inf.GetIndexer()
 	}
@@ -252,6 +264,9 @@ func (c *cluster) startPolicyInformer(ctx context.Context) error {
 		return err
 	}
 	if _, err := inf.AddEventHandler(c.eventHandler()); err != nil {
+		return err
+	}
+	if _, err := inf.AddEventHandler(c.repair.Handler(LabelSentinel)); err != nil {
 		return err
 	}
 	stop := make(chan struct{})

@@ -68,6 +68,12 @@ type Controller struct {
 	log  hclog.Logger
 	opts options
 
+	// repair re-applies a sentinel whose objects someone else changed or
+	// deleted at once, from ctrl's desired state (sdk/kube.Repairer),
+	// instead of at the host's next resync.
+	repair *kube.Repairer
+	stop   context.CancelFunc
+
 	mu sync.RWMutex
 	cl *cluster
 }
@@ -80,6 +86,14 @@ func New(log hclog.Logger, opts ...Option) *Controller {
 	}
 	c := &Controller{log: log, opts: o}
 	c.StatusFeed = c.newFeed()
+	// A repair holds the Repairer's lock of the id, as Apply does.
+	c.repair = kube.NewRepairer(kinds.Sentinel, log, func(ctx context.Context, ch sdk.Change) error {
+		_, err := c.apply(ctx, ch)
+		return err
+	})
+	var bg context.Context
+	bg, c.stop = context.WithCancel(context.Background())
+	go c.repair.Run(bg)
 	return c
 }
 
@@ -125,9 +139,11 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return err
 	}
+	c.repair.SetHost(req.Host)
 	cl, err := startCluster(ctx, clusterDeps{
 		clients:           clients,
 		host:              req.Host,
+		repair:            c.repair,
 		params:            params{settings: s, Region: req.Region},
 		log:               c.log,
 		feed:              c.StatusFeed,
@@ -158,7 +174,13 @@ func (c *Controller) current() *cluster {
 }
 
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
-	return sdk.Done(c.apply(ctx, req.Change))
+	unlock := c.repair.Lock(req.Change.ID)
+	defer unlock()
+	res, err := c.apply(ctx, req.Change)
+	if err == nil {
+		c.repair.Applied(req.Change.ID, req.Change.Version, res == sdk.Deleted)
+	}
+	return sdk.Done(res, err)
 }
 
 func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
@@ -339,6 +361,7 @@ func (cl *cluster) applyIfDrifted(ctx context.Context, gvr schema.GroupVersionRe
 	if err != nil {
 		return nil, classify(err)
 	}
+	cl.repair.Wrote(out)
 	return out, nil
 }
 
@@ -419,6 +442,7 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 				continue
 			}
 			uid := obj.GetUID()
+			cl.repair.Deleting(uid)
 			err := res.Delete(ctx, obj.GetName(), metav1.DeleteOptions{
 				Preconditions:     &metav1.Preconditions{UID: &uid},
 				PropagationPolicy: ptr(metav1.DeletePropagationBackground),
@@ -488,6 +512,7 @@ func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*s
 }
 
 func (c *Controller) Shutdown(ctx context.Context) error {
+	c.stop()
 	c.mu.Lock()
 	cl := c.cl
 	c.cl = nil
