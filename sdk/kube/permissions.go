@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -67,25 +68,50 @@ func cmpOr(s, def string) string {
 	return s
 }
 
+// reviewsInFlight bounds the access reviews CheckPermissions has in flight
+// at once. The reviews are independent; asked one after another, the few
+// dozen of a plugin were a good part of its start-up, and so of a fresh
+// host's bootstrap, on a busy API server.
+const reviewsInFlight = 16
+
 // CheckPermissions asks the API server, with one SelfSubjectAccessReview
-// per verb, whether the client's identity may do everything perms name.
-// It returns a [*MissingPermissionsError] naming each verb and resource
-// that is missing, so a plugin fails at Configure instead of with an
-// informer that never syncs.
+// per verb (up to reviewsInFlight at once), whether the client's identity
+// may do everything perms name. It returns a [*MissingPermissionsError]
+// naming each verb and resource that is missing, in perms' order, so a
+// plugin fails at Configure instead of with an informer that never syncs.
 func CheckPermissions(ctx context.Context, client kubernetes.Interface, perms []sdk.Permission) error {
-	var missing []Missing
+	type check struct {
+		p    sdk.Permission
+		verb string
+	}
+	var checks []check
 	for _, p := range perms {
 		for _, verb := range p.Verbs {
+			checks = append(checks, check{p, verb})
+		}
+	}
+	answers := make([]*authorizationv1.SelfSubjectAccessReview, len(checks))
+	errs := make([]error, len(checks))
+	slots := make(chan struct{}, reviewsInFlight)
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
-				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: p.Namespace, Verb: verb, Group: p.Group, Resource: p.Resource, Name: p.Name},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: c.p.Namespace, Verb: c.verb, Group: c.p.Group, Resource: c.p.Resource, Name: c.p.Name},
 			}}
-			got, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
-			if err != nil {
-				return fmt.Errorf("ask the API server whether this plugin may %s %s (SelfSubjectAccessReview): %w", verb, p.Resource, err)
-			}
-			if !got.Status.Allowed {
-				missing = append(missing, Missing{Verb: verb, Group: p.Group, Resource: p.Resource, Namespace: p.Namespace, Name: p.Name, Reason: got.Status.Reason})
-			}
+			answers[i], errs[i] = client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		})
+	}
+	wg.Wait()
+	var missing []Missing
+	for i, c := range checks {
+		if errs[i] != nil {
+			return fmt.Errorf("ask the API server whether this plugin may %s %s (SelfSubjectAccessReview): %w", c.verb, c.p.Resource, errs[i])
+		}
+		if !answers[i].Status.Allowed {
+			missing = append(missing, Missing{Verb: c.verb, Group: c.p.Group, Resource: c.p.Resource, Namespace: c.p.Namespace, Name: c.p.Name, Reason: answers[i].Status.Reason})
 		}
 	}
 	if len(missing) == 0 {
