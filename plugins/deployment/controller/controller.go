@@ -57,7 +57,8 @@ type Controller struct {
 	verified kube.VerifiedSecrets
 	stats    secretCounters
 
-	nsLocks keyedMutex
+	nsLocks    keyedMutex
+	namespaces knownNamespaces
 	// idLocks serialises the work on one deployment: the host's Applies
 	// and the plugin's own (a roll that waited for its slot, finishing a
 	// roll).
@@ -242,7 +243,11 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 	k.secrets, k.secretIndex = secretInf.Lister(), secretInf.Informer().GetIndexer()
 	// PodDisruptionBudgets too: compared at Apply, no handler.
 	k.pdbIndex = pdbInf.Informer().GetIndexer()
-	k.namespaces = namespaces.Core().V1().Namespaces().Lister()
+	nsInf := namespaces.Core().V1().Namespaces()
+	if _, err := nsInf.Informer().AddEventHandler(c.namespaces.forgetDeleted()); err != nil {
+		return err
+	}
+	k.namespaces = nsInf.Lister()
 	k.nodes = nodes.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Lister()
 	return k.informers.Start(ctx, cacheSyncTimeout)
 }
@@ -455,6 +460,7 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 		// Now the ReplicaSet exists: it owns the Secret.
 		_, err = c.ensureSecret(ctx, k, host, secret, ownerRef(applied.GetName(), applied.GetUID()))
 	}
+	c.namespaces.forgetIfGone(ns, err)
 	unlock()
 	if err != nil {
 		return 0, err

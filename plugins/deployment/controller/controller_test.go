@@ -3,9 +3,11 @@ package controller_test
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -267,6 +269,82 @@ func TestNamespaceLifecycle(t *testing.T) {
 	waitUntil(t, time.Minute, "stopped deployment and its namespace gone", func() bool {
 		return len(replicaSetsOf(t, cluster, "dep_ns_e")) == 0 && len(podsOf(t, cluster, "stopping", "dep_ns_e")) == 0 && namespaceGone(t, cluster, "stopping")
 	})
+}
+
+// TestNamespaceCreatedOnce: many deployments written into one new
+// namespace at once (a fresh host's bootstrap) create it with one POST,
+// not one per worker until the informer sees it; and a namespace deleted
+// behind the plugin's back is created again by the next write into it.
+func TestNamespaceCreatedOnce(t *testing.T) {
+	cluster, _, _ := pluginIdentity(t)
+	ctx := context.Background()
+	cleanupNamespace(t, cluster, "burst")
+	cleanupNamespace(t, cluster, "vanishing")
+	p := startPlugin(t, `{}`)
+	before := namespacePOSTs(t, cluster)
+	const n = 24
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		ch := change(t, fmt.Sprintf("dep_burst_%02d", i), 1, spec("burst", fmt.Sprintf("w%02d", i), image, 1))
+		wg.Go(func() {
+			if got, err := plugintest.Apply(ctx, p, ch); err != nil || got != sdk.Applied {
+				errs <- fmt.Errorf("Apply(%s) = %s, %v", ch.ID, got, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := namespacePOSTs(t, cluster) - before; got != 1 {
+		t.Errorf("%.0f namespace POSTs for %d concurrent writes into one new namespace, want 1", got, n)
+	}
+
+	// A namespace Krane did not create (no label: the informer never sees
+	// it), used, then deleted by someone else.
+	if err := cluster.EnsureNamespace(ctx, "vanishing"); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, p, change(t, "dep_vanish_a", 1, spec("vanishing", "a", image, 1)), sdk.Applied)
+	if err := cluster.Client.CoreV1().Namespaces().Delete(ctx, "vanishing", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 2*time.Minute, "namespace vanishing gone", func() bool { return namespaceGone(t, cluster, "vanishing") })
+	// The first write may find it missing (the plugin remembered it); it
+	// fails retryably, and the next creates the namespace again.
+	ch := change(t, "dep_vanish_b", 1, spec("vanishing", "b", image, 1))
+	waitUntil(t, 30*time.Second, "dep_vanish_b applied into a namespace created again", func() bool {
+		got, err := plugintest.Apply(ctx, p, ch)
+		if sdk.IsPermanent(err) {
+			t.Fatalf("Apply(dep_vanish_b): %v", err)
+		}
+		return err == nil && got == sdk.Applied
+	})
+	if namespaceGone(t, cluster, "vanishing") {
+		t.Fatal("namespace vanishing not created again")
+	}
+}
+
+// namespacePOSTs is how many namespace creates the API server has served.
+func namespacePOSTs(t *testing.T, c *kubeenv.Cluster) float64 {
+	t.Helper()
+	body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "apiserver_request_total{") && strings.Contains(line, `resource="namespaces"`) && strings.Contains(line, `verb="POST"`) {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			if err != nil {
+				t.Fatalf("metrics line %q: %v", line, err)
+			}
+			n += v
+		}
+	}
+	return n
 }
 
 // TestPrefersSentinelZones: single-replica deployments land in the zone

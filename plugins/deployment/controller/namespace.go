@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"sync"
 
+	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
@@ -52,6 +55,62 @@ func buildNamespace(name string) *corev1.Namespace {
 	}}
 }
 
+// knownNamespaces remembers the namespaces this process saw exist (it
+// created them, or its create found them), so that writing many workloads
+// into a new namespace costs one POST: concurrent writes wait for the one
+// create in flight (singleflight), later ones find the namespace
+// remembered, before the namespace informer sees it or when it never will
+// (a namespace Krane did not create carries no label of ours). A namespace
+// is forgotten when this plugin removes it, when the informer sees it
+// deleted, and when a write into it finds it missing or terminating, so
+// the next write creates it again.
+type knownNamespaces struct {
+	creates singleflight.Group
+	mu      sync.Mutex
+	known   map[string]bool
+}
+
+func (n *knownNamespaces) has(ns string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.known[ns]
+}
+
+func (n *knownNamespaces) remember(ns string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.known == nil {
+		n.known = map[string]bool{}
+	}
+	n.known[ns] = true
+}
+
+func (n *knownNamespaces) forget(ns string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.known, ns)
+}
+
+// forgetDeleted is the namespace informer's handler: a namespace deleted
+// is forgotten.
+func (n *knownNamespaces) forgetDeleted() cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = tomb.Obj
+		}
+		if m, err := meta.Accessor(obj); err == nil {
+			n.forget(m.GetName())
+		}
+	}}
+}
+
+// forgetIfGone forgets ns when err says it is missing or terminating.
+func (n *knownNamespaces) forgetIfGone(ns string, err error) {
+	if apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		n.forget(ns)
+	}
+}
+
 // ensureNamespace makes sure ns exists. Call with the namespace locked.
 func (c *Controller) ensureNamespace(ctx context.Context, k *kubeState, ns string) error {
 	if n, err := k.namespaces.Get(ns); err == nil {
@@ -60,9 +119,19 @@ func (c *Controller) ensureNamespace(ctx context.Context, k *kubeState, ns strin
 		}
 		return nil
 	}
-	_, err := k.client.CoreV1().Namespaces().Create(ctx, buildNamespace(ns), metav1.CreateOptions{FieldManager: kube.FieldManager})
+	if c.namespaces.has(ns) {
+		return nil
+	}
+	_, err, _ := c.namespaces.creates.Do(ns, func() (any, error) {
+		_, err := k.client.CoreV1().Namespaces().Create(ctx, buildNamespace(ns), metav1.CreateOptions{FieldManager: kube.FieldManager})
+		if err == nil || apierrors.IsAlreadyExists(err) {
+			c.namespaces.remember(ns)
+			return nil, nil
+		}
+		return nil, err
+	})
 	switch {
-	case err == nil, apierrors.IsAlreadyExists(err):
+	case err == nil:
 		return nil
 	case apierrors.IsForbidden(err):
 		return sdk.Permanent(fmt.Errorf("create namespace %s: %w (grant the plugin's ClusterRole from rbac.yaml)", ns, err))
@@ -91,6 +160,9 @@ func (c *Controller) removeNamespaceIfUnused(ctx context.Context, k *kubeState, 
 		return err
 	}
 	err = k.client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &live.UID}})
+	if err == nil || apierrors.IsNotFound(err) {
+		c.namespaces.forget(ns)
+	}
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("delete empty namespace %s: %w", ns, err)
 	}
