@@ -34,7 +34,7 @@ PKGS ?= ./...
 SDK_PKGS ?= $(if $(filter ./...,$(PKGS)),./...,)
 MODULES := . sdk
 
-.PHONY: build test test-go deploy-check demo chaos fuzz bench bench-fleet proto proto-check lint deps tools testenv clean help screenshots
+.PHONY: build test test-go deploy-check demo chaos fuzz bench bench-fleet bench-docs bench-smoke proto proto-check lint deps tools testenv clean help screenshots
 .PHONY: $(addprefix bin/,$(BINARIES))
 
 help: ## list targets
@@ -53,20 +53,29 @@ bin/krane-plugin-sentinel:
 bin/krane-plugin-cilium:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./plugins/cilium
 bin/krane-plugin-configmap:
-	$(GO) -C sdk build -trimpath -o $(CURDIR)/$@ ./examples/configmap
+	$(GO) -C sdk build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@ ./examples/configmap
 
 demo: deps testenv build ## bring up the whole system locally and show a deploy working (DEMO_EXIT=1: exit after the scenario)
 	$(GO) run ./cmd/demo -bin bin $(if $(filter 1,$(DEMO_EXIT)),-exit,)
 
-bench: deps testenv build ## measure propagation, bootstrap vs raw client-go, resync cost, plugin hop, memory, versions/s, watch rows/s, rollout, writes/s, a 100-cluster fleet; writes bench/results.json
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./sdk/kube ./host/syncer ./plugins/deployment/controller ./plugins/cilium/controller
+# A bench run merges its sections into bench/results.json (each with its
+# commit, time, machine load and command) and rewrites the figure blocks of
+# README.md and docs/ from it; figures are never edited by hand.
+bench: deps testenv build ## measure micro-benchmarks, binary sizes, plugin hop, versions/s, watch rows/s, propagation, drift repair, rollout, bootstrap vs raw client-go, resync, memory, writes/s; writes bench/results.json and the docs' tables
 	$(GO) run ./cmd/bench -bin bin
 
 # FLEET_FLAGS e.g. -fleet-clusters 100,1000 -fleet-window 60s -fleet-arms streaming,polling,streaming-unshared
 FLEET_FLAGS ?=
-bench-fleet: deps build ## simulated clusters (100 to 3,000) against one ctrl: streaming vs polling, how costs grow; the write path; writes bench/results.json
+bench-fleet: deps build ## simulated clusters (100 to 3,000) against one ctrl: streaming vs polling, how costs grow; the write path; writes bench/results.json and the docs' tables
 	./scripts/testenv-restate.sh
 	$(GO) run ./cmd/bench -bin bin -fleet $(FLEET_FLAGS)
+
+bench-docs: ## rewrite the figure blocks of README.md and docs/ from bench/results.json (measures nothing)
+	$(GO) run ./cmd/bench -docs
+
+# Part of make test too (TestSmoke is one of internal/bench's tests).
+bench-smoke: deps testenv build ## every measurement of bench and bench-fleet once, at small sizes (about two minutes): proves each runs, asserts no speed
+	KRANE_BIN_DIR=$(CURDIR)/bin $(GO) test -count=1 -timeout 15m -run '^TestSmoke$$' ./internal/bench
 
 # Every fuzz target, each for FUZZ_TIME; corpora live in testdata/fuzz.
 FUZZ_TIME ?= 30s

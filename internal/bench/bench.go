@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,96 +21,19 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"krane.dev/ctrl/store"
-	"krane.dev/internal/stack"
 	"krane.dev/internal/testenv/kubeenv"
 )
 
-// Figure is one measured number.
-type Figure struct {
-	Section string  `json:"section"`
-	Name    string  `json:"name"`
-	Value   float64 `json:"value"`
-	Unit    string  `json:"unit"`
-	Target  string  `json:"target,omitempty"`
-	Note    string  `json:"note,omitempty"`
-}
-
-// Env is what measurements run against.
-type Env struct {
-	St     *stack.Stack
-	Store  *store.Store
-	Region string
-	Out    io.Writer
-}
-
-func (e *Env) logf(format string, args ...any) {
-	fmt.Fprintf(e.Out, "    "+format+"\n", args...)
-}
-
-// Print writes figures as a table.
-func Print(w io.Writer, figs []Figure) {
+// Print writes sections as a table.
+func Print(w io.Writer, secs []Section) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SECTION\tFIGURE\tVALUE\tTARGET\tNOTE")
-	for _, f := range figs {
-		fmt.Fprintf(tw, "%s\t%s\t%s %s\t%s\t%s\n", f.Section, f.Name, format(f.Value), f.Unit, f.Target, f.Note)
+	for _, s := range secs {
+		for _, f := range s.Figures {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, f.Name, value(f), strings.ReplaceAll(target(f), "**", ""), f.Note)
+		}
 	}
 	tw.Flush()
-}
-
-func format(v float64) string {
-	switch {
-	case v != 0 && v < 0.01:
-		return strconv.FormatFloat(v, 'g', 3, 64)
-	case v >= 100:
-		return strconv.FormatFloat(v, 'f', 0, 64)
-	case v >= 10:
-		return strconv.FormatFloat(v, 'f', 1, 64)
-	default:
-		return strconv.FormatFloat(v, 'f', 2, 64)
-	}
-}
-
-// WriteJSON writes the figures to path. Figures of sections this run did
-// not measure are kept from the file's previous contents (so `make
-// bench-fleet` and `make bench` fill one file), and so are extra keys this
-// run does not set (extra: "fleet" rows, say).
-func WriteJSON(path string, figs []Figure, started time.Time, extra map[string]any) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	out := map[string]any{}
-	measured := map[string]bool{}
-	for _, f := range figs {
-		measured[f.Section] = true
-	}
-	var kept []Figure
-	if b, err := os.ReadFile(path); err == nil {
-		var old struct {
-			Figures []Figure `json:"figures"`
-		}
-		if json.Unmarshal(b, &old) == nil {
-			for _, f := range old.Figures {
-				if !measured[f.Section] {
-					kept = append(kept, f)
-				}
-			}
-		}
-		_ = json.Unmarshal(b, &out)
-	}
-	all := append(kept, figs...)
-	for k, v := range extra {
-		out[k] = v
-	}
-	out["started"] = started.UTC().Format(time.RFC3339)
-	out["took_seconds"] = time.Since(started).Seconds()
-	out["cpus"] = cpus()
-	out["figures"] = all
-	b, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 func cpus() int {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,22 +25,26 @@ import (
 	"krane.dev/sdk/kube"
 )
 
-const bootN = 2000
+// onlyDeployments runs krane with the deployment controller alone, and a
+// resync soon after the bootstrap (measured next).
+func (e *Env) onlyDeployments() []string {
+	return []string{"KRANE_CONTROLLER__SENTINEL__ENABLED=false", "KRANE_CONTROLLER__CILIUM__ENABLED=false",
+		fmt.Sprintf("KRANE_SYNC__RESYNC_INTERVAL=%ds", e.size(20, 5)), "KRANE_SYNC__WORKERS=32"}
+}
 
-// onlyDeployments runs krane with the deployment controller alone.
-var onlyDeployments = []string{"KRANE_CONTROLLER__SENTINEL__ENABLED=false", "KRANE_CONTROLLER__CILIUM__ENABLED=false", "KRANE_SYNC__RESYNC_INTERVAL=20s", "KRANE_SYNC__WORKERS=32"}
-
-// Bootstrap measures (2) a fresh krane host bootstrapping 2,000
-// deployments against raw client-go server-side apply of exactly the same
-// ReplicaSets (the plugin's own builder and apply call) with 32 workers, against the same
-// API server in the same run (median of 3, alternating; each arm is timed
-// until a watch saw the last object); (3) the first
-// resync of those 2,000 unchanged objects: API writes, CPU of host and
-// plugin, wall time; (5) memory of the host and each plugin with 2,000
-// deployments and 2,000 sentinels. The controller-manager and scheduler
-// are stopped meanwhile, so only these writes reach the API server (no
-// pods are made; both arms measure applying objects).
+// Bootstrap measures a fresh krane host bootstrapping 2,000 deployments
+// against raw client-go server-side apply of exactly the same ReplicaSets
+// (the plugin's own builder and apply call) with 32 workers, against the
+// same API server in the same run (median of 3, alternating; each arm is
+// timed until a watch saw the last object), with the CPU each arm's
+// processes spent per 1,000 objects: on a saturated machine the
+// throughput ratio is the ratio of CPU, and these say whose. Then the
+// first resync of those 2,000 unchanged objects: API writes, CPU of host
+// and plugin, wall time. The controller-manager and scheduler are stopped
+// meanwhile, so only these writes reach the API server (no pods are made;
+// both arms measure applying objects).
 func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
+	bootN := e.size(2000, 50)
 	c := e.St.Clusters[e.Region]
 	defer quiet(c)()
 	e.St.StopKrane(e.Region)
@@ -77,8 +82,11 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 		return nil, err
 	}
 	rawRSs := cs.AppsV1().ReplicaSets(rawNS)
+	apiserver := c.Pid("kube-apiserver")
+	perK := func(cpu float64) float64 { return cpu * 1000 / float64(bootN) }
 	var rawRates, kraneRates []float64
-	for rep := range 3 {
+	var rawAPI, rawClient, kraneAPI, kraneOwn []float64
+	for rep := range e.reps() {
 		// Raw client-go: 32 workers.
 		if err := clearRS(ctx, c, rawNS); err != nil {
 			return nil, err
@@ -91,6 +99,7 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 			return nil, err
 		}
 		cpuBefore := cpuByCommand()
+		api0, self0 := procCPU(apiserver), procCPU(os.Getpid())
 		callsBefore, err := apiCalls(ctx, c)
 		if err != nil {
 			return nil, err
@@ -129,20 +138,23 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 		}
 		stopRaw()
 		raw := time.Since(begin)
+		rawAPI = append(rawAPI, perK(procCPU(apiserver)-api0))
+		rawClient = append(rawClient, perK(procCPU(os.Getpid())-self0))
 		<-rawProfile
-		rawRates = append(rawRates, bootN/raw.Seconds())
+		rawRates = append(rawRates, float64(bootN)/raw.Seconds())
 		rawCPU, rawCalls := cpuSince(cpuBefore), apiCallsSince(ctx, c, callsBefore)
 
 		// Krane: a fresh host bootstraps the same objects from ctrl.
 		if err := clearRS(ctx, c, ns); err != nil {
 			return nil, err
 		}
-		e.St.SetKraneEnv(e.Region, onlyDeployments)
+		e.St.SetKraneEnv(e.Region, e.onlyDeployments())
 		count, stop, err := countAdded(ctx, c, ns, bootN)
 		if err != nil {
 			return nil, err
 		}
 		cpuBefore = cpuByCommand()
+		api0, ctrl0 := procCPU(apiserver), procCPU(e.St.CtrlPid())
 		if callsBefore, err = apiCalls(ctx, c); err != nil {
 			stop()
 			return nil, err
@@ -161,8 +173,20 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 		}
 		stop()
 		took := time.Since(begin)
+		// The host and its plugin started with the arm: all their CPU so
+		// far is the bootstrap's.
+		host := e.St.Krane(e.Region).Pid()
+		hostCPU, ctrlCPU := procCPU(host), procCPU(e.St.CtrlPid())-ctrl0
+		var pluginCPU float64
+		for pid := range children(host) {
+			pluginCPU += procCPU(pid)
+		}
+		kraneAPI = append(kraneAPI, perK(procCPU(apiserver)-api0))
+		kraneOwn = append(kraneOwn, perK(hostCPU+pluginCPU+ctrlCPU))
+		e.logf("bootstrap: run %d: CPU per 1,000 objects: API server %.2f s in the raw arm (client %.2f), %.2f s in the krane arm; krane's own %.2f s (host %.2f, plugin %.2f, ctrl %.2f)",
+			rep+1, rawAPI[rep], rawClient[rep], kraneAPI[rep], kraneOwn[rep], perK(hostCPU), perK(pluginCPU), perK(ctrlCPU))
 		<-kraneProfile
-		kraneRates = append(kraneRates, bootN/took.Seconds())
+		kraneRates = append(kraneRates, float64(bootN)/took.Seconds())
 		// Where the CPU went: the machine has two cores, and both arms
 		// are bound by them, not by client rate limits.
 		e.logf("bootstrap: run %d: CPU during the raw arm, %s", rep+1, rawCPU)
@@ -171,25 +195,30 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 		e.logf("bootstrap: run %d: API requests during the krane arm: %s", rep+1, apiCallsSince(ctx, c, callsBefore))
 		e.logf("bootstrap: run %d: raw client-go %s (%.0f/s; its applies returned at %s), krane %s (%.0f/s, process start included)",
 			rep+1, raw.Round(time.Millisecond), rawRates[rep], applied.Round(time.Millisecond), took.Round(time.Millisecond), kraneRates[rep])
-		if rep < 2 {
+		if rep < e.reps()-1 {
 			e.St.StopKrane(e.Region)
 		}
 	}
+	n := Format(float64(bootN))
 	figs := []Figure{
-		{Section: "2 bootstrap", Name: "raw client-go server-side apply, 2,000 ReplicaSets, 32 workers", Value: median(rawRates), Unit: "objects/s"},
-		{Section: "2 bootstrap", Name: "fresh krane host bootstrapping the same 2,000 from ctrl", Value: median(kraneRates), Unit: "objects/s", Note: "process start to last object applied; sync.workers 32"},
-		{Section: "2 bootstrap", Name: "krane / raw", Value: median(kraneRates) / median(rawRates), Unit: "ratio", Target: ">= 0.9"},
+		{Key: "raw", Name: fmt.Sprintf("raw client-go server-side apply, %s ReplicaSets, 32 workers", n), Value: median(rawRates), Unit: "objects/s"},
+		{Key: "krane", Name: fmt.Sprintf("fresh krane host bootstrapping the same %s from ctrl", n), Value: median(kraneRates), Unit: "objects/s", Note: "process start to last object applied; sync.workers 32"},
+		{Key: "ratio", Name: "krane / raw", Value: median(kraneRates) / median(rawRates), Unit: "ratio", Target: AtLeast(0.9)},
+		{Key: "cpu-krane", Name: "CPU per 1,000 objects, krane arm: krane's processes (host, plugin, ctrl)", Value: median(kraneOwn), Unit: "CPU s"},
+		{Key: "cpu-apiserver-krane", Name: "CPU per 1,000 objects, krane arm: the API server", Value: median(kraneAPI), Unit: "CPU s"},
+		{Key: "cpu-apiserver-raw", Name: "CPU per 1,000 objects, raw arm: the API server", Value: median(rawAPI), Unit: "CPU s"},
+		{Key: "cpu-client-raw", Name: "CPU per 1,000 objects, raw arm: the client (this benchmark)", Value: median(rawClient), Unit: "CPU s", Note: "its watch of the objects included, which the krane arm runs too"},
 	}
-	rf, err := resyncCost(ctx, e)
+	rf, err := resyncCost(ctx, e, bootN)
 	if err != nil {
 		return nil, err
 	}
-	figs = append(figs, rf...)
-	mf, err := memory(ctx, e, nil)
-	if err != nil {
+	// Every controller again, for what runs next.
+	e.St.SetKraneEnv(e.Region, nil)
+	if err := e.St.RestartKrane(ctx, e.Region, false); err != nil {
 		return nil, err
 	}
-	return append(figs, mf...), nil
+	return append(figs, rf...), nil
 }
 
 // clearRS deletes every ReplicaSet of a namespace and waits until they are gone.
@@ -257,7 +286,7 @@ func countAdded(ctx context.Context, c *kubeenv.Cluster, ns string, n int) (<-ch
 
 // resyncCost watches the first resync after the bootstrap: 2,000 unchanged
 // objects re-applied through the plugin.
-func resyncCost(ctx context.Context, e *Env) ([]Figure, error) {
+func resyncCost(ctx context.Context, e *Env, bootN int) ([]Figure, error) {
 	c := e.St.Clusters[e.Region]
 	metricsURL := e.St.KraneHTTP[e.Region] + "/metrics"
 	resyncApplies := func() float64 {
@@ -303,7 +332,7 @@ func resyncCost(ctx context.Context, e *Env) ([]Figure, error) {
 				cpu0 = cpu
 			}
 		}
-		if n >= bootN {
+		if n >= float64(bootN) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -319,52 +348,53 @@ func resyncCost(ctx context.Context, e *Env) ([]Figure, error) {
 	}
 	e.logf("resync: %d unchanged objects: %v API writes, %.2f CPU s (host + plugins), %s", bootN, w1-w0, cpu1-cpu0, wall.Round(time.Millisecond))
 	return []Figure{
-		{Section: "3 resync", Name: "API write calls in a resync of 2,000 unchanged objects", Value: w1 - w0, Unit: "calls", Target: "0", Note: "apiserver_request_total, mutating verbs on replicasets"},
-		{Section: "3 resync", Name: "CPU of host + plugins for that resync", Value: cpu1 - cpu0, Unit: "CPU s", Note: "from the last sample before its first apply (50 ms granularity)"},
-		{Section: "3 resync", Name: "wall time of the resync (first to last apply)", Value: float64(wall.Milliseconds()), Unit: "ms"},
+		{Key: "resync-writes", Name: fmt.Sprintf("API write calls in a resync of %s unchanged objects", Format(float64(bootN))), Value: w1 - w0, Unit: "calls", Target: Exactly(0), Note: "apiserver_request_total, mutating verbs on replicasets"},
+		{Key: "resync-cpu", Name: "CPU of host + plugins for that resync", Value: cpu1 - cpu0, Unit: "CPU s", Note: "from the last sample before its first apply (50 ms granularity)"},
+		{Key: "resync-wall", Name: "wall time of the resync (first to last apply)", Value: float64(wall.Milliseconds()), Unit: "ms"},
 	}, nil
 }
 
-// Memory measures (5) alone (`go run ./cmd/bench -only memory`): 2,000
-// deployments and 2,000 sentinels, their objects applied by a fresh krane,
-// then the memory of the host and each plugin. As within Bootstrap, the
-// controller-manager and scheduler are stopped, so the caches hold the
-// plugins' own objects and no pods.
+// Memory measures the memory of the krane host and each plugin over
+// 2,000 deployments and 2,000 sentinels (a smoke run: 20 of each): the
+// region's running ones are topped up to that many, krane restarts with
+// every controller, and once the new objects exist each process's
+// resident memory is read, anonymous (heap, stacks) and file-backed
+// (mostly executable text) apart. As in Bootstrap, the controller-manager
+// and scheduler are stopped, so the caches hold the plugins' own objects
+// and no pods.
 func Memory(ctx context.Context, e *Env) ([]Figure, error) {
+	want := e.size(2000, 20)
 	c := e.St.Clusters[e.Region]
 	defer quiet(c)()
 	e.St.StopKrane(e.Region)
+	db := e.Store.DB()
+	var deps, sents int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM deployment_topology WHERE region = ? AND desired_status = 'running'", e.Region).Scan(&deps); err != nil {
+		return nil, fmt.Errorf("count the region's deployments: %w", err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sentinels WHERE region = ? AND desired_state = 'running'", e.Region).Scan(&sents); err != nil {
+		return nil, fmt.Errorf("count the region's sentinels: %w", err)
+	}
 	ns := "ws-bench-mem"
-	if err := (bulk{e.Store.DB()}).deployments(ctx, e.Region, ns, "mem-d", bootN, 1); err != nil {
-		return nil, err
+	newDeps, newSents := max(0, want-deps), max(0, want-sents)
+	if newDeps > 0 {
+		if err := (bulk{db}).deployments(ctx, e.Region, ns, "mem-d", newDeps, 1); err != nil {
+			return nil, err
+		}
+		if err := c.EnsureNamespace(ctx, ns); err != nil {
+			return nil, err
+		}
 	}
-	if err := c.EnsureNamespace(ctx, ns); err != nil {
-		return nil, err
+	if newSents > 0 {
+		if err := (bulk{db}).sentinels(ctx, e.Region, "mem", newSents); err != nil {
+			return nil, err
+		}
 	}
-	applied, stop, err := countAdded(ctx, c, ns, bootN)
+	applied, stop, err := countAdded(ctx, c, ns, newDeps)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	return memory(ctx, e, applied)
-}
-
-// EnvMemoryEnv is extra environment for the krane host (and through it the
-// plugins) in the memory measurement, space-separated NAME=VALUE pairs:
-// GOGC=100 to compare collector settings, or KRANE_PLUGIN_HEAP_PROFILE_DIR=DIR
-// to have every process write a heap profile into DIR once measured.
-const EnvMemoryEnv = "KRANE_BENCH_MEMORY_ENV"
-
-// memory restarts krane with every controller over 2,000 deployments and
-// 2,000 sentinels and reads the memory of the host and each plugin once
-// the sentinel objects exist and deploymentsApplied (nil: already) is
-// closed.
-func memory(ctx context.Context, e *Env, deploymentsApplied <-chan struct{}) ([]Figure, error) {
-	c := e.St.Clusters[e.Region]
-	e.St.StopKrane(e.Region)
-	if err := (bulk{e.Store.DB()}).sentinels(ctx, e.Region, "mem", bootN); err != nil {
-		return nil, err
-	}
 	extra := strings.Fields(os.Getenv(EnvMemoryEnv))
 	profiles := ""
 	for _, kv := range extra {
@@ -377,22 +407,30 @@ func memory(ctx context.Context, e *Env, deploymentsApplied <-chan struct{}) ([]
 	if err := e.St.StartKrane(ctx, e.Region); err != nil {
 		return nil, err
 	}
-	if deploymentsApplied != nil {
+	if newDeps > 0 {
 		select {
-		case <-deploymentsApplied:
+		case <-applied:
 		case <-time.After(5 * time.Minute):
-			return nil, fmt.Errorf("krane did not apply the %d deployments' ReplicaSets within 5 minutes", bootN)
+			return nil, fmt.Errorf("krane did not apply the %d new deployments' ReplicaSets within 5 minutes", newDeps)
 		}
 	}
-	// Informers have settled once the sentinel objects all exist.
+	// Informers have settled once the new sentinels' objects all exist.
 	deadline := time.Now().Add(5 * time.Minute)
-	for {
+	for newSents > 0 {
 		list, err := c.Client.AppsV1().Deployments("sentinel").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=sentinel"})
-		if err == nil && len(list.Items) >= bootN {
+		n := 0
+		if err == nil {
+			for _, d := range list.Items {
+				if strings.HasPrefix(d.Name, "mem-") {
+					n++
+				}
+			}
+		}
+		if n >= newSents {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("sentinels not applied within 5 minutes")
+			return nil, fmt.Errorf("%d of %d sentinels applied within 5 minutes", n, newSents)
 		}
 		time.Sleep(time.Second)
 	}
@@ -402,16 +440,20 @@ func memory(ctx context.Context, e *Env, deploymentsApplied <-chan struct{}) ([]
 	for pid := range children(host) {
 		pids = append(pids, pid)
 	}
+	slices.Sort(pids[1:])
 	var figs []Figure
+	var all memUse
 	for i, pid := range pids {
 		m := procMemory(pid)
-		name := commandName(pid) + " RSS"
+		all.RSS, all.Anon, all.File = all.RSS+m.RSS, all.Anon+m.Anon, all.File+m.File
+		name := commandName(pid)
 		if i == 0 {
-			name = "krane host RSS (2,000 deployments + 2,000 sentinels = 12,000 objects)"
+			name = "krane host"
 		}
-		figs = append(figs, Figure{Section: "5 memory", Name: name, Value: m.RSS, Unit: "MiB",
-			Note: fmt.Sprintf("anonymous %.1f MiB, file-backed (executable) %.1f MiB", m.Anon, m.File)})
+		figs = append(figs, memFigures(strings.TrimPrefix(commandName(pid), "krane-plugin-"), name, m, nil)...)
 	}
+	figs = append(figs, memFigures("all", fmt.Sprintf("all %d processes", len(pids)), all, AtMost(250))...)
+	figs[0].Note = fmt.Sprintf("%d deployments and %d sentinels running in the region (%d and %d added for this measurement)", max(deps, want), max(sents, want), newDeps, newSents)
 	e.logf("memory: %v", figs)
 	if profiles != "" {
 		if err := heapProfiles(profiles, pids); err != nil {
@@ -420,6 +462,22 @@ func memory(ctx context.Context, e *Env, deploymentsApplied <-chan struct{}) ([]
 		e.logf("memory: heap profiles in %s (go tool pprof -top -inuse_space FILE)", profiles)
 	}
 	return figs, nil
+}
+
+// EnvMemoryEnv is extra environment for the krane host (and through it the
+// plugins) in the memory measurement, space-separated NAME=VALUE pairs:
+// GOGC=100 to compare collector settings, or KRANE_PLUGIN_HEAP_PROFILE_DIR=DIR
+// to have every process write a heap profile into DIR once measured.
+const EnvMemoryEnv = "KRANE_BENCH_MEMORY_ENV"
+
+// memFigures are a process's resident memory, all of it and its
+// anonymous and file-backed parts.
+func memFigures(key, name string, m memUse, rssTarget *Target) []Figure {
+	return []Figure{
+		{Key: key + "/rss", Name: name + ": RSS", Value: m.RSS, Unit: "MiB", Target: rssTarget},
+		{Key: key + "/anon", Name: name + ": anonymous", Value: m.Anon, Unit: "MiB"},
+		{Key: key + "/file", Name: name + ": file-backed (executable)", Value: m.File, Unit: "MiB"},
+	}
 }
 
 // heapProfiles sends SIGUSR1 to every process and waits until each has

@@ -43,7 +43,7 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 	// Throughput: 16 workers, 20,000 applies over 500 objects (each object
 	// re-applied with increasing versions: Applied, like a real stream).
 	throughput := func(c sdk.Controller) (float64, error) {
-		const total, workers = 20000, 16
+		total, workers := e.size(20000, 320), 16
 		var wg sync.WaitGroup
 		errs := make(chan error, workers)
 		begin := time.Now()
@@ -63,12 +63,13 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 		if err := <-errs; err != nil {
 			return 0, err
 		}
-		return total / time.Since(begin).Seconds(), nil
+		return float64(total) / time.Since(begin).Seconds(), nil
 	}
 	// Latency: one caller, 2,000 applies.
 	latency := func(c sdk.Controller) (float64, error) {
-		lat := make([]time.Duration, 0, 2000)
-		for i := range 2000 {
+		n := e.size(2000, 50)
+		lat := make([]time.Duration, 0, n)
+		for i := range n {
 			begin := time.Now()
 			if _, err := c.Apply(ctx, &sdk.ApplyRequest{Change: sdk.Change{Kind: kind, ID: "lat", Version: uint64(100000 + i), Spec: spec}}); err != nil {
 				return 0, err
@@ -79,7 +80,7 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 		return float64(lat[len(lat)/2].Nanoseconds()) / 1000, nil
 	}
 	var rr, lr, rl, ll []float64
-	for rep := range 3 {
+	for rep := range e.reps() {
 		for _, m := range []struct {
 			c   sdk.Controller
 			tp  *[]float64
@@ -98,10 +99,10 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 		e.logf("plugin hop: run %d: plugin %.0f/s p50 %.0fµs; in-process %.0f/s p50 %.1fµs", rep+1, rr[rep], rl[rep], lr[rep], ll[rep])
 	}
 	return []Figure{
-		{Section: "4 plugin hop", Name: "Apply through the plugin process (no-op controller, 16 callers)", Value: median(rr), Unit: "calls/s"},
-		{Section: "4 plugin hop", Name: "Apply in-process (same controller)", Value: median(lr), Unit: "calls/s"},
-		{Section: "4 plugin hop", Name: "plugin / in-process throughput", Value: median(rr) / median(lr), Unit: "ratio", Note: "what the process boundary costs"},
-		{Section: "4 plugin hop", Name: "Apply latency through the plugin, p50 (1 caller)", Value: median(rl), Unit: "µs"},
-		{Section: "4 plugin hop", Name: "Apply latency in-process, p50", Value: median(ll), Unit: "µs"},
+		{Key: "plugin", Name: "Apply through the plugin process (no-op controller, 16 callers)", Value: median(rr), Unit: "calls/s"},
+		{Key: "in-process", Name: "Apply in-process (same controller)", Value: median(lr), Unit: "calls/s"},
+		{Key: "ratio", Name: "plugin / in-process throughput", Value: median(rr) / median(lr), Unit: "ratio", Note: "what the process boundary costs"},
+		{Key: "plugin-p50", Name: "Apply latency through the plugin, p50 (1 caller)", Value: median(rl), Unit: "µs"},
+		{Key: "in-process-p50", Name: "Apply latency in-process, p50", Value: median(ll), Unit: "µs"},
 	}, nil
 }

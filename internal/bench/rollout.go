@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,12 +15,26 @@ import (
 )
 
 // Rollout rolls 200 sentinels (one pod each) to a new image in 5 waves
-// (1,5,25,50,100%) on the simulated cluster and compares the total time
+// (1,5,25,50,100%; a smoke run: 10 in 2 waves) on the simulated cluster
+// and compares the total time
 // with the sum of the waves' own pod readiness times: from the first new
 // ReplicaSet of a wave to the last new pod of the wave being Ready, as
 // observed by a watch. The difference is what Krane and ctrl add.
 func Rollout(ctx context.Context, e *Env) ([]Figure, error) {
-	const n = 200
+	n, waves := e.size(200, 10), []int{1, 5, 25, 50, 100}
+	if e.Small {
+		waves = []int{50, 100}
+	}
+	// Each wave's size: the sentinels it adds to those rolled before.
+	var sizes []int
+	var waveArg []string
+	done := 0
+	for _, p := range waves {
+		upto := (n*p + 99) / 100
+		sizes = append(sizes, upto-done)
+		done = upto
+		waveArg = append(waveArg, strconv.Itoa(p))
+	}
 	const v1, v2 = "registry.local/bench/sentinel:1", "registry.local/bench/sentinel:2"
 	c := e.St.Clusters[e.Region]
 	if err := (bulk{e.Store.DB()}).sentinels(ctx, e.Region, "roll", n); err != nil {
@@ -89,7 +105,7 @@ func Rollout(ctx context.Context, e *Env) ([]Figure, error) {
 	}()
 
 	begin := time.Now()
-	out, err := e.St.Ctrl(ctx, "rollout", "start", "--image", v2, "--waves", "1,5,25,50,100", "--watch", "-o", "json")
+	out, err := e.St.Ctrl(ctx, "rollout", "start", "--image", v2, "--waves", strings.Join(waveArg, ","), "--watch", "-o", "json")
 	total := time.Since(begin)
 	if err != nil {
 		return nil, err
@@ -116,7 +132,7 @@ func Rollout(ctx context.Context, e *Env) ([]Figure, error) {
 	sort.Slice(ts, func(i, j int) bool { return ts[i].newRS.Before(ts[j].newRS) })
 	var podTime time.Duration
 	start := 0
-	for _, size := range []int{2, 8, 40, 50, 100} {
+	for _, size := range sizes {
 		first, last := ts[start].newRS, ts[start].ready
 		for _, t := range ts[start : start+size] {
 			if t.ready.After(last) {
@@ -126,11 +142,11 @@ func Rollout(ctx context.Context, e *Env) ([]Figure, error) {
 		podTime += last.Sub(first)
 		start += size
 	}
-	e.logf("rollout: 200 sentinels in 5 waves: %s total, %s of it pods becoming ready", total.Round(10*time.Millisecond), podTime.Round(10*time.Millisecond))
+	e.logf("rollout: %d sentinels in %d waves: %s total, %s of it pods becoming ready", n, len(sizes), total.Round(10*time.Millisecond), podTime.Round(10*time.Millisecond))
 	return []Figure{
-		{Section: "8 rollout", Name: "200 sentinels, 5 waves (2/8/40/50/100): total", Value: total.Seconds(), Unit: "s"},
-		{Section: "8 rollout", Name: "sum of the waves' Kubernetes rollout times", Value: podTime.Seconds(), Unit: "s", Note: "per wave: first new ReplicaSet -> last Deployment rolled out (minReadySeconds 5 included)"},
-		{Section: "8 rollout", Name: "overhead Krane and ctrl add", Value: (total - podTime).Seconds(), Unit: "s", Note: "reports, wake-ups, wave hand-offs, CLI"},
+		{Key: "total", Name: fmt.Sprintf("%d sentinels, %d waves (%s): total", n, len(sizes), strings.Trim(strings.Join(strings.Fields(fmt.Sprint(sizes)), "/"), "[]")), Value: total.Seconds(), Unit: "s"},
+		{Key: "kubernetes", Name: "sum of the waves' Kubernetes rollout times", Value: podTime.Seconds(), Unit: "s", Note: "per wave: first new ReplicaSet -> last Deployment rolled out (minReadySeconds 5 included)"},
+		{Key: "overhead", Name: "overhead Krane and ctrl add", Value: (total - podTime).Seconds(), Unit: "s", Note: "reports, wake-ups, wave hand-offs, CLI"},
 	}, nil
 }
 

@@ -11,9 +11,12 @@ import (
 	"krane.dev/ctrl/workflows"
 )
 
-// Versions measures VersioningService through Restate: 1,000 concurrent
-// calls of one ref, and 100 concurrent calls of 100 refs (median of 3).
+// Versions measures VersioningService through Restate, called the way
+// ctrl calls it (signed, through the CtrlIngress gateway): 1,000
+// concurrent calls of one ref, and 100 concurrent calls of 100 refs
+// (median of 3).
 func Versions(ctx context.Context, e *Env) ([]Figure, error) {
+	single, batches := e.size(1000, 20), e.size(100, 4)
 	key, err := e.Store.CtrlKey(ctx, store.RestateIngressKey) // ctrl's calls through Restate's ingress are signed
 	if err != nil {
 		return nil, err
@@ -39,12 +42,19 @@ func Versions(ctx context.Context, e *Env) ([]Figure, error) {
 		}
 		return float64(n) / time.Since(begin).Seconds(), nil
 	}
-	if _, err := stamp([][]workflows.Ref{e.rows(ctx, "bench.versions.warm", 1)}); err != nil {
+	warm, err := e.rows(ctx, "bench.versions.warm", 1)
+	if err != nil {
 		return nil, err
 	}
-	var single, batched []float64
-	for rep := range 3 {
-		refs := e.rows(ctx, fmt.Sprintf("bench.versions.s%d", rep), 1000)
+	if _, err := stamp([][]workflows.Ref{warm}); err != nil {
+		return nil, err
+	}
+	var singles, batched []float64
+	for rep := range e.reps() {
+		refs, err := e.rows(ctx, fmt.Sprintf("bench.versions.s%d", rep), single)
+		if err != nil {
+			return nil, err
+		}
 		bs := make([][]workflows.Ref, len(refs))
 		for i := range refs {
 			bs[i] = refs[i : i+1]
@@ -53,8 +63,10 @@ func Versions(ctx context.Context, e *Env) ([]Figure, error) {
 		if err != nil {
 			return nil, err
 		}
-		single = append(single, r)
-		refs = e.rows(ctx, fmt.Sprintf("bench.versions.b%d", rep), 10000)
+		singles = append(singles, r)
+		if refs, err = e.rows(ctx, fmt.Sprintf("bench.versions.b%d", rep), batches*100); err != nil {
+			return nil, err
+		}
 		bs = nil
 		for i := 0; i < len(refs); i += 100 {
 			bs = append(bs, refs[i:i+100])
@@ -63,16 +75,16 @@ func Versions(ctx context.Context, e *Env) ([]Figure, error) {
 			return nil, err
 		}
 		batched = append(batched, r)
-		e.logf("versions: run %d: %.0f/s single, %.0f/s batched", rep+1, single[rep], batched[rep])
+		e.logf("versions: run %d: %.0f/s single, %.0f/s batched", rep+1, singles[rep], batched[rep])
 	}
 	return []Figure{
-		{Section: "6 versions", Name: "VersioningService, 1,000 concurrent calls of 1 ref", Value: median(single), Unit: "versions/s", Note: "anchor: a naive singleton ~170-260 calls/s here"},
-		{Section: "6 versions", Name: "VersioningService, 100 calls of 100 refs", Value: median(batched), Unit: "versions/s"},
+		{Key: "single", Name: fmt.Sprintf("VersioningService, %s concurrent calls of 1 ref", Format(float64(single))), Value: median(singles), Unit: "versions/s"},
+		{Key: "batched", Name: fmt.Sprintf("VersioningService, %d concurrent calls of 100 refs", batches), Value: median(batched), Unit: "versions/s"},
 	}, nil
 }
 
 // rows inserts n generic resources (unstamped) and returns their refs.
-func (e *Env) rows(ctx context.Context, kind string, n int) []workflows.Ref {
+func (e *Env) rows(ctx context.Context, kind string, n int) ([]workflows.Ref, error) {
 	refs := make([]workflows.Ref, n)
 	for start := 0; start < n; start += 1000 {
 		end := min(start+1000, n)
@@ -88,8 +100,8 @@ func (e *Env) rows(ctx context.Context, kind string, n int) []workflows.Ref {
 			args = append(args, kind, refs[i].ID)
 		}
 		if _, err := e.Store.DB().ExecContext(ctx, sb.String(), args...); err != nil {
-			panic(fmt.Sprintf("bench: insert rows: %v", err))
+			return nil, fmt.Errorf("insert %d rows of kind %s: %w", n, kind, err)
 		}
 	}
-	return refs
+	return refs, nil
 }

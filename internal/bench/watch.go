@@ -25,7 +25,7 @@ func (bearer) RequireTransportSecurity() bool { return false }
 // WatchBootstrap streams a bootstrap of 100,000 deployments of one region
 // from ctrl (MySQL -> gRPC) and counts rows per second (median of 3).
 func WatchBootstrap(ctx context.Context, e *Env) ([]Figure, error) {
-	const n = 100000
+	n := e.size(100000, 500)
 	region := "bench-watch"
 	if err := (bulk{e.Store.DB()}).deployments(ctx, region, "ws-bench-watch", "bw", n, 1); err != nil {
 		return nil, err
@@ -42,7 +42,7 @@ func WatchBootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 	defer conn.Close()
 	client := clusterv1.NewClusterServiceClient(conn)
 	var rates []float64
-	for rep := range 3 {
+	for rep := range e.reps() {
 		begin := time.Now()
 		st, err := client.Watch(ctx, &clusterv1.WatchRequest{Kind: kinds.Deployment})
 		if err != nil {
@@ -68,5 +68,5 @@ func WatchBootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 		rates = append(rates, float64(n)/took.Seconds())
 		e.logf("watch bootstrap: run %d: %d rows in %s", rep+1, n, took.Round(time.Millisecond))
 	}
-	return []Figure{{Section: "7 watch", Name: "bootstrap of 100,000 deployments, MySQL -> gRPC stream", Value: median(rates), Unit: "rows/s"}}, nil
+	return []Figure{{Key: "rows", Name: fmt.Sprintf("bootstrap of %s deployments, MySQL -> gRPC stream", Format(float64(n))), Value: median(rates), Unit: "rows/s"}}, nil
 }

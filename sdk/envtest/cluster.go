@@ -275,6 +275,16 @@ func (c *Cluster) StartComponent(name string) error {
 	return c.start(name, cmd[0], cmd[1:])
 }
 
+// Pid is the process id of one of the cluster's components
+// (kube-apiserver, etcd, kube-controller-manager, kube-scheduler), 0 when
+// it is not running: to read what it costs, as a benchmark does.
+func (c *Cluster) Pid(component string) int {
+	if p := c.proc(component); p != nil && !p.Exited() {
+		return p.Pid()
+	}
+	return 0
+}
+
 func (c *Cluster) proc(name string) *Process {
 	c.mu.Lock()
 	defer c.mu.Unlock()
