@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -54,6 +55,25 @@ func newIngress(url string, key []byte, conns int, timeout time.Duration) *Ingre
 // returns its id; unless send, it then waits for the invocation (attached
 // through the ingress) and decodes its output into out.
 func (c *Ingress) call(ctx context.Context, service, key, handler string, input any, idempotencyKey string, send bool, out any) (string, error) {
+	id, err := c.start(ctx, service, key, handler, input, idempotencyKey)
+	if err != nil || send {
+		return id, err
+	}
+	output, err := c.attach(ctx, id)
+	if err != nil {
+		return id, err
+	}
+	if out != nil && len(output) > 0 {
+		if err := json.Unmarshal(output, out); err != nil {
+			return id, fmt.Errorf("decode the answer of %s/%s: %w", service, handler, err)
+		}
+	}
+	return id, nil
+}
+
+// start has CtrlIngress.Call start a private handler's invocation, signed,
+// and returns its id.
+func (c *Ingress) start(ctx context.Context, service, key, handler string, input any, idempotencyKey string) (string, error) {
 	gc := gatewayCall{Service: service, Key: key, Handler: handler, IdempotencyKey: idempotencyKey, At: time.Now().UnixMilli()}
 	if input != nil {
 		raw, err := json.Marshal(input)
@@ -68,19 +88,31 @@ func (c *Ingress) call(ctx context.Context, service, key, handler string, input 
 	}
 	res, err := ingress.Service[json.RawMessage, gatewayResult](c.c, GatewayName, "Call").
 		Request(ctx, json.RawMessage(body), restate.WithHeaders(map[string]string{SignatureHeader: signBody(c.key, body)}))
-	if err != nil || send {
-		return res.InvocationID, err
-	}
-	output, err := ingress.InvocationById[json.RawMessage](c.c, res.InvocationID).Attach(ctx)
-	if err != nil {
-		return res.InvocationID, err
-	}
-	if out != nil && len(output) > 0 {
-		if err := json.Unmarshal(output, out); err != nil {
-			return res.InvocationID, fmt.Errorf("decode the answer of %s/%s: %w", service, handler, err)
+	return res.InvocationID, err
+}
+
+// attachNotFoundFor bounds how long attach retries an invocation the
+// ingress does not know yet: CtrlIngress.Call answers once it has sent
+// the invocation, which the partition owning it may not have created yet.
+const attachNotFoundFor = 10 * time.Second
+
+// attach waits for the invocation id and returns its output.
+func (c *Ingress) attach(ctx context.Context, id string) (json.RawMessage, error) {
+	deadline := time.Now().Add(attachNotFoundFor)
+	wait := 10 * time.Millisecond
+	for {
+		output, err := ingress.InvocationById[json.RawMessage](c.c, id).Attach(ctx)
+		var nf *ingress.InvocationNotFoundError
+		if !errors.As(err, &nf) || time.Now().After(deadline) {
+			return output, err
 		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
 	}
-	return res.InvocationID, nil
 }
 
 // StartDeploy starts the deploy workflow of req.Deployment.ID and returns
