@@ -113,7 +113,7 @@ func renderBlock(b block, r *Results, shown []string) ([]string, error) {
 		for _, name := range strings.Split(arg, ",") {
 			s, ok := r.Section(strings.TrimSpace(name))
 			if !ok {
-				return nil, fmt.Errorf("section %q is not in results.json: run `go run ./cmd/bench -bin bin -only %s`", name, name)
+				return nil, fmt.Errorf("section %q is not in results.json: a bench run measures it (make bench, make bench-fleet, or go run ./cmd/bench -bin bin [-fleet] -only %s)", name, name)
 			}
 			out = append(out, s)
 		}

@@ -206,7 +206,9 @@ func settle(figs []Figure) {
 func Format(v float64) string {
 	var s string
 	switch a := abs(v); {
-	case a != 0 && a < 0.01:
+	case a == 0:
+		return "0"
+	case a < 0.01:
 		return strconv.FormatFloat(v, 'g', 3, 64)
 	case a >= 100:
 		s = strconv.FormatFloat(v, 'f', 0, 64)

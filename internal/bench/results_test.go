@@ -182,7 +182,7 @@ ok  	krane.dev/sdk/kube	1.2s
 }
 
 func TestFormat(t *testing.T) {
-	for v, want := range map[float64]string{0: "0.00", 0.004: "0.004", 1.234: "1.23", 26.94: "26.9", 453.9: "454", 2514.2: "2,514", 100000: "100,000", 1234567: "1,234,567"} {
+	for v, want := range map[float64]string{0: "0", 0.004: "0.004", 1.234: "1.23", 26.94: "26.9", 453.9: "454", 2514.2: "2,514", 100000: "100,000", 1234567: "1,234,567"} {
 		if got := Format(v); got != want {
 			t.Errorf("Format(%v) = %q, want %q", v, got, want)
 		}
