@@ -79,7 +79,7 @@ bench-smoke: deps testenv build ## every measurement of bench and bench-fleet on
 
 # Every fuzz target, each for FUZZ_TIME; corpora live in testdata/fuzz.
 FUZZ_TIME ?= 30s
-FUZZ_TARGETS := ./host/config:FuzzLoad ./ctrl/clusterapi:FuzzReportStatus \
+FUZZ_TARGETS := ./host/config:FuzzLoad ./ctrl/clusterapi:FuzzReportStatus ./ctrl/console:FuzzLiveEventEncoding \
 	./plugins/deployment/controller:FuzzValidateBuild ./plugins/sentinel/controller:FuzzSentinel \
 	./plugins/cilium/controller:FuzzPolicy
 fuzz: deps testenv ## run every fuzz target for FUZZ_TIME (default 30s); 0 failures expected

@@ -45,6 +45,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -298,9 +299,17 @@ func (c *Console) refused(w http.ResponseWriter, r *http.Request, s *session, ms
 	c.render(w, http.StatusUnauthorized, "message", v)
 }
 
-// localPath accepts only a path of this console (for redirects).
+// localPath accepts only a path of this console (for redirects): p parsed
+// as a URL has no scheme, no host and a path starting with a single '/',
+// and holds no control character (browsers drop tabs and newlines, so
+// "/\t/x" would become "//x", another host) and no backslash (which
+// browsers read as '/'). Anything else is def.
 func localPath(p, def string) string {
-	if p == "" || !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.HasPrefix(p, "/\\") || strings.ContainsAny(p, "\r\n") {
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsFunc(p, func(r rune) bool { return r == '\\' || unicode.IsControl(r) }) {
+		return def
+	}
+	u, err := url.Parse(p)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") {
 		return def
 	}
 	return p

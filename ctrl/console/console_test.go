@@ -574,13 +574,23 @@ func TestSignInRedirectsOnlyWithinTheConsole(t *testing.T) {
 	tok := env.OperatorToken(t, "erin")
 	for next, want := range map[string]string{
 		"/sentinels?region=eu": "/sentinels?region=eu", "//evil.example/x": "/fleet", "https://evil.example": "/fleet",
-		"/\\evil.example": "/fleet", "": "/fleet",
+		"/\\evil.example": "/fleet", "": "/fleet", "/\t/evil.example/": "/fleet", "/\n/evil.example/": "/fleet",
 	} {
 		b := newBrowser(t, env.Server.ConsoleURL())
 		resp, _ := b.post("/login", url.Values{"csrf": {b.csrf("/login")}, "token": {tok}, "next": {next}})
 		if got := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || got != want {
 			t.Errorf("sign-in with next=%q: %s to %q, want %q", next, resp.Status, got, want)
 		}
+	}
+	// A signed-in browser is sent on at once; and an action's "back".
+	b := newBrowser(t, env.Server.ConsoleURL())
+	b.mustSignIn(tok)
+	if resp, _ := b.get("/login?next=" + url.QueryEscape("/\t/evil.example/")); resp.Header.Get("Location") != "/fleet" {
+		t.Errorf("signed in, next with a tab: %s to %q, want /fleet", resp.Status, resp.Header.Get("Location"))
+	}
+	resp, _ := b.post("/rollouts/cancel", url.Values{"csrf": {b.csrf("/fleet")}, "confirmed": {"yes"}, "back": {"/\t/evil.example/"}})
+	if got := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || got != "/fleet" {
+		t.Errorf("an action with back=/<tab>/evil.example/: %s to %q, want /fleet", resp.Status, got)
 	}
 }
 

@@ -164,13 +164,19 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, nam
 }
 
 // sendEvent writes one server-sent event; each line of data is a data
-// field (the browser joins them with newlines).
+// field (the browser joins them with newlines). The event-stream format
+// ends a line at CRLF, LF or a lone CR, so data is split at all three: a
+// value a page shows (an agent version, an apply error, all sent by
+// clusters) can never end the event, start a field or an event of its
+// own (FuzzLiveEventEncoding checks it with a parser that follows the
+// HTML standard).
 func sendEvent(w http.ResponseWriter, event, data string, id int) {
 	var b strings.Builder
 	b.WriteString("event: " + event + "\nid: " + strconv.Itoa(id) + "\n")
+	data = strings.ReplaceAll(strings.ReplaceAll(data, "\r\n", "\n"), "\r", "\n")
 	for _, line := range strings.Split(data, "\n") {
 		b.WriteString("data: ")
-		b.WriteString(strings.TrimSuffix(line, "\r"))
+		b.WriteString(line)
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")

@@ -101,3 +101,23 @@ func TestFleetViewGroupsByRegionAndFlagsSilentClusters(t *testing.T) {
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// TestLocalPathAcceptsOnlyThisConsolesPaths: what a browser would resolve
+// to another origin (after dropping tabs and newlines, turning '\' into
+// '/', or reading a scheme or a host) is refused.
+func TestLocalPathAcceptsOnlyThisConsolesPaths(t *testing.T) {
+	for _, p := range []string{"/fleet", "/sentinels?region=eu&page=x", "/deployments/d-1", "/a%2F%2Fb", "/.//x"} {
+		if got := localPath(p, "/def"); got != p {
+			t.Errorf("localPath(%q) = %q, want it kept", p, got)
+		}
+	}
+	for _, p := range []string{
+		"", "fleet", "//evil.example/", "https://evil.example/", "javascript:alert(1)",
+		"/\t/evil.example/", "/\n/evil.example/", "/\r/evil.example/", "\t//evil.example/", "/\\evil.example/",
+		"/x\\y", "/\x00/evil.example", "/\x7f", "/\u0085x", "///evil.example",
+	} {
+		if got := localPath(p, "/def"); got != "/def" {
+			t.Errorf("localPath(%q) = %q, want it refused", p, got)
+		}
+	}
+}

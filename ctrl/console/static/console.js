@@ -30,9 +30,21 @@
   document.addEventListener("submit", function () {
     source.close();
   });
+  // Only a path of this console is followed: whatever an event carries,
+  // the browser never leaves the console's origin.
+  function localPath(p) {
+    if (typeof p !== "string" || p.charAt(0) !== "/" || /[\\\u0000-\u001f\u007f]/.test(p) || p.charAt(1) === "/") {
+      return "/login";
+    }
+    var to = new URL(p, window.location.href);
+    if (to.origin !== window.location.origin) {
+      return "/login";
+    }
+    return to.pathname + to.search;
+  }
   source.addEventListener("signedout", function (e) {
     source.close();
-    window.location.assign(e.data);
+    window.location.assign(localPath(e.data));
   });
   source.addEventListener("error", function () {
     if (status) {
