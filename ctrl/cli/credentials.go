@@ -11,9 +11,14 @@ import (
 	"strings"
 )
 
-// credentialName is what a credential's name must look like: a variable
-// name (ctrl checks the same).
+// credentialName is what a credential's or secret variable's name must
+// look like: a variable name of at most maxVarName characters (ctrl checks
+// the same).
 var credentialName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+const maxVarName = 256
+
+func validVarName(k string) bool { return len(k) <= maxVarName && credentialName.MatchString(k) }
 
 // maxStdinCredential bounds a value read from stdin.
 const maxStdinCredential = 1 << 20
@@ -39,8 +44,8 @@ func credentialsFrom(files, keys []string, lookup func(string) (string, bool), s
 	usedStdin := ""
 	for _, arg := range keys {
 		k, rest, withValue := strings.Cut(arg, "=")
-		if !credentialName.MatchString(k) {
-			return nil, fmt.Errorf("--credential %q: want a variable name (letters, digits and '_', not starting with a digit)", k)
+		if !validVarName(k) {
+			return nil, fmt.Errorf("--credential: an argument of %d characters before '=' is not a variable name (letters, digits and '_', not starting with a digit, at most %d)", len(k), maxVarName)
 		}
 		if seen[k] {
 			return nil, fmt.Errorf("--credential %s is given twice", k)
@@ -98,16 +103,12 @@ func readCredentialsFile(path string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	for k := range out {
-		if !credentialName.MatchString(k) {
-			return nil, fmt.Errorf("--credentials-file %s: %q is not a variable name (letters, digits and '_', not starting with a digit)", path, k)
-		}
-	}
 	return out, nil
 }
 
-// parseCredentialsJSON reads {"KEY": "VALUE", ...}: one object of strings,
-// no key twice. Errors name the line, never a value.
+// parseCredentialsJSON reads {"KEY": "VALUE", ...}: one object of strings
+// keyed by variable names, no key twice. Errors name the line, never a
+// value nor a key that is no variable name.
 func parseCredentialsJSON(data []byte, what string) (map[string]string, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	line := func() int { return 1 + bytes.Count(data[:min(int(dec.InputOffset()), len(data))], []byte("\n")) }
@@ -139,6 +140,10 @@ func parseCredentialsJSON(data []byte, what string) (map[string]string, error) {
 			return nil, syntax(err)
 		}
 		k, _ := tok.(string)
+		if !validVarName(k) {
+			// Never quoted: a key can be a value put in the wrong place.
+			return nil, fail("a key is not a variable name (letters, digits and '_', not starting with a digit, at most %d)", maxVarName)
+		}
 		tok, err = dec.Token()
 		if err != nil {
 			return nil, syntax(err)

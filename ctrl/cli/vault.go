@@ -85,6 +85,11 @@ func parseDotenv(data []byte, what string) (map[string]string, error) {
 		if !ok || k == "" || strings.ContainsAny(k, " \t") {
 			return nil, fmt.Errorf("%s: want KEY=VALUE", where)
 		}
+		if !validVarName(k) {
+			// Never quoted: a malformed line (a ':' for the '=') puts
+			// the value where the name should be.
+			return nil, fmt.Errorf("%s: the text before '=' is not a variable name (letters, digits and '_', not starting with a digit, at most %d)", where, maxVarName)
+		}
 		v, err := dotenvValue(strings.TrimSpace(raw))
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s): %v", where, k, err)

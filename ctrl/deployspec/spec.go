@@ -119,7 +119,9 @@ func ValidSecretEnvKeys(field string, names []string, plain map[string]string) e
 	}
 	for _, k := range slices.Sorted(slices.Values(names)) {
 		if !envNamePattern.MatchString(k) || len(k) > 256 {
-			return Errorf(field, "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
+			// Not quoted: a malformed line of a secrets file can put a
+			// value (a password) where the name should be.
+			return Errorf(field, "a name of %d characters is not a variable name (letters, digits and '_', not starting with a digit, at most 256)", len(k))
 		}
 		if _, dup := plain[k]; dup {
 			return Errorf(field, "%s is also set in env_vars; set it in one of them", k)
