@@ -2,11 +2,11 @@ package sdk
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
@@ -14,14 +14,42 @@ import (
 	"golang.org/x/text/message"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/utils/lru"
 )
 
-var compiled sync.Map // schema text -> *jsonschema.Schema
+// schemaCacheSize bounds the compiled schemas kept: each distinct schema
+// a ctrl or host sees (kinds registered, plugins' config schemas) costs
+// memory, and a caller can send many.
+const schemaCacheSize = 128
+
+// compiled holds compiled schemas by the SHA-256 of their text, least
+// recently used out first (client-go's LRU: small, already a dependency).
+var compiled = lru.New(schemaCacheSize)
+
+// schemaBase is the URL a schema is compiled at. Not a file: a reference
+// relative to it resolves under it, never to the working directory.
+const (
+	schemaBaseDir = "https://schema.krane.invalid/"
+	schemaBase    = schemaBaseDir + "spec.json"
+)
+
+// noLoader refuses every document outside the schema: nothing is read
+// from files or the network. The drafts' meta-schemas are built into the
+// library and need no loader.
+type noLoader struct{}
+
+func (noLoader) Load(u string) (any, error) {
+	return nil, fmt.Errorf("%s is outside the schema: a schema may refer only to itself (e.g. \"$ref\": \"#/$defs/name\") "+
+		"and to the JSON Schema drafts; nothing is read from files or the network", strings.TrimPrefix(u, schemaBaseDir))
+}
 
 // CompileSchema checks that schema is a valid JSON Schema (draft 2020-12
-// unless it names another with $schema) and returns it compiled.
+// unless it names another with $schema) and returns it compiled. A $ref or
+// $schema that names anything outside the schema itself (a file, a URL)
+// other than a draft's meta-schema is refused, naming it.
 func CompileSchema(schema string) (*jsonschema.Schema, error) {
-	if s, ok := compiled.Load(schema); ok {
+	key := sha256.Sum256([]byte(schema))
+	if s, ok := compiled.Get(key); ok {
 		return s.(*jsonschema.Schema), nil
 	}
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
@@ -30,15 +58,27 @@ func CompileSchema(schema string) (*jsonschema.Schema, error) {
 	}
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
-	if err := c.AddResource("schema.json", doc); err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
+	c.UseLoader(noLoader{})
+	if err := c.AddResource(schemaBase, doc); err != nil {
+		return nil, schemaCompileError(err)
 	}
-	s, err := c.Compile("schema.json")
+	s, err := c.Compile(schemaBase)
 	if err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
+		return nil, schemaCompileError(err)
 	}
-	compiled.Store(schema, s)
+	compiled.Add(key, s)
 	return s, nil
+}
+
+// schemaCompileError words a compile error with locations as the schema
+// wrote them ("#/$defs/x", "other.json"), without the base URL.
+func schemaCompileError(err error) error {
+	var le *jsonschema.LoadURLError
+	if errors.As(err, &le) {
+		return fmt.Errorf("schema: %w", le.Err)
+	}
+	msg := strings.ReplaceAll(err.Error(), schemaBase, "")
+	return fmt.Errorf("schema: %s", strings.ReplaceAll(msg, schemaBaseDir, ""))
 }
 
 // CompileConfigSchema checks that a config schema is a valid JSON Schema.
