@@ -188,7 +188,7 @@ func TestDeployJSONOutputParsesAndRollbackPromoteStopWork(t *testing.T) {
 		!strings.Contains(r.out, "us 3/3") {
 		t.Fatalf("scale --wait: %d\n%s%s", r.code, r.out, r.errOut)
 	}
-	if code, _, errOut := run(t, "deploy", "scale", v3, "--replicas", "0"); code == 0 || !strings.Contains(errOut, "replicas: 0 is out of range") {
+	if code, _, errOut := run(t, "deploy", "scale", v3, "--replicas", "0"); code == 0 || !strings.Contains(errOut, "replicas: must be greater than or equal to 1") {
 		t.Fatalf("scale to 0: %d %q", code, errOut)
 	}
 	if code, out, errOut := run(t, "deploy", "stop", v3, "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &doc) != nil || doc["result"] != "stopped" {

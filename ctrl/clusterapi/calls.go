@@ -86,41 +86,27 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 	return &clusterv1.HeartbeatResponse{HeadVersion: head}, nil
 }
 
-// Limits on what a heartbeat may say of its host, so one cluster cannot
-// make its row (read by every fleet listing) arbitrarily large.
-const (
-	maxHeartbeatControllers = 64
-	maxHeartbeatKinds       = 256
-	maxHeartbeatText        = 1024
-)
-
 // heartbeatData is what the store keeps of a heartbeat: the host report
-// only from hosts that send one, trimmed to sane sizes.
+// only from hosts that send one. Its size is bounded by the request's
+// declared bounds (proto/krane/cluster/v1: controllers, kinds, cursors,
+// parked, text lengths), checked before this handler runs, so one
+// cluster cannot make its row (read by every fleet listing and /metrics)
+// arbitrarily large.
 func heartbeatData(req *clusterv1.HeartbeatRequest) store.HeartbeatData {
 	hb := store.HeartbeatData{AgentVersion: req.GetAgentVersion(), Cursors: req.GetCursors()}
 	if !req.GetHostReport() {
 		return hb
 	}
 	h := &store.HostReport{Controllers: []store.ControllerStatus{}}
-	for i, c := range req.GetControllers() {
-		if i == maxHeartbeatControllers {
-			break
-		}
-		kinds := c.GetKinds()
-		if len(kinds) > maxHeartbeatKinds {
-			kinds = kinds[:maxHeartbeatKinds]
-		}
+	for _, c := range req.GetControllers() {
 		h.Controllers = append(h.Controllers, store.ControllerStatus{
-			Name: clip(c.GetName()), PluginVersion: clip(c.GetPluginVersion()), Kinds: kinds,
-			Running: c.GetRunning(), LastError: clip(c.GetLastError()),
+			Name: c.GetName(), PluginVersion: c.GetPluginVersion(), Kinds: c.GetKinds(),
+			Running: c.GetRunning(), LastError: c.GetLastError(),
 		})
 	}
 	if p := req.GetParked(); len(p) > 0 {
 		h.Parked = make(map[string]int, len(p))
 		for kind, n := range p {
-			if len(h.Parked) == maxHeartbeatKinds {
-				break
-			}
 			if n > 0 {
 				h.Parked[kind] = int(n)
 			}
@@ -128,11 +114,4 @@ func heartbeatData(req *clusterv1.HeartbeatRequest) store.HeartbeatData {
 	}
 	hb.Host = h
 	return hb
-}
-
-func clip(s string) string {
-	if len(s) <= maxHeartbeatText {
-		return s
-	}
-	return s[:maxHeartbeatText] + "…"
 }

@@ -14,12 +14,14 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/bounds"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
-// MaxReportsPerCall bounds ReportStatuses.
+// MaxReportsPerCall bounds ReportStatuses (the bound the request declares,
+// checked before the handler runs).
 const MaxReportsPerCall = 500
 
 // observation orders a report; a report without a time counts as observed
@@ -54,9 +56,6 @@ func (s *Server) ReportStatuses(ctx context.Context, req *clusterv1.ReportStatus
 	who, err := caller(ctx)
 	if err != nil {
 		return nil, err
-	}
-	if n := len(req.GetReports()); n > MaxReportsPerCall {
-		return nil, errorf(codes.InvalidArgument, "%d reports in one call; send at most %d", n, MaxReportsPerCall)
 	}
 	results, err := s.reportAll(ctx, who, req.GetReports())
 	if err != nil {
@@ -136,6 +135,17 @@ func result(accepted bool, err error) (*clusterv1.ReportStatusResult, error) {
 // is true when the report was only an apply error (now recorded).
 func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clusterv1.ReportStatusRequest) (decodedReport, bool, error) {
 	d := decodedReport{kind: req.GetKind(), id: req.GetId(), obs: observation(req.GetObservedVersion(), req.GetObservedAt()), raw: req.GetStatus()}
+	// Each report of a batch is checked on its own (the batch's reports
+	// are not checked with the call), so one bad report does not refuse
+	// the others.
+	if err := bounds.Check("", req); err != nil {
+		label := "other"
+		if checkKind(d.kind) == nil {
+			label = s.kindLabel(d.kind)
+		}
+		s.m.reports.WithLabelValues(label, "invalid").Inc()
+		return d, false, err
+	}
 	if err := checkKind(d.kind); err != nil {
 		return d, false, err
 	}
@@ -146,16 +156,7 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 		s.m.reports.WithLabelValues(s.kindLabel(d.kind), "invalid").Inc()
 		return d, false, err
 	}
-	if err := checkLen("id", d.id, MaxReportIDBytes); err != nil {
-		return invalid(err)
-	}
-	if err := checkObservedAt("observed_at", req.GetObservedAt(), time.Now()); err != nil {
-		return invalid(err)
-	}
 	ae := req.GetApplyError()
-	if err := checkApplyError(ae); err != nil {
-		return invalid(err)
-	}
 	if ae == nil || req.GetStatus() != nil {
 		if err := s.decodeStatus(&d); err != nil {
 			return invalid(err)
@@ -206,8 +207,8 @@ func (s *Server) decodeStatus(d *decodedReport) error {
 		if err != nil {
 			return invalidField("status", "the status of %s %q: %v", d.kind, d.id, err)
 		}
-		if err := checkLen("status", string(doc), MaxGenericStatusBytes); err != nil {
-			return err
+		if len(doc) > MaxGenericStatusBytes {
+			return invalidField("status", "%d bytes as JSON; at most %d", len(doc), MaxGenericStatusBytes)
 		}
 		d.doc = doc
 		return nil
@@ -218,7 +219,7 @@ func (s *Server) decodeStatus(d *decodedReport) error {
 	if err := checkStatusNames(d); err != nil {
 		return err
 	}
-	return checkStatus("status", d.msg)
+	return bounds.Check("status", d.msg)
 }
 
 // checkStatusNames fills a built-in status's object id from the report
@@ -277,15 +278,10 @@ func (s *Server) reportTyped(ctx context.Context, kind, id string, version uint6
 		return false, err
 	}
 	d := decodedReport{kind: kind, id: id, obs: observation(version, at), msg: st}
-	for _, check := range []func() error{
-		func() error { return checkObservedAt("observed_at", at, time.Now()) },
-		func() error { return checkStatusNames(&d) },
-		func() error { return checkStatus("status", st) },
-	} {
-		if err := check(); err != nil {
-			s.m.reports.WithLabelValues(kind, "invalid").Inc()
-			return false, err
-		}
+	// The request's bounds (the status's too) were checked with the call.
+	if err := checkStatusNames(&d); err != nil {
+		s.m.reports.WithLabelValues(kind, "invalid").Inc()
+		return false, err
 	}
 	return s.report(ctx, who, d)
 }

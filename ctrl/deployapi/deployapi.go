@@ -91,9 +91,6 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 		return nil, status.Error(codes.FailedPrecondition, "secret_env: this ctrl has no vault keyring (vault.keyring_file), so it cannot seal secrets; "+
 			"an operator creates one with `ctrl vault init`")
 	}
-	if t := req.GetTimeoutSeconds(); t < 0 || t > deployspec.MaxTimeout {
-		return nil, invalid(&deployspec.FieldError{Field: "timeout_seconds", Reason: fmt.Sprintf("%d is out of range 0..%d (0: ctrl's deploy.timeout)", t, deployspec.MaxTimeout)})
-	}
 	if err := deployspec.ValidRegions("regions", req.GetRegions()); err != nil {
 		return nil, invalid(err)
 	}
@@ -255,11 +252,8 @@ func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeployment
 	if err := deployspec.ValidName("environment_id", req.GetEnvironmentId()); err != nil {
 		return nil, invalid(err)
 	}
-	size := int(req.GetPageSize())
-	switch {
-	case size < 0 || size > 100:
-		return nil, invalid(&deployspec.FieldError{Field: "page_size", Reason: fmt.Sprintf("%d is out of range 0..100 (0: 20)", size)})
-	case size == 0:
+	size := int(req.GetPageSize()) // 0..100, its declared bound
+	if size == 0 {
 		size = 20
 	}
 	cursor, err := decodePageToken(req.GetPageToken())
@@ -479,13 +473,11 @@ func (s *Server) StopDeployment(ctx context.Context, req *ctrlv1.StopDeploymentR
 // Only a deployment that runs (ready, or network while it becomes ready)
 // can be scaled; a deploy still rolling out would race its own workflow.
 func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymentRequest) (*ctrlv1.ScaleDeploymentResponse, error) {
-	if n := req.GetReplicas(); n < 1 || n > deployspec.MaxReplicas {
-		return nil, invalid(&deployspec.FieldError{Field: "replicas", Reason: fmt.Sprintf("%d is out of range 1..%d per region (to run none, stop the deployment)", n, deployspec.MaxReplicas)})
-	}
-	// No read of the deployment first: the transaction's lock finds it or
+	// replicas is in range (its declared bound, checked before the
+	// handler). No read of the deployment first: the transaction's lock finds it or
 	// not, and a scale is one statement in a group commit (store).
 	id := req.GetDeploymentId()
-	if id == "" || len(id) > 64 {
+	if id == "" {
 		return nil, invalid(&deployspec.FieldError{Field: "deployment_id", Reason: "a deployment id (dep_...) is required"})
 	}
 	var before int32

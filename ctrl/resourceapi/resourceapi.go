@@ -33,10 +33,15 @@ import (
 	"krane.dev/sdk"
 )
 
-// MaxBatch bounds one PutResources: the transaction holds the version
-// lock while it stamps, and a batch this size stamps in well under a
-// second.
+// MaxBatch bounds one PutResources (declared on the request, checked by
+// ctrl/bounds): the transaction holds the version lock while it stamps,
+// and a batch this size stamps in well under a second.
 const MaxBatch = 1000
+
+// MaxSpecBytes bounds one object's spec, as JSON: a google.protobuf.Struct
+// has no size its proto could declare, and the spec is stored and
+// streamed to every cluster of its regions.
+const MaxSpecBytes = 256 << 10
 
 // CiliumPolicySchema is the spec of a ciliumnetworkpolicy in the resource
 // API: the namespace and name of the CiliumNetworkPolicy, and the policy
@@ -175,14 +180,6 @@ func (s *Server) check(ctx context.Context, i int, r *ctrlv1.Resource, schemas m
 	if err := deployspec.ValidRegions(at+".regions", c.regions); err != nil {
 		return c, status.Error(codes.InvalidArgument, err.Error())
 	}
-	schema, ok := schemas[c.kind]
-	if !ok {
-		var err error
-		if schema, _, err = s.schemaOf(ctx, at+".kind", c.kind); err != nil {
-			return c, err
-		}
-		schemas[c.kind] = schema
-	}
 	spec := r.GetSpec()
 	if spec == nil {
 		spec = &structpb.Struct{}
@@ -190,6 +187,17 @@ func (s *Server) check(ctx context.Context, i int, r *ctrlv1.Resource, schemas m
 	doc, err := protojson.Marshal(spec)
 	if err != nil {
 		return c, fieldError(at+".spec", err.Error())
+	}
+	if len(doc) > MaxSpecBytes {
+		return c, fieldError(at+".spec", fmt.Sprintf("%d bytes as JSON; at most %d", len(doc), MaxSpecBytes))
+	}
+	schema, ok := schemas[c.kind]
+	if !ok {
+		var err error
+		if schema, _, err = s.schemaOf(ctx, at+".kind", c.kind); err != nil {
+			return c, err
+		}
+		schemas[c.kind] = schema
 	}
 	if err := sdk.ValidateJSON(schema, doc); err != nil {
 		var se *sdk.SchemaError
@@ -207,8 +215,6 @@ func (s *Server) PutResources(ctx context.Context, req *ctrlv1.PutResourcesReque
 	switch {
 	case n == 0:
 		return nil, fieldError("resources", "no resources to put")
-	case n > MaxBatch:
-		return nil, fieldError("resources", fmt.Sprintf("%d resources in one call; at most %d (split the batch)", n, MaxBatch))
 	}
 	schemas := map[string]string{}
 	objs := make([]checked, 0, n)

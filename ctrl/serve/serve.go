@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/bounds"
 	"krane.dev/ctrl/clusterapi"
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/resourceapi"
@@ -387,7 +388,7 @@ func (s *Server) Authenticator() *auth.Authenticator { return s.authn }
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
 
 // GRPCServerOptions are the options of ctrl's gRPC server: transport
-// credentials, authentication interceptors, message size limits and
+// credentials, authentication and bounds interceptors, message size limits and
 // keepalive enforcement that tolerates agents' pings on idle streams.
 func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator) ([]grpc.ServerOption, error) {
 	creds, err := transportCredentials(c)
@@ -403,8 +404,11 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator) ([]grpc.ServerOp
 	}
 	return []grpc.ServerOption{
 		grpc.Creds(creds),
-		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(authn.StreamInterceptor()),
+		// Authentication first (an unknown caller learns nothing of the
+		// bounds), then the bounds every request declares on its proto,
+		// before any handler.
+		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor(), bounds.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(authn.StreamInterceptor(), bounds.StreamInterceptor()),
 		grpc.MaxRecvMsgSize(recv),
 		grpc.MaxSendMsgSize(send),
 		// Agents ping idle streams (proxies drop silent connections); allow

@@ -161,12 +161,22 @@ func (r *Keyring) KeyIDs() []string {
 	return ids
 }
 
-// Seal encrypts env for one deployment with the newest key.
+// MaxSealedBytes bounds a sealed blob: the bound
+// krane.cluster.v1.DecryptEnvRequest declares on encrypted_env, so that
+// every blob ctrl seals can be opened again (a test holds the two equal).
+const MaxSealedBytes = 12 << 20
+
+// Seal encrypts env for one deployment with the newest key. A blob larger
+// than MaxSealedBytes is refused: its cluster could not open it.
 func (r *Keyring) Seal(deploymentID string, env map[string]string) ([]byte, error) {
 	if deploymentID == "" {
 		return nil, errors.New("vault: sealing needs the deployment id")
 	}
-	return seal(r.newest, deploymentID, env)
+	blob, err := seal(r.newest, deploymentID, env)
+	if err == nil && len(blob) > MaxSealedBytes {
+		return nil, fmt.Errorf("the %d variables seal to %d bytes; at most %d (keep large values out of secret variables)", len(env), len(blob), MaxSealedBytes)
+	}
+	return blob, err
 }
 
 // Open decrypts a blob sealed for deploymentID. It also returns the id of

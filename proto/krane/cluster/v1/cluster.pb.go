@@ -18,6 +18,7 @@
 package clusterv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	anypb "google.golang.org/protobuf/types/known/anypb"
@@ -814,7 +815,9 @@ func (x *ReportStatusResponse) GetAccepted() bool {
 }
 
 type ReportStatusesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 500. Each report is checked on its own (its items are not
+	// checked with the call): a bad one is refused in its result.
 	Reports       []*ReportStatusRequest `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3057,11 +3060,12 @@ var File_krane_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x1ekrane/cluster/v1/cluster.proto\x12\x10krane.cluster.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"_\n" +
-	"\fWatchRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x16\n" +
-	"\x06region\x18\x02 \x01(\tR\x06region\x12#\n" +
-	"\rafter_version\x18\x03 \x01(\x04R\fafterVersion\"\xe5\x01\n" +
+	"\x1ekrane/cluster/v1/cluster.proto\x12\x10krane.cluster.v1\x1a\x1bbuf/validate/validate.proto\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x01\n" +
+	"\fWatchRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x1f\n" +
+	"\x06region\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x124\n" +
+	"\rafter_version\x18\x03 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\fafterVersion\"\xe5\x01\n" +
 	"\n" +
 	"WatchEvent\x12:\n" +
 	"\x06change\x18\x01 \x01(\v2 .krane.cluster.v1.ResourceChangeH\x00R\x06change\x12T\n" +
@@ -3082,43 +3086,47 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\tKeepAlive\x12!\n" +
 	"\fhead_version\x18\x01 \x01(\x04R\vheadVersion\x12;\n" +
 	"\vserver_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"serverTime\"@\n" +
-	"\x12ListDesiredRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x16\n" +
-	"\x06region\x18\x02 \x01(\tR\x06region\"<\n" +
-	"\x16GetDesiredStateRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"\x8e\x02\n" +
-	"\x13ReportStatusRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12)\n" +
-	"\x10observed_version\x18\x03 \x01(\x04R\x0fobservedVersion\x12;\n" +
-	"\vobserved_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\"S\n" +
+	"\x12ListDesiredRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x1f\n" +
+	"\x06region\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\"P\n" +
+	"\x16GetDesiredStateRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x18\n" +
+	"\x02id\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x02id\"\xb7\x03\n" +
+	"\x13ReportStatusRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x18\n" +
+	"\x02id\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x02id\x12:\n" +
+	"\x10observed_version\x18\x03 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\x0fobservedVersion\x12\xbe\x01\n" +
+	"\vobserved_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x80\x01\xbaH}\xba\x01u\n" +
+	"\x10observed_at.skew\x12@more than an hour ahead of ctrl's clock: fix the cluster's clock\x1a\x1fthis <= now + duration('3600s')\xb2\x01\x022\x00R\n" +
 	"observedAt\x12,\n" +
 	"\x06status\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\x06status\x12=\n" +
 	"\vapply_error\x18\x06 \x01(\v2\x1c.krane.cluster.v1.ApplyErrorR\n" +
-	"applyError\"t\n" +
+	"applyError\"\x9a\x01\n" +
 	"\n" +
-	"ApplyError\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tpermanent\x18\x03 \x01(\bR\tpermanent\x12\x14\n" +
-	"\x05field\x18\x04 \x01(\tR\x05field\"2\n" +
+	"ApplyError\x12)\n" +
+	"\aversion\x18\x01 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\aversion\x12#\n" +
+	"\amessage\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\amessage\x12\x1c\n" +
+	"\tpermanent\x18\x03 \x01(\bR\tpermanent\x12\x1e\n" +
+	"\x05field\x18\x04 \x01(\tB\b\xbaH\x05r\x03(\xff\x01R\x05field\"2\n" +
 	"\x14ReportStatusResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\bR\baccepted\"X\n" +
-	"\x15ReportStatusesRequest\x12?\n" +
-	"\areports\x18\x01 \x03(\v2%.krane.cluster.v1.ReportStatusRequestR\areports\"X\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\"h\n" +
+	"\x15ReportStatusesRequest\x12O\n" +
+	"\areports\x18\x01 \x03(\v2%.krane.cluster.v1.ReportStatusRequestB\x0e\xbaH\v\x92\x01\b\x10\xf4\x03\"\x03\xd8\x01\x03R\areports\"X\n" +
 	"\x16ReportStatusesResponse\x12>\n" +
 	"\aresults\x18\x01 \x03(\v2$.krane.cluster.v1.ReportStatusResultR\aresults\"^\n" +
 	"\x12ReportStatusResult\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xa8\x03\n" +
-	"\x10HeartbeatRequest\x12#\n" +
-	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12I\n" +
-	"\acursors\x18\x02 \x03(\v2/.krane.cluster.v1.HeartbeatRequest.CursorsEntryR\acursors\x12D\n" +
-	"\vcontrollers\x18\x03 \x03(\v2\".krane.cluster.v1.ControllerStatusR\vcontrollers\x12F\n" +
-	"\x06parked\x18\x04 \x03(\v2..krane.cluster.v1.HeartbeatRequest.ParkedEntryR\x06parked\x12\x1f\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xc4\x04\n" +
+	"\x10HeartbeatRequest\x12-\n" +
+	"\ragent_version\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\fagentVersion\x12\x90\x01\n" +
+	"\acursors\x18\x02 \x03(\v2/.krane.cluster.v1.HeartbeatRequest.CursorsEntryBE\xbaHB\x9a\x01?\x10@\"-r+(\x80\x012&^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?$*\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\acursors\x12N\n" +
+	"\vcontrollers\x18\x03 \x03(\v2\".krane.cluster.v1.ControllerStatusB\b\xbaH\x05\x92\x01\x02\x10 R\vcontrollers\x12\x85\x01\n" +
+	"\x06parked\x18\x04 \x03(\v2..krane.cluster.v1.HeartbeatRequest.ParkedEntryB=\xbaH:\x9a\x017\x10@\"-r+(\x80\x012&^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?$*\x04\x1a\x02(\x00R\x06parked\x12\x1f\n" +
 	"\vhost_report\x18\x05 \x01(\bR\n" +
 	"hostReport\x1a:\n" +
 	"\fCursorsEntry\x12\x10\n" +
@@ -3126,19 +3134,20 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1a9\n" +
 	"\vParkedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\x9c\x01\n" +
-	"\x10ControllerStatus\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
-	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\x12\x14\n" +
-	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x18\n" +
-	"\arunning\x18\x04 \x01(\bR\arunning\x12\x1d\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xf2\x01\n" +
+	"\x10ControllerStatus\x12\x1b\n" +
+	"\x04name\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x04name\x12/\n" +
+	"\x0eplugin_version\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\rpluginVersion\x12M\n" +
+	"\x05kinds\x18\x03 \x03(\tB7\xbaH4\x92\x011\x10\x10\"-r+(\x80\x012&^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?$R\x05kinds\x12\x18\n" +
+	"\arunning\x18\x04 \x01(\bR\arunning\x12'\n" +
 	"\n" +
-	"last_error\x18\x05 \x01(\tR\tlastError\"6\n" +
+	"last_error\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\tlastError\"6\n" +
 	"\x11HeartbeatResponse\x12!\n" +
-	"\fhead_version\x18\x01 \x01(\x04R\vheadVersion\"]\n" +
-	"\x11DecryptEnvRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12#\n" +
-	"\rencrypted_env\x18\x02 \x01(\fR\fencryptedEnv\"\x8d\x01\n" +
+	"\fhead_version\x18\x01 \x01(\x04R\vheadVersion\"r\n" +
+	"\x11DecryptEnvRequest\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\x12/\n" +
+	"\rencrypted_env\x18\x02 \x01(\fB\n" +
+	"\xbaH\az\x05\x18\x80\x80\x80\x06R\fencryptedEnv\"\x8d\x01\n" +
 	"\x12DecryptEnvResponse\x12?\n" +
 	"\x03env\x18\x01 \x03(\v2-.krane.cluster.v1.DecryptEnvResponse.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
@@ -3168,15 +3177,19 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0fshutdown_signal\x18\x11 \x01(\tR\x0eshutdownSignal\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\x01\n" +
-	"\vHealthcheck\x12\x16\n" +
-	"\x06method\x18\x01 \x01(\tR\x06method\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
-	"\x04port\x18\x03 \x01(\x05R\x04port\x122\n" +
-	"\x15initial_delay_seconds\x18\x04 \x01(\x05R\x13initialDelaySeconds\x12%\n" +
-	"\x0eperiod_seconds\x18\x05 \x01(\x05R\rperiodSeconds\x12'\n" +
-	"\x0ftimeout_seconds\x18\x06 \x01(\x05R\x0etimeoutSeconds\x12+\n" +
-	"\x11failure_threshold\x18\a \x01(\x05R\x10failureThreshold\"\xe2\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x02\n" +
+	"\vHealthcheck\x12*\n" +
+	"\x06method\x18\x01 \x01(\tB\x12\xbaH\x0fr\rR\x00R\x03GETR\x04POSTR\x06method\x12\x1c\n" +
+	"\x04path\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x04path\x12\x1f\n" +
+	"\x04port\x18\x03 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04port\x12>\n" +
+	"\x15initial_delay_seconds\x18\x04 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\x13initialDelaySeconds\x121\n" +
+	"\x0eperiod_seconds\x18\x05 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\rperiodSeconds\x123\n" +
+	"\x0ftimeout_seconds\x18\x06 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\x0etimeoutSeconds\x127\n" +
+	"\x11failure_threshold\x18\a \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\x10failureThreshold\"\xe2\x02\n" +
 	"\bSentinel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bk8s_name\x18\x02 \x01(\tR\ak8sName\x12!\n" +
@@ -3196,60 +3209,64 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rk8s_namespace\x18\x02 \x01(\tR\fk8sNamespace\x12\x19\n" +
 	"\bk8s_name\x18\x03 \x01(\tR\ak8sName\x12\x16\n" +
-	"\x06policy\x18\x04 \x01(\fR\x06policy\"\xa7\x02\n" +
-	"\x10DeploymentStatus\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x19\n" +
-	"\bk8s_name\x18\x02 \x01(\tR\ak8sName\x12)\n" +
-	"\x10desired_replicas\x18\x03 \x01(\x05R\x0fdesiredReplicas\x12%\n" +
-	"\x0eready_replicas\x18\x04 \x01(\x05R\rreadyReplicas\x12-\n" +
-	"\x12available_replicas\x18\x05 \x01(\x05R\x11availableReplicas\x128\n" +
-	"\tinstances\x18\x06 \x03(\v2\x1a.krane.cluster.v1.InstanceR\tinstances\x12\x18\n" +
-	"\adeleted\x18\a \x01(\bR\adeleted\"\x9e\x03\n" +
-	"\bInstance\x12\x19\n" +
-	"\bk8s_name\x18\x01 \x01(\tR\ak8sName\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\x12%\n" +
-	"\x0ecpu_millicores\x18\x03 \x01(\x03R\rcpuMillicores\x12\x1d\n" +
+	"\x06policy\x18\x04 \x01(\fR\x06policy\"\xe0\x02\n" +
+	"\x10DeploymentStatus\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\x12#\n" +
+	"\bk8s_name\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\ak8sName\x122\n" +
+	"\x10desired_replicas\x18\x03 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\x0fdesiredReplicas\x12.\n" +
+	"\x0eready_replicas\x18\x04 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\rreadyReplicas\x126\n" +
+	"\x12available_replicas\x18\x05 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\x11availableReplicas\x12C\n" +
+	"\tinstances\x18\x06 \x03(\v2\x1a.krane.cluster.v1.InstanceB\t\xbaH\x06\x92\x01\x03\x10\x90NR\tinstances\x12\x18\n" +
+	"\adeleted\x18\a \x01(\bR\adeleted\"\xed\x03\n" +
+	"\bInstance\x12%\n" +
+	"\bk8s_name\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05 \x01(\xfd\x01R\ak8sName\x12\"\n" +
+	"\aaddress\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xff\x01R\aaddress\x12.\n" +
+	"\x0ecpu_millicores\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rcpuMillicores\x12&\n" +
 	"\n" +
-	"memory_mib\x18\x04 \x01(\x03R\tmemoryMib\x129\n" +
-	"\x06status\x18\x05 \x01(\x0e2!.krane.cluster.v1.Instance.StatusR\x06status\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\x12\x12\n" +
-	"\x04zone\x18\b \x01(\tR\x04zone\x129\n" +
+	"memory_mib\x18\x04 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\tmemoryMib\x12C\n" +
+	"\x06status\x18\x05 \x01(\x0e2!.krane.cluster.v1.Instance.StatusB\b\xbaH\x05\x82\x01\x02\x10\x01R\x06status\x12 \n" +
+	"\x06reason\x18\x06 \x01(\tB\b\xbaH\x05r\x03(\xff\x01R\x06reason\x12\"\n" +
+	"\amessage\x18\a \x01(\tB\b\xbaH\x05r\x03(\x80 R\amessage\x12\x1b\n" +
+	"\x04zone\x18\b \x01(\tB\a\xbaH\x04r\x02(@R\x04zone\x129\n" +
 	"\n" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"[\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSTATUS_PENDING\x10\x01\x12\x12\n" +
 	"\x0eSTATUS_RUNNING\x10\x02\x12\x11\n" +
-	"\rSTATUS_FAILED\x10\x03\"\xb2\x03\n" +
-	"\x0eSentinelStatus\x12\x1f\n" +
-	"\vsentinel_id\x18\x01 \x01(\tR\n" +
-	"sentinelId\x12\x19\n" +
-	"\bk8s_name\x18\x02 \x01(\tR\ak8sName\x12)\n" +
-	"\x10desired_replicas\x18\x03 \x01(\x05R\x0fdesiredReplicas\x12-\n" +
-	"\x12available_replicas\x18\x04 \x01(\x05R\x11availableReplicas\x12)\n" +
-	"\x10updated_replicas\x18\x05 \x01(\x05R\x0fupdatedReplicas\x12%\n" +
-	"\x0eready_replicas\x18\x06 \x01(\x05R\rreadyReplicas\x12/\n" +
-	"\x13observed_generation\x18\a \x01(\x03R\x12observedGeneration\x12#\n" +
-	"\rrunning_image\x18\b \x01(\tR\frunningImage\x120\n" +
-	"\x06health\x18\t \x01(\x0e2\x18.krane.cluster.v1.HealthR\x06health\x12\x16\n" +
+	"\rSTATUS_FAILED\x10\x03\"\x90\x04\n" +
+	"\x0eSentinelStatus\x12(\n" +
+	"\vsentinel_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\n" +
+	"sentinelId\x12#\n" +
+	"\bk8s_name\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\ak8sName\x122\n" +
+	"\x10desired_replicas\x18\x03 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\x0fdesiredReplicas\x126\n" +
+	"\x12available_replicas\x18\x04 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\x11availableReplicas\x122\n" +
+	"\x10updated_replicas\x18\x05 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\x0fupdatedReplicas\x12.\n" +
+	"\x0eready_replicas\x18\x06 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\rreadyReplicas\x128\n" +
+	"\x13observed_generation\x18\a \x01(\x03B\a\xbaH\x04\"\x02(\x00R\x12observedGeneration\x12-\n" +
+	"\rrunning_image\x18\b \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\frunningImage\x12:\n" +
+	"\x06health\x18\t \x01(\x0e2\x18.krane.cluster.v1.HealthB\b\xbaH\x05\x82\x01\x02\x10\x01R\x06health\x12 \n" +
 	"\x06reason\x18\n" +
-	" \x01(\tR\x06reason\x12\x18\n" +
-	"\adeleted\x18\v \x01(\bR\adeleted\"y\n" +
-	"\x19CiliumNetworkPolicyStatus\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
-	"\aapplied\x18\x02 \x01(\bR\aapplied\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\x12\x18\n" +
-	"\adeleted\x18\x04 \x01(\bR\adeleted\"]\n" +
-	"\x17WatchDeploymentsRequest\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\x12*\n" +
-	"\x11version_last_seen\x18\x02 \x01(\x04R\x0fversionLastSeen\"[\n" +
-	"\x15WatchSentinelsRequest\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\x12*\n" +
-	"\x11version_last_seen\x18\x02 \x01(\x04R\x0fversionLastSeen\"g\n" +
-	"!WatchCiliumNetworkPoliciesRequest\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\x12*\n" +
-	"\x11version_last_seen\x18\x02 \x01(\x04R\x0fversionLastSeen\"\xa8\x01\n" +
+	" \x01(\tB\b\xbaH\x05r\x03(\x80\bR\x06reason\x12\x18\n" +
+	"\adeleted\x18\v \x01(\bR\adeleted\"\x8e\x01\n" +
+	"\x19CiliumNetworkPolicyStatus\x12\x18\n" +
+	"\x02id\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x02id\x12\x18\n" +
+	"\aapplied\x18\x02 \x01(\bR\aapplied\x12#\n" +
+	"\amessage\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\amessage\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\"w\n" +
+	"\x17WatchDeploymentsRequest\x12\x1f\n" +
+	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x12;\n" +
+	"\x11version_last_seen\x18\x02 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\x0fversionLastSeen\"u\n" +
+	"\x15WatchSentinelsRequest\x12\x1f\n" +
+	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x12;\n" +
+	"\x11version_last_seen\x18\x02 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\x0fversionLastSeen\"\x81\x01\n" +
+	"!WatchCiliumNetworkPoliciesRequest\x12\x1f\n" +
+	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x12;\n" +
+	"\x11version_last_seen\x18\x02 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\x0fversionLastSeen\"\xa8\x01\n" +
 	"\x0fDeploymentState\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x124\n" +
 	"\x05apply\x18\x02 \x01(\v2\x1c.krane.cluster.v1.DeploymentH\x00R\x05apply\x12<\n" +
@@ -3275,23 +3292,27 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x19DeleteCiliumNetworkPolicy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rk8s_namespace\x18\x02 \x01(\tR\fk8sNamespace\x12\x19\n" +
-	"\bk8s_name\x18\x03 \x01(\tR\ak8sName\"G\n" +
-	" GetDesiredDeploymentStateRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"A\n" +
-	"\x1eGetDesiredSentinelStateRequest\x12\x1f\n" +
-	"\vsentinel_id\x18\x01 \x01(\tR\n" +
-	"sentinelId\"\xc3\x01\n" +
+	"\bk8s_name\x18\x03 \x01(\tR\ak8sName\"P\n" +
+	" GetDesiredDeploymentStateRequest\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"J\n" +
+	"\x1eGetDesiredSentinelStateRequest\x12(\n" +
+	"\vsentinel_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\n" +
+	"sentinelId\"\xd8\x02\n" +
 	"\x1dReportDeploymentStatusRequest\x12:\n" +
-	"\x06status\x18\x01 \x01(\v2\".krane.cluster.v1.DeploymentStatusR\x06status\x12)\n" +
-	"\x10observed_version\x18\x02 \x01(\x04R\x0fobservedVersion\x12;\n" +
-	"\vobserved_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"\x06status\x18\x01 \x01(\v2\".krane.cluster.v1.DeploymentStatusR\x06status\x12:\n" +
+	"\x10observed_version\x18\x02 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\x0fobservedVersion\x12\xbe\x01\n" +
+	"\vobserved_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x80\x01\xbaH}\xba\x01u\n" +
+	"\x10observed_at.skew\x12@more than an hour ahead of ctrl's clock: fix the cluster's clock\x1a\x1fthis <= now + duration('3600s')\xb2\x01\x022\x00R\n" +
 	"observedAt\"<\n" +
 	"\x1eReportDeploymentStatusResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\bR\baccepted\"\xbf\x01\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\"\xd4\x02\n" +
 	"\x1bReportSentinelStatusRequest\x128\n" +
-	"\x06status\x18\x01 \x01(\v2 .krane.cluster.v1.SentinelStatusR\x06status\x12)\n" +
-	"\x10observed_version\x18\x02 \x01(\x04R\x0fobservedVersion\x12;\n" +
-	"\vobserved_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"\x06status\x18\x01 \x01(\v2 .krane.cluster.v1.SentinelStatusR\x06status\x12:\n" +
+	"\x10observed_version\x18\x02 \x01(\x04B\x0f\xbaH\f2\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\x0fobservedVersion\x12\xbe\x01\n" +
+	"\vobserved_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x80\x01\xbaH}\xba\x01u\n" +
+	"\x10observed_at.skew\x12@more than an hour ahead of ctrl's clock: fix the cluster's clock\x1a\x1fthis <= now + duration('3600s')\xb2\x01\x022\x00R\n" +
 	"observedAt\":\n" +
 	"\x1cReportSentinelStatusResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted*]\n" +

@@ -12,6 +12,7 @@
 package ctrlv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	structpb "google.golang.org/protobuf/types/known/structpb"
@@ -3591,29 +3592,31 @@ var File_krane_ctrl_v1_ctrl_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\n" +
-	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xb5\x06\n" +
-	"\x17CreateDeploymentRequest\x12!\n" +
-	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1d\n" +
+	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xaa\b\n" +
+	"\x17CreateDeploymentRequest\x12*\n" +
+	"\fworkspace_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\vworkspaceId\x12&\n" +
 	"\n" +
-	"project_id\x18\x02 \x01(\tR\tprojectId\x12%\n" +
-	"\x0eenvironment_id\x18\x03 \x01(\tR\renvironmentId\x12\x15\n" +
-	"\x06app_id\x18\x04 \x01(\tR\x05appId\x12\x14\n" +
-	"\x05image\x18\x05 \x01(\tR\x05image\x12\x18\n" +
-	"\aregions\x18\x06 \x03(\tR\aregions\x12\x1a\n" +
-	"\breplicas\x18\a \x01(\x05R\breplicas\x12%\n" +
-	"\x0ecpu_millicores\x18\b \x01(\x03R\rcpuMillicores\x12\x1d\n" +
+	"project_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\tprojectId\x12.\n" +
+	"\x0eenvironment_id\x18\x03 \x01(\tB\a\xbaH\x04r\x02(@R\renvironmentId\x12\x1e\n" +
+	"\x06app_id\x18\x04 \x01(\tB\a\xbaH\x04r\x02(@R\x05appId\x12\x1e\n" +
+	"\x05image\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\x05image\x12(\n" +
+	"\aregions\x18\x06 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10@\"\x04r\x02(@R\aregions\x12&\n" +
+	"\breplicas\x18\a \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\breplicas\x122\n" +
+	"\x0ecpu_millicores\x18\b \x01(\x03B\v\xbaH\b\"\x06\x18\x80\xd0\x0f(\x00R\rcpuMillicores\x12*\n" +
 	"\n" +
-	"memory_mib\x18\t \x01(\x03R\tmemoryMib\x12N\n" +
+	"memory_mib\x18\t \x01(\x03B\v\xbaH\b\"\x06\x18\x80\x80@(\x00R\tmemoryMib\x12h\n" +
 	"\benv_vars\x18\n" +
-	" \x03(\v23.krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntryR\aenvVars\x12T\n" +
+	" \x03(\v23.krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntryB\x18\xbaH\x15\x9a\x01\x12\x10\xe8\a\"\x05r\x03(\x80\x02*\x06r\x04(\x80\x80\x02R\aenvVars\x12\x8b\x01\n" +
 	"\n" +
-	"secret_env\x18\v \x03(\v25.krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntryR\tsecretEnv\x12?\n" +
-	"\vhealthcheck\x18\f \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x12\x12\n" +
-	"\x04port\x18\r \x01(\x05R\x04port\x12\x18\n" +
-	"\acommand\x18\x0e \x03(\tR\acommand\x12'\n" +
-	"\x0fshutdown_signal\x18\x0f \x01(\tR\x0eshutdownSignal\x12'\n" +
-	"\x0fidempotency_key\x18\x10 \x01(\tR\x0eidempotencyKey\x12'\n" +
-	"\x0ftimeout_seconds\x18\x11 \x01(\x05R\x0etimeoutSeconds\x1a:\n" +
+	"secret_env\x18\v \x03(\v25.krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntryB5\xbaH/\x9a\x01,\x10\xe8\a\"\x1fr\x1d(\x80\x022\x18^[A-Za-z_][A-Za-z0-9_]*$*\x06r\x04(\x80\x80\x02\x80\x01\x01R\tsecretEnv\x12?\n" +
+	"\vhealthcheck\x18\f \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x12\x1f\n" +
+	"\x04port\x18\r \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04port\x12*\n" +
+	"\acommand\x18\x0e \x03(\tB\x10\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03(\x80 R\acommand\x120\n" +
+	"\x0fshutdown_signal\x18\x0f \x01(\tB\a\xbaH\x04r\x02(\x10R\x0eshutdownSignal\x121\n" +
+	"\x0fidempotency_key\x18\x10 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x0eidempotencyKey\x124\n" +
+	"\x0ftimeout_seconds\x18\x11 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\x0etimeoutSeconds\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
@@ -3621,9 +3624,9 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"?\n" +
 	"\x18CreateDeploymentResponse\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\";\n" +
-	"\x14GetDeploymentRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\xcf\a\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"D\n" +
+	"\x14GetDeploymentRequest\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\xcf\a\n" +
 	"\x0eDeploymentInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x1d\n" +
@@ -3675,48 +3678,50 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x06 \x01(\tR\tclusterId\"{\n" +
-	"\x16ListDeploymentsRequest\x12%\n" +
-	"\x0eenvironment_id\x18\x01 \x01(\tR\renvironmentId\x12\x1b\n" +
-	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\x99\x01\n" +
+	"\x16ListDeploymentsRequest\x12.\n" +
+	"\x0eenvironment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\renvironmentId\x12&\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\t\xbaH\x06\x1a\x04\x18d(\x00R\bpageSize\x12'\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\x82\x01\n" +
+	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\tpageToken\"\x82\x01\n" +
 	"\x17ListDeploymentsResponse\x12?\n" +
 	"\vdeployments\x18\x01 \x03(\v2\x1d.krane.ctrl.v1.DeploymentInfoR\vdeployments\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x93\x01\n" +
-	"\x0fRollbackRequest\x12%\n" +
-	"\x0eenvironment_id\x18\x01 \x01(\tR\renvironmentId\x120\n" +
-	"\x14target_deployment_id\x18\x02 \x01(\tR\x12targetDeploymentId\x12'\n" +
-	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"5\n" +
-	"\x0ePromoteRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\x11\n" +
-	"\x0fPromoteResponse\"<\n" +
-	"\x15StopDeploymentRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"\x18\n" +
-	"\x16StopDeploymentResponse\"Y\n" +
-	"\x16ScaleDeploymentRequest\x12#\n" +
-	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x1a\n" +
-	"\breplicas\x18\x02 \x01(\x05R\breplicas\"b\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xaf\x01\n" +
+	"\x0fRollbackRequest\x12.\n" +
+	"\x0eenvironment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\renvironmentId\x129\n" +
+	"\x14target_deployment_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\x12targetDeploymentId\x121\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x0eidempotencyKey\">\n" +
+	"\x0ePromoteRequest\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\x11\n" +
+	"\x0fPromoteResponse\"E\n" +
+	"\x15StopDeploymentRequest\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\x18\n" +
+	"\x16StopDeploymentResponse\"n\n" +
+	"\x16ScaleDeploymentRequest\x12,\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\x12&\n" +
+	"\breplicas\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x01R\breplicas\"b\n" +
 	"\x17ScaleDeploymentResponse\x12+\n" +
 	"\x11previous_replicas\x18\x01 \x01(\x05R\x10previousReplicas\x12\x1a\n" +
-	"\breplicas\x18\x02 \x01(\x05R\breplicas\"6\n" +
-	"\x13StopSentinelRequest\x12\x1f\n" +
-	"\vsentinel_id\x18\x01 \x01(\tR\n" +
+	"\breplicas\x18\x02 \x01(\x05R\breplicas\"?\n" +
+	"\x13StopSentinelRequest\x12(\n" +
+	"\vsentinel_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\n" +
 	"sentinelId\"i\n" +
 	"\x14StopSentinelResponse\x127\n" +
 	"\bsentinel\x18\x01 \x01(\v2\x1b.krane.ctrl.v1.SentinelInfoR\bsentinel\x12\x18\n" +
-	"\astopped\x18\x02 \x01(\bR\astopped\"\x86\x03\n" +
-	"\x15DeploySentinelRequest\x12\x1f\n" +
-	"\vsentinel_id\x18\x01 \x01(\tR\n" +
-	"sentinelId\x12\x14\n" +
-	"\x05image\x18\x02 \x01(\tR\x05image\x12\x1a\n" +
-	"\breplicas\x18\x03 \x01(\x05R\breplicas\x12%\n" +
-	"\x0ecpu_millicores\x18\x04 \x01(\x03R\rcpuMillicores\x12\x1d\n" +
+	"\astopped\x18\x02 \x01(\bR\astopped\"\x84\x04\n" +
+	"\x15DeploySentinelRequest\x12(\n" +
+	"\vsentinel_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\n" +
+	"sentinelId\x12\x1e\n" +
+	"\x05image\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\x05image\x12&\n" +
+	"\breplicas\x18\x03 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\breplicas\x122\n" +
+	"\x0ecpu_millicores\x18\x04 \x01(\x03B\v\xbaH\b\"\x06\x18\x80\xd0\x0f(\x00R\rcpuMillicores\x12*\n" +
 	"\n" +
-	"memory_mib\x18\x05 \x01(\x03R\tmemoryMib\x12\x12\n" +
-	"\x04wait\x18\x06 \x01(\bR\x04wait\x12'\n" +
-	"\x0ftimeout_seconds\x18\a \x01(\x05R\x0etimeoutSeconds\x12W\n" +
-	"\vcredentials\x18\b \x03(\v25.krane.ctrl.v1.DeploySentinelRequest.CredentialsEntryR\vcredentials\x1a>\n" +
+	"memory_mib\x18\x05 \x01(\x03B\v\xbaH\b\"\x06\x18\x80\x80@(\x00R\tmemoryMib\x12\x12\n" +
+	"\x04wait\x18\x06 \x01(\bR\x04wait\x124\n" +
+	"\x0ftimeout_seconds\x18\a \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\x0etimeoutSeconds\x12\x8e\x01\n" +
+	"\vcredentials\x18\b \x03(\v25.krane.ctrl.v1.DeploySentinelRequest.CredentialsEntryB5\xbaH/\x9a\x01,\x10\xe8\a\"\x1fr\x1d(\x80\x022\x18^[A-Za-z_][A-Za-z0-9_]*$*\x06r\x04(\x80\x80\x02\x80\x01\x01R\vcredentials\x1a>\n" +
 	"\x10CredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
@@ -3724,9 +3729,9 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\bsentinel\x18\x01 \x01(\v2\x1b.krane.ctrl.v1.SentinelInfoR\bsentinel\x12#\n" +
 	"\rinvocation_id\x18\x02 \x01(\tR\finvocationId\x12\x16\n" +
 	"\x06result\x18\x03 \x01(\tR\x06result\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessage\"5\n" +
-	"\x12GetSentinelRequest\x12\x1f\n" +
-	"\vsentinel_id\x18\x01 \x01(\tR\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\">\n" +
+	"\x12GetSentinelRequest\x12(\n" +
+	"\vsentinel_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\n" +
 	"sentinelId\"\xa0\a\n" +
 	"\fSentinelInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
@@ -3757,22 +3762,24 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x0edeploy_message\x18\x17 \x01(\tR\rdeployMessage\x129\n" +
 	"\n" +
 	"updated_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12)\n" +
-	"\x10credential_names\x18\x19 \x03(\tR\x0fcredentialNames\"\x91\x01\n" +
-	"\x14ListSentinelsRequest\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\x12%\n" +
-	"\x0eenvironment_id\x18\x02 \x01(\tR\renvironmentId\x12\x1b\n" +
-	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\x10credential_names\x18\x19 \x03(\tR\x0fcredentialNames\"\xb9\x01\n" +
+	"\x14ListSentinelsRequest\x12\x1f\n" +
+	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x12.\n" +
+	"\x0eenvironment_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\renvironmentId\x12'\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"z\n" +
+	"page_token\x18\x04 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\tpageToken\"z\n" +
 	"\x15ListSentinelsResponse\x129\n" +
 	"\tsentinels\x18\x01 \x03(\v2\x1b.krane.ctrl.v1.SentinelInfoR\tsentinels\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xdb\x01\n" +
-	"\x13StartRolloutRequest\x12\x14\n" +
-	"\x05image\x18\x01 \x01(\tR\x05image\x12)\n" +
-	"\x10wave_percentages\x18\x02 \x03(\x05R\x0fwavePercentages\x12*\n" +
-	"\x11slack_webhook_url\x18\x03 \x01(\tR\x0fslackWebhookUrl\x12!\n" +
-	"\fbake_seconds\x18\x04 \x01(\x05R\vbakeSeconds\x124\n" +
-	"\x16deploy_timeout_seconds\x18\x05 \x01(\x05R\x14deployTimeoutSeconds\"\x19\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9b\x02\n" +
+	"\x13StartRolloutRequest\x12\x1e\n" +
+	"\x05image\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\x05image\x12;\n" +
+	"\x10wave_percentages\x18\x02 \x03(\x05B\x10\xbaH\r\x92\x01\n" +
+	"\x10d\"\x06\x1a\x04\x18d(\x01R\x0fwavePercentages\x124\n" +
+	"\x11slack_webhook_url\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\x80\x10R\x0fslackWebhookUrl\x12.\n" +
+	"\fbake_seconds\x18\x04 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\vbakeSeconds\x12A\n" +
+	"\x16deploy_timeout_seconds\x18\x05 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\x14deployTimeoutSeconds\"\x19\n" +
 	"\x17GetRolloutStatusRequest\"9\n" +
 	"\x14ResumeRolloutRequest\x12!\n" +
 	"\fretry_failed\x18\x01 \x01(\bR\vretryFailed\"\x16\n" +
@@ -3812,14 +3819,14 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x04size\x18\x03 \x01(\x05R\x04size\x12\x1c\n" +
 	"\tsucceeded\x18\x04 \x01(\x05R\tsucceeded\x12\x16\n" +
 	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12\x14\n" +
-	"\x05state\x18\x06 \x01(\tR\x05state\"l\n" +
-	"\x13RegisterKindRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
-	"\vspec_schema\x18\x02 \x01(\tR\n" +
-	"specSchema\x12 \n" +
-	"\vdescription\x18\x03 \x01(\tR\vdescription\"$\n" +
-	"\x0eGetKindRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\"\xf2\x01\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\"\x8b\x01\n" +
+	"\x13RegisterKindRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12*\n" +
+	"\vspec_schema\x18\x02 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x10R\n" +
+	"specSchema\x12*\n" +
+	"\vdescription\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\vdescription\".\n" +
+	"\x0eGetKindRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\"\xf2\x01\n" +
 	"\bKindInfo\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vspec_schema\x18\x02 \x01(\tR\n" +
@@ -3832,14 +3839,14 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"updated_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\x12\n" +
 	"\x10ListKindsRequest\"B\n" +
 	"\x11ListKindsResponse\x12-\n" +
-	"\x05kinds\x18\x01 \x03(\v2\x17.krane.ctrl.v1.KindInfoR\x05kinds\"u\n" +
-	"\bResource\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
-	"\aregions\x18\x03 \x03(\tR\aregions\x12+\n" +
-	"\x04spec\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x04spec\"e\n" +
-	"\x13PutResourcesRequest\x125\n" +
-	"\tresources\x18\x01 \x03(\v2\x17.krane.ctrl.v1.ResourceR\tresources\x12\x17\n" +
+	"\x05kinds\x18\x01 \x03(\v2\x17.krane.ctrl.v1.KindInfoR\x05kinds\"\x99\x01\n" +
+	"\bResource\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x18\n" +
+	"\x02id\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x02id\x12(\n" +
+	"\aregions\x18\x03 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10@\"\x04r\x02(@R\aregions\x12+\n" +
+	"\x04spec\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x04spec\"p\n" +
+	"\x13PutResourcesRequest\x12@\n" +
+	"\tresources\x18\x01 \x03(\v2\x17.krane.ctrl.v1.ResourceB\t\xbaH\x06\x92\x01\x03\x10\xe8\aR\tresources\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"J\n" +
 	"\x14PutResourcesResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.krane.ctrl.v1.PutResultR\aresults\"\x80\x01\n" +
@@ -3851,16 +3858,16 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\fRegionChange\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06change\x18\x02 \x01(\tR\x06change\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"U\n" +
-	"\x15DeleteResourceRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
-	"\aregions\x18\x03 \x03(\tR\aregions\"O\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"y\n" +
+	"\x15DeleteResourceRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x18\n" +
+	"\x02id\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x02id\x12(\n" +
+	"\aregions\x18\x03 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10@\"\x04r\x02(@R\aregions\"O\n" +
 	"\x16DeleteResourceResponse\x125\n" +
-	"\aregions\x18\x01 \x03(\v2\x1b.krane.ctrl.v1.RegionChangeR\aregions\"8\n" +
-	"\x12GetResourceRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"\x96\x01\n" +
+	"\aregions\x18\x01 \x03(\v2\x1b.krane.ctrl.v1.RegionChangeR\aregions\"L\n" +
+	"\x12GetResourceRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x18\n" +
+	"\x02id\x18\x02 \x01(\tB\b\xbaH\x05r\x03(\xfd\x01R\x02id\"\x96\x01\n" +
 	"\fResourceInfo\x123\n" +
 	"\bresource\x18\x01 \x01(\v2\x17.krane.ctrl.v1.ResourceR\bresource\x12\x18\n" +
 	"\adeleted\x18\x02 \x01(\bR\adeleted\x127\n" +
@@ -3884,14 +3891,15 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x05field\x18\x04 \x01(\tR\x05field\x12\x1c\n" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\x129\n" +
 	"\n" +
-	"updated_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xa7\x01\n" +
-	"\x14ListResourcesRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x16\n" +
-	"\x06region\x18\x02 \x01(\tR\x06region\x12'\n" +
-	"\x0finclude_deleted\x18\x03 \x01(\bR\x0eincludeDeleted\x12\x1b\n" +
-	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"updated_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xd0\x01\n" +
+	"\x14ListResourcesRequest\x12\x1c\n" +
+	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x1f\n" +
+	"\x06region\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x12'\n" +
+	"\x0finclude_deleted\x18\x03 \x01(\bR\x0eincludeDeleted\x12'\n" +
+	"\tpage_size\x18\x04 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\"z\n" +
+	"page_token\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\tpageToken\"z\n" +
 	"\x15ListResourcesResponse\x129\n" +
 	"\tresources\x18\x01 \x03(\v2\x1b.krane.ctrl.v1.ResourceInfoR\tresources\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\xee\x01\n" +

@@ -7,6 +7,7 @@
 package ctrlv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -427,9 +428,9 @@ var File_krane_ctrl_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x19krane/ctrl/v1/fleet.proto\x12\rkrane.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"-\n" +
-	"\x13ListClustersRequest\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\"N\n" +
+	"\x19krane/ctrl/v1/fleet.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n" +
+	"\x13ListClustersRequest\x12\x1f\n" +
+	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\"N\n" +
 	"\x14ListClustersResponse\x126\n" +
 	"\bclusters\x18\x01 \x03(\v2\x1a.krane.ctrl.v1.ClusterInfoR\bclusters\"\xaf\x03\n" +
 	"\vClusterInfo\x12\x0e\n" +
