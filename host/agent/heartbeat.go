@@ -5,6 +5,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"krane.dev/host/syncer"
 	"krane.dev/internal/version"
@@ -108,6 +113,7 @@ func (a *Agent) controllerStatusLocked() []*clusterv1.ControllerStatus {
 				cs.LastError = err.Error()
 			}
 		}
+		fitHeartbeat(cs)
 		out = append(out, cs)
 	}
 	slices.SortFunc(out, func(x, y *clusterv1.ControllerStatus) int { return strings.Compare(x.GetName(), y.GetName()) })
@@ -132,4 +138,46 @@ func controllersKey(cs []*clusterv1.ControllerStatus) string {
 // the controllers as they are now. Caller holds a.mu.
 func (a *Agent) controllersAckedLocked() bool {
 	return a.hb.acked == controllersKey(a.controllerStatusLocked())
+}
+
+// fitHeartbeat cuts what a plugin said of itself (its version, its last
+// error, its kinds) to the bounds ctrl's ClusterService declares on
+// ControllerStatus, read from the proto's annotations: ctrl refuses a
+// heartbeat past one, and a long plugin error must not make the cluster
+// look silent.
+func fitHeartbeat(cs *clusterv1.ControllerStatus) {
+	cs.PluginVersion = clipUTF8(cs.PluginVersion, controllerLimits.pluginVersion)
+	cs.LastError = clipUTF8(cs.LastError, controllerLimits.lastError)
+	if len(cs.Kinds) > controllerLimits.kinds {
+		cs.Kinds = cs.Kinds[:controllerLimits.kinds]
+	}
+}
+
+var controllerLimits = struct{ pluginVersion, lastError, kinds int }{
+	pluginVersion: stringMaxBytes("plugin_version"), lastError: stringMaxBytes("last_error"), kinds: repeatedMaxItems("kinds"),
+}
+
+func fieldRules(name protoreflect.Name) *validate.FieldRules {
+	fd := (&clusterv1.ControllerStatus{}).ProtoReflect().Descriptor().Fields().ByName(name)
+	r, _ := proto.GetExtension(fd.Options(), validate.E_Field).(*validate.FieldRules)
+	return r
+}
+
+func stringMaxBytes(name protoreflect.Name) int {
+	return int(fieldRules(name).GetString().GetMaxBytes())
+}
+
+func repeatedMaxItems(name protoreflect.Name) int {
+	return int(fieldRules(name).GetRepeated().GetMaxItems())
+}
+
+// clipUTF8 cuts s to at most n bytes, at a character boundary.
+func clipUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

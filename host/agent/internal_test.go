@@ -2,11 +2,14 @@ package agent
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 
 	"krane.dev/host/config"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 )
 
@@ -45,5 +48,24 @@ func TestStoppedControllerClaimsNoKind(t *testing.T) {
 	defer a.stopController("other")
 	if err := a.claimKinds("other", other, info); err != nil {
 		t.Fatalf("another controller for the kind was refused: %v", err)
+	}
+}
+
+// TestHeartbeatFitsCtrlsBounds: what a plugin says of itself is cut to
+// the bounds the ClusterService declares, at a character boundary, so a
+// long plugin error cannot get the host's heartbeats refused.
+func TestHeartbeatFitsCtrlsBounds(t *testing.T) {
+	if controllerLimits.pluginVersion == 0 || controllerLimits.lastError == 0 || controllerLimits.kinds == 0 {
+		t.Fatalf("limits not read from the proto: %+v", controllerLimits)
+	}
+	cs := &clusterv1.ControllerStatus{
+		PluginVersion: strings.Repeat("v", 1000), LastError: strings.Repeat("é", 5000),
+		Kinds: make([]string, controllerLimits.kinds+5),
+	}
+	fitHeartbeat(cs)
+	if len(cs.PluginVersion) != controllerLimits.pluginVersion || len(cs.LastError) > controllerLimits.lastError ||
+		!utf8.ValidString(cs.LastError) || len(cs.Kinds) != controllerLimits.kinds {
+		t.Fatalf("fitted: version %d bytes, error %d bytes (valid UTF-8: %v), %d kinds; limits %+v",
+			len(cs.PluginVersion), len(cs.LastError), utf8.ValidString(cs.LastError), len(cs.Kinds), controllerLimits)
 	}
 }
