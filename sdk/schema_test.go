@@ -77,13 +77,13 @@ func TestSchemasReadNothingOutsideThemselves(t *testing.T) {
 		}
 	}
 	for schema, names := range map[string]string{
-		`{"$ref": "other.json"}`:                                     "other.json",
-		`{"properties": {"a": {"$ref": "./other.json#/type"}}}`:      "other.json",
-		`{"$ref": "file://` + dir + `/other.json"}`:                  "other.json",
-		`{"$ref": "file:///etc/passwd"}`:                             "/etc/passwd",
-		`{"$schema": "meta.json"}`:                                   "meta.json",
-		`{"$ref": "https://schemas.example.com/s.json"}`:             "https://schemas.example.com/s.json",
-		`{"$id": "https://x.example/a.json", "$ref": "b.json"}`:      "https://x.example/b.json",
+		`{"$ref": "other.json"}`:                                    "other.json",
+		`{"properties": {"a": {"$ref": "./other.json#/type"}}}`:     "other.json",
+		`{"$ref": "file://` + dir + `/other.json"}`:                 "other.json",
+		`{"$ref": "file:///etc/passwd"}`:                            "/etc/passwd",
+		`{"$schema": "meta.json"}`:                                  "meta.json",
+		`{"$ref": "https://schemas.example.com/s.json"}`:            "https://schemas.example.com/s.json",
+		`{"$id": "https://x.example/a.json", "$ref": "b.json"}`:     "https://x.example/b.json",
 		`{"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/t"}`: "#/$defs/t",
 	} {
 		_, err := CompileSchema(schema)
