@@ -2,6 +2,8 @@ package workflows
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,7 +76,7 @@ func (c *Ingress) call(ctx context.Context, service, key, handler string, input 
 // start has CtrlIngress.Call start a private handler's invocation, signed,
 // and returns its id.
 func (c *Ingress) start(ctx context.Context, service, key, handler string, input any, idempotencyKey string) (string, error) {
-	gc := gatewayCall{Service: service, Key: key, Handler: handler, IdempotencyKey: idempotencyKey, At: time.Now().UnixMilli()}
+	gc := gatewayCall{Service: service, Key: key, Handler: handler, IdempotencyKey: idempotencyKey, At: time.Now().UnixMilli(), Nonce: newNonce()}
 	if input != nil {
 		raw, err := json.Marshal(input)
 		if err != nil {
@@ -200,4 +202,11 @@ func (c *Ingress) rollout(ctx context.Context, handler string, input any) (Rollo
 	var st RolloutStatus
 	_, err := c.call(ctx, RolloutServiceName, RolloutKey, handler, input, "", false, &st)
 	return st, err
+}
+
+// newNonce is 16 random bytes, hex: a signed call's once-only mark.
+func newNonce() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }

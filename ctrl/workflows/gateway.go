@@ -11,6 +11,8 @@ import (
 	"time"
 
 	restate "github.com/restatedev/sdk-go"
+
+	"krane.dev/ctrl/store"
 )
 
 // GatewayName is the Restate name of CtrlIngress, the one service of ctrl
@@ -52,6 +54,10 @@ type gatewayCall struct {
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	// At is when ctrl signed the call, unix milliseconds.
 	At int64 `json:"at"`
+	// Nonce is random, once per call: CtrlIngress remembers it for
+	// signatureMaxAge (in the database, for every replica), so a call
+	// seen on the wire cannot be sent again within its window either.
+	Nonce string `json:"nonce"`
 }
 
 // gatewayResult is CtrlIngress.Call's answer: the id of the invocation it
@@ -82,12 +88,13 @@ func signBody(key, body []byte) string {
 type gateway struct {
 	key   []byte
 	hooks Hooks
+	store *store.Store
 }
 
 // NewGateway is CtrlIngress (see GatewayName). key is the signing key;
 // without one every call is refused.
 func NewGateway(d Deps) restate.ServiceDefinition {
-	g := &gateway{key: d.IngressKey, hooks: d.Hooks}
+	g := &gateway{key: d.IngressKey, hooks: d.Hooks, store: d.Store}
 	return restate.NewService(GatewayName, RetryPolicy(),
 		// Calls are frequent (Status polls) and carry nothing to debug
 		// later: keep their journals briefly.
@@ -95,9 +102,28 @@ func NewGateway(d Deps) restate.ServiceDefinition {
 	).Handler("Call", restate.NewServiceHandler(g.call))
 }
 
-// verify checks a Call's signature and age. It runs in a step: its answer
-// is journaled, so a later retry of the invocation reuses it.
-func (g *gateway) verify(rc restate.RunContext, in gatewayCall) string {
+// verify checks a Call's signature, age and nonce. It runs in a step: its
+// answer is journaled, so a later retry of the invocation reuses it (and
+// a retry of the step itself finds the nonce used by its own invocation).
+func (g *gateway) verify(rc restate.RunContext, in gatewayCall) (string, error) {
+	if refused := g.checkSignature(rc, in); refused != "" {
+		return refused, nil
+	}
+	if len(in.Nonce) < 16 || len(in.Nonce) > 64 {
+		return "the call carries no nonce", nil
+	}
+	fresh, err := g.store.UseCallNonce(rc, in.Nonce, rc.Request().ID, time.UnixMilli(in.At).Add(signatureMaxAge))
+	if err != nil {
+		return "", err
+	}
+	if !fresh {
+		return "its nonce was used by another call (a replay)", nil
+	}
+	return "", nil
+}
+
+// checkSignature checks a Call's signature and age.
+func (g *gateway) checkSignature(rc restate.RunContext, in gatewayCall) string {
 	if len(g.key) == 0 {
 		return "this ctrl has no ingress key"
 	}
@@ -121,7 +147,7 @@ func (g *gateway) verify(rc restate.RunContext, in gatewayCall) string {
 
 // call starts the invocation of the private handler a signed call names.
 func (g *gateway) call(ctx restate.Context, in gatewayCall) (gatewayResult, error) {
-	refused, err := runStep(ctx, g.hooks, gatewayVerify, func(rc restate.RunContext) (string, error) { return g.verify(rc, in), nil })
+	refused, err := runStep(ctx, g.hooks, gatewayVerify, func(rc restate.RunContext) (string, error) { return g.verify(rc, in) })
 	if err != nil {
 		return gatewayResult{}, err
 	}
