@@ -3,12 +3,17 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,12 +297,56 @@ func operatorClient(t *testing.T, addr, token string) *grpc.ClientConn {
 	return conn
 }
 
+// alternating is a load balancer that sends each request to the next of
+// its backends in turn, as a plain Service may, and counts what each
+// served.
+type alternating struct {
+	URL    string
+	next   atomic.Uint64
+	served []atomic.Int64
+}
+
+func newAlternating(t *testing.T, backends ...string) *alternating {
+	a := &alternating{served: make([]atomic.Int64, len(backends))}
+	proxies := make([]*httputil.ReverseProxy, len(backends))
+	for i, b := range backends {
+		u, err := url.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The browser's Host stays, as behind a Service: the console's
+		// same-origin checks see the address the browser used.
+		proxies[i] = &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.Out.Host = pr.In.Host }, FlushInterval: -1}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := int((a.next.Add(1) - 1) % uint64(len(proxies)))
+		a.served[i].Add(1)
+		proxies[i].ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	a.URL = srv.URL
+	return a
+}
+
+// setCookie sets a cookie in the browser, as a forger would.
+func setCookie(name, value, url string) do {
+	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		httpOnly := true
+		_, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: name, Value: value, URL: url, Path: "/", HTTPOnly: &httpOnly})
+		return chromedp.Void{}, err
+	}
+}
+
 // TestConsoleInBrowser drives ctrl's web console in headless Chromium
-// against the whole stack: refused sign-ins, both clusters on Fleet, a
-// deploy made with the console's form followed to ready without a reload,
-// a rollout whose wave fails, paused, resumed and rolled back, an action
-// refused once the token is revoked, and the pages without their script.
-// It saves screenshots of the pages as they show the stack's real data.
+// against the whole stack, through two ctrl replicas behind an address
+// that alternates between them (sessions are shared): a forged cookie and
+// refused sign-ins, both clusters on Fleet, a deploy made with the
+// console's form followed to ready without a reload, the Sentinels and
+// Resources pages, an expired session, a rollout whose wave fails, paused,
+// resumed, cancelled and rolled back, an earlier deployment promoted, an
+// action refused once the token is revoked, and the pages without their
+// script; every page passes the accessibility check. It saves screenshots
+// of the pages as they show the stack's real data.
 func TestConsoleInBrowser(t *testing.T) {
 	st := sharedStack(t)
 	chromium := findChromium(t)
@@ -310,6 +359,15 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("a rollout is already %s on the stack", s)
 	}
 
+	// Two ctrls behind one address, every request to the other one than
+	// the last.
+	replica, err := st.StartCtrlReplica("ctrl-console-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(replica.Stop)
+	lb := newAlternating(t, st.ConsoleURL, replica.ConsoleURL)
+
 	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, chromiumFlags(chromium, t.TempDir())...)
 	t.Cleanup(cancelAlloc)
 	browser, cancelBrowser := chromedp.NewContext(alloc)
@@ -320,8 +378,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	t.Logf("Chromium started in %s", time.Since(begin).Round(10*time.Millisecond))
 	p := newPage(t, browser, shots)
-	base := st.ConsoleURL
+	base := lb.URL
 	const step = 3 * time.Minute
+
+	// A forged session cookie signs nobody in.
+	p.run("a forged cookie", step,
+		setCookie("krane_console", strings.Repeat("A", 43), base),
+		chromedp.Navigate(base+"/fleet"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+	)
 
 	// Refused sign-ins: a made-up token, a cluster token.
 	for _, tc := range []struct{ token, says string }{
@@ -389,11 +454,51 @@ func TestConsoleInBrowser(t *testing.T) {
 	t.Logf("deployment %s: page opened at %q, reached ready in place (no reload)", depID, firstStatus)
 	p.checkAccessible("Deployment")
 	p.screenshot("deployment.png")
+	p.run("the deployments of the environment", step,
+		chromedp.Navigate(base+"/deployments?environment="+env),
+		chromedp.WaitVisible(chromedp.CSS("#dep-"+depID)),
+	)
+	p.checkAccessible("Deployments")
+
+	// A second deployment of the environment (through the API) becomes
+	// live while the rollout below runs; the first is then promoted back.
+	deploys := ctrlv1.NewDeploymentServiceClient(operatorClient(t, st.CtrlAddr, st.OperatorToken))
+	later, err := deploys.CreateDeployment(ctx, &ctrlv1.CreateDeploymentRequest{WorkspaceId: "acme", ProjectId: "shop", AppId: "web",
+		EnvironmentId: env, Image: "registry.local/acme/web:console-2", Regions: []string{"local-a", "local-b"}, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Sentinels (the deploy started one per region) and Resources.
+	p.run("Sentinels", step,
+		chromedp.Navigate(base+"/sentinels"),
+		chromedp.WaitVisible(chromedp.CSS("#sr-local-a")),
+		chromedp.WaitVisible(chromedp.CSS("#sr-local-b")),
+	)
+	p.checkAccessible("Sentinels")
+	p.run("Resources", step,
+		chromedp.Navigate(base+"/resources"),
+		chromedp.WaitVisible(chromedp.CSS("#live")),
+	)
+	p.checkAccessible("Resources")
+
+	// An expired session: the next page asks to sign in, and after it
+	// goes where the operator was going.
+	sessions := ctrlStore(t, st)
+	if _, err := sessions.DB().ExecContext(ctx, "UPDATE console_sessions SET expires_at = 0"); err != nil {
+		t.Fatal(err)
+	}
+	p.run("an expired session", step,
+		chromedp.Navigate(base+"/sentinels"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), st.OperatorToken+kb.Enter),
+		chromedp.WaitVisible(chromedp.CSS("#sr-local-a")),
+	)
 
 	// How long a change takes to show: scale the deployment through the
 	// API and time from the call's return to the page showing it, polled
 	// every animation frame.
-	deploys := ctrlv1.NewDeploymentServiceClient(operatorClient(t, st.CtrlAddr, st.OperatorToken))
+	p.run("back to the deployment", step, chromedp.Navigate(base+"/deployments/"+depID), chromedp.WaitVisible(chromedp.CSS("#timeline")))
 	var delays []time.Duration
 	for i, replicas := range []int32{2, 3, 2, 3, 2, 3, 2, 1} {
 		if _, err := deploys.ScaleDeployment(ctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: depID, Replicas: replicas}); err != nil {
@@ -429,6 +534,16 @@ func TestConsoleInBrowser(t *testing.T) {
 		waitText("#rollout-state", "paused", 200*time.Millisecond),
 		waitText("#rollout-message", "wave 2/2", 200*time.Millisecond),
 	)
+	p.run("cancel", step,
+		chromedp.Click(chromedp.CSS("#cancel")),
+		waitText("#confirm-q", "Cancel the rollout", 0),
+	)
+	p.checkAccessible("Confirm")
+	p.run("cancelled", step,
+		chromedp.Click(chromedp.CSS("#confirm")),
+		waitText("#flash", "cancelled", 0),
+		waitText("#rollout-state", "cancelled", 200*time.Millisecond),
+	)
 	p.run("roll back", step, confirmed("#rollback", "Roll back", "back"),
 		waitText("#rollout-state", "cancelled", 200*time.Millisecond),
 	)
@@ -444,6 +559,22 @@ func TestConsoleInBrowser(t *testing.T) {
 			return rows.length >= 6 && rows.every(r => r.textContent.includes("caught up"));
 		})()`, "the built-in kinds of both clusters never all showed caught up", 200*time.Millisecond))
 	p.screenshot("fleet.png")
+
+	// The second deployment is live by now; promote the first back.
+	waitFor(t, step, "the second deployment is ready and live", func() error {
+		d, err := deploys.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: later.GetDeploymentId()})
+		if err != nil || d.GetStatus() != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY || !d.GetLive() {
+			return fmt.Errorf("%v %v live=%v", d.GetStatus(), err, d.GetLive())
+		}
+		return nil
+	})
+	p.run("promote the first deployment", step,
+		chromedp.Navigate(base+"/deployments/"+depID),
+		confirmed("#promote-"+depID, "Make deployment "+depID, "now live"),
+	)
+	if d, err := deploys.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: depID}); err != nil || !d.GetLive() {
+		t.Fatalf("deployment %s after Promote: live=%v %v", depID, d.GetLive(), err)
+	}
 
 	// Without the script: pages are plain HTML and forms still post.
 	noJS := newPage(t, browser, shots)
@@ -506,6 +637,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#confirm")),
 		waitText("#message", "revoked", 0),
 	)
+	p.checkAccessible("Refused")
 	p.screenshot("action-refused.png")
 	if !value(p, "signed out", chromedp.Evaluate[bool](`!!document.querySelector('a.button[href="/login"]')`)) {
 		t.Error("the refused page offers no way to sign in again")
@@ -514,9 +646,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(deps.GetDeployments()); n != 1 {
-		t.Fatalf("%s has %d deployments after the refused rollback, want the 1 the console created", env, n)
+	if n := len(deps.GetDeployments()); n != 2 {
+		t.Fatalf("%s has %d deployments after the refused rollback, want the console's and the API's", env, n)
 	}
+	for i := range lb.served {
+		if n := lb.served[i].Load(); n == 0 {
+			t.Errorf("ctrl %d of 2 served no request of the console", i+1)
+		}
+	}
+	t.Logf("the console's requests alternated between two ctrls: %d and %d", lb.served[0].Load(), lb.served[1].Load())
 
 	for _, pg := range []*page{p, noJS} {
 		if errs := pg.scriptErrors(); len(errs) > 0 {

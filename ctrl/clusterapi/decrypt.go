@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -52,6 +54,13 @@ func (s *Server) DecryptEnv(ctx context.Context, req *clusterv1.DecryptEnvReques
 	}
 	id := req.GetDeploymentId()
 	subject := kinds.SecretsKind(id)
+	// Before the audit: a cluster looping DecryptEnv must not grow the
+	// audit table without limit (its rows also expire, vault.audit_retention).
+	if !s.decrypts.allow(who.ClusterID) {
+		s.m.decrypts.WithLabelValues("limited").Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "cluster %s asked to open secrets more than %d times in a minute (vault.decrypt_per_minute); retry later",
+			who.ClusterID, s.decrypts.perMinute)
+	}
 	env, d := s.decrypt(ctx, who, id, req.GetEncryptedEnv())
 	entry := store.VaultAuditEntry{DeploymentID: id, ClusterID: who.ClusterID, Region: who.Region, TokenID: who.TokenID,
 		Outcome: d.outcome, Reason: d.reason, KeyID: d.keyID}
@@ -232,4 +241,29 @@ func tokenID(ctx context.Context) string {
 		return ""
 	}
 	return p.ID
+}
+
+// perCluster is a rate limit per cluster: perMinute calls a minute, in
+// bursts of up to perMinute (a host bootstrapping opens every secret of
+// its region at once). Keys are authenticated cluster ids, so the map is
+// as large as the fleet.
+type perCluster struct {
+	perMinute int
+	mu        sync.Mutex
+	limits    map[string]*rate.Limiter
+}
+
+func newPerCluster(perMinute int) *perCluster {
+	return &perCluster{perMinute: perMinute, limits: map[string]*rate.Limiter{}}
+}
+
+func (p *perCluster) allow(cluster string) bool {
+	p.mu.Lock()
+	l, ok := p.limits[cluster]
+	if !ok {
+		l = rate.NewLimiter(rate.Limit(float64(p.perMinute)/60), p.perMinute)
+		p.limits[cluster] = l
+	}
+	p.mu.Unlock()
+	return l.Allow()
 }

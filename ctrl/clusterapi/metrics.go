@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"kind"}),
 		decrypts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "vault_decrypts_total",
-			Help: "DecryptEnv requests by outcome (allowed, denied, failed); each one is in the vault_audit table.",
+			Help: "DecryptEnv requests by outcome: allowed, denied, failed (each in the vault_audit table) and limited (past vault.decrypt_per_minute, not audited).",
 		}, []string{"outcome"}),
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "watch_changes_read_total",

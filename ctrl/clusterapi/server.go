@@ -79,6 +79,10 @@ type Options struct {
 	// Vault opens sealed environments for DecryptEnv; nil when ctrl has no
 	// keyring (DecryptEnv then fails with FAILED_PRECONDITION).
 	Vault *vault.Source
+	// DecryptPerMinute bounds the DecryptEnv calls one cluster makes of
+	// this ctrl per minute (each is audited); past it, RESOURCE_EXHAUSTED.
+	// Default 1000.
+	DecryptPerMinute int
 }
 
 // Server implements clusterv1.ClusterServiceServer.
@@ -92,6 +96,7 @@ type Server struct {
 	keepAlive time.Duration
 	listener  StatusListener
 	vault     *vault.Source
+	decrypts  *perCluster
 	poller    *headPoller
 	feeds     feeds
 	stopping  chan struct{}
@@ -121,10 +126,14 @@ func New(o Options) (*Server, error) {
 	if o.FeedWindow <= 0 {
 		o.FeedWindow = 1024
 	}
+	if o.DecryptPerMinute <= 0 {
+		o.DecryptPerMinute = 1000
+	}
 	log := o.Logger.Named("clusterapi")
 	m := newMetrics(o.Registerer)
 	return &Server{
 		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
+		decrypts: newPerCluster(o.DecryptPerMinute),
 		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
 		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
 		stopping: make(chan struct{}),

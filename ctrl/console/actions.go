@@ -83,16 +83,24 @@ func (c *Console) action(name string, confirm confirmFunc, do doFunc) http.Handl
 			}
 			c.m.actions.WithLabelValues(name, result).Inc()
 			c.log.Info("console action refused", "action", name, "token_id", s.tokenID, "remote", r.RemoteAddr, "error", err)
-			s.setFlash("error", "ctrl refused the action: "+describe(err))
+			c.flash(r, s, "error", "ctrl refused the action: "+describe(err))
 			c.m.requests.WithLabelValues(name, "303").Inc()
 			http.Redirect(w, r, back, http.StatusSeeOther)
 			return
 		}
 		c.m.actions.WithLabelValues(name, "ok").Inc()
 		c.log.Info("console action", "action", name, "token_id", s.tokenID, "remote", r.RemoteAddr, "result", done)
-		s.setFlash("ok", done)
+		c.flash(r, s, "ok", done)
 		c.m.requests.WithLabelValues(name, "303").Inc()
 		http.Redirect(w, r, localPath(to, back), http.StatusSeeOther)
+	}
+}
+
+// flash sets the message the session's next page shows; a message the
+// store could not keep is logged.
+func (c *Console) flash(r *http.Request, s *session, kind, text string) {
+	if err := c.sessions.setFlash(r.Context(), s, kind, text); err != nil {
+		c.log.Warn("keeping a console message failed", "token_id", s.tokenID, "error", err)
 	}
 }
 

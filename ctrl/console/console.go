@@ -11,15 +11,20 @@
 // (krane.ctrl.v1) carrying the signed-in operator's token, made through
 // the same server and authentication interceptor as the CLI's calls: what
 // a token may do, and what ctrl logs about it, is the same whichever way
-// it comes. The console has no database handle.
+// it comes. The console reads no data from the database: only its
+// sessions are kept there (SessionStore).
 //
 // Sign-in exchanges an operator token (a cluster token is refused) for a
-// session: a random id in a cookie that is HttpOnly and SameSite=Strict,
-// and Secure when the console serves TLS or sits behind a TLS proxy. The
-// token stays in ctrl's memory. Sessions are kept by the process that
-// signed them in: after a restart, or on another ctrl replica without
-// sticky routing, the operator signs in again. A token revoked or expired
-// ends its sessions at their next call.
+// session: a random secret in a cookie that is HttpOnly and
+// SameSite=Strict, and Secure when the console serves TLS or sits behind
+// a TLS proxy. Sessions live in ctrl's database, shared by every replica
+// (so the console works behind a plain Service and survives a restart):
+// a row holds the secret's hash and the operator token sealed with a key
+// derived from the secret, so neither the table nor the cookie alone
+// yields a token. A forged or altered cookie finds no session. Signing
+// out deletes the row: every replica refuses the cookie from then on (a
+// live page on another replica learns it within a second). A token
+// revoked or expired ends its sessions at their next call.
 //
 // Forgery: every POST must carry the session's anti-forgery token and pass
 // net/http's cross-origin check (Sec-Fetch-Site, Origin); the sign-in form
@@ -72,10 +77,17 @@ type Options struct {
 	// Resources, when set, backs the Resources page; nil: the page says
 	// that this ctrl has no resource API.
 	Resources ResourcesFunc
+	// Sessions keeps the signed-in sessions where every ctrl replica
+	// reads them (ctrl serve: its database).
+	Sessions SessionStore
 	// SessionTTL is how long a session lasts after sign-in (default 12h).
 	SessionTTL time.Duration
 	// SecureCookie marks the cookies Secure (HTTPS only).
 	SecureCookie bool
+	// LivePerToken bounds the live streams one operator token holds open
+	// on this ctrl, across its sessions (default 64; one session holds at
+	// most 16, this ctrl at most 512).
+	LivePerToken int
 	// LiveInterval is how often a live page re-reads its data (default
 	// 250ms).
 	LiveInterval time.Duration
@@ -98,7 +110,7 @@ type Console struct {
 	fleet     ctrlv1.FleetServiceClient
 	resources Resources
 	m         metrics
-	live      liveLimit
+	live      *liveLimit
 }
 
 type metrics struct {
@@ -113,8 +125,14 @@ func New(o Options) (*Console, error) {
 	if o.Conn == nil {
 		return nil, errors.New("console: no connection to the operator API")
 	}
+	if o.Sessions == nil {
+		return nil, errors.New("console: no session store")
+	}
 	if o.SessionTTL <= 0 {
 		o.SessionTTL = 12 * time.Hour
+	}
+	if o.LivePerToken <= 0 {
+		o.LivePerToken = 64
 	}
 	if o.LiveInterval <= 0 {
 		o.LiveInterval = 250 * time.Millisecond
@@ -130,10 +148,10 @@ func New(o Options) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{
-		o: o, log: o.Log.Named("console"), sessions: newSessions(o.SessionTTL, o.SecureCookie), pages: pages,
+		o: o, log: o.Log.Named("console"), sessions: newSessions(o.Sessions, o.SessionTTL, o.SecureCookie), pages: pages,
 		deploys: ctrlv1.NewDeploymentServiceClient(o.Conn), sentinels: ctrlv1.NewSentinelServiceClient(o.Conn),
 		rollouts: ctrlv1.NewRolloutServiceClient(o.Conn), fleet: ctrlv1.NewFleetServiceClient(o.Conn),
-		live: liveLimit{perSession: 16, total: 512},
+		live: newLiveLimit(16, o.LivePerToken, 512),
 	}
 	if o.Resources != nil {
 		c.resources = o.Resources(o.Conn)
@@ -156,8 +174,16 @@ func New(o Options) (*Console, error) {
 	})
 	sessionsOpen := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "krane", Subsystem: "ctrl", Name: "console_sessions",
-		Help: "Signed-in console sessions held by this ctrl.",
-	}, func() float64 { return float64(c.sessions.count()) })
+		Help: "Signed-in console sessions (of every ctrl replica: they share them); -1 when the database did not answer.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		n, err := c.sessions.count(ctx)
+		if err != nil {
+			return -1
+		}
+		return float64(n)
+	})
 	if o.Registerer != nil {
 		for _, col := range []prometheus.Collector{c.m.requests, c.m.actions, c.m.signIns, c.m.liveStreams, sessionsOpen} {
 			if err := o.Registerer.Register(col); err != nil {
@@ -261,7 +287,8 @@ func (c *Console) render(w http.ResponseWriter, code int, name string, v *view) 
 
 // message renders a page with a title and a message.
 func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text string) {
-	v := c.newView(r, c.sessions.get(r), "")
+	s, _ := c.sessions.get(r) // without a session when the store fails: the message is shown all the same
+	v := c.newView(r, s, "")
 	v.Title = title
 	v.Page = messagePage{Text: text}
 	c.render(w, code, "message", v)
@@ -280,9 +307,16 @@ func (c *Console) callCtx(ctx context.Context, s *session) (context.Context, con
 }
 
 // requireSession returns the request's session, or sends the browser to
-// sign in and returns nil.
+// sign in (or says that the session store did not answer) and returns
+// nil.
 func (c *Console) requireSession(w http.ResponseWriter, r *http.Request) *session {
-	if s := c.sessions.get(r); s != nil {
+	s, err := c.sessions.get(r)
+	if err != nil {
+		c.log.Error("reading a console session failed", "remote", r.RemoteAddr, "error", err)
+		c.message(w, r, http.StatusServiceUnavailable, "Unavailable", storeUnavailable(err))
+		return nil
+	}
+	if s != nil {
 		return s
 	}
 	http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
@@ -292,7 +326,9 @@ func (c *Console) requireSession(w http.ResponseWriter, r *http.Request) *sessio
 // refused ends the session whose token ctrl no longer accepts and says why.
 func (c *Console) refused(w http.ResponseWriter, r *http.Request, s *session, msg string) {
 	c.log.Info("console session ended: ctrl refused its token", "token_id", s.tokenID, "remote", r.RemoteAddr, "reason", msg)
-	c.sessions.end(w, s)
+	if err := c.sessions.end(r.Context(), w, s); err != nil {
+		c.log.Warn("ending a console session failed", "token_id", s.tokenID, "error", err)
+	}
 	v := c.newView(r, nil, "")
 	v.Title = "Signed out"
 	v.Page = messagePage{Text: "ctrl refused your operator token: " + msg, SignInTo: "/login"}

@@ -532,7 +532,7 @@ func TestPagesSayWhatThisCtrlDoesNotServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	con, err := console.New(console.Options{Conn: conn})
+	con, err := console.New(console.Options{Conn: conn, Sessions: env.Store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +603,7 @@ func TestResourcesPageShowsWhatItsSourceReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	con, err := console.New(console.Options{Conn: conn, Resources: func(grpc.ClientConnInterface) console.Resources { return fakeResources{} }})
+	con, err := console.New(console.Options{Conn: conn, Sessions: env.Store, Resources: func(grpc.ClientConnInterface) console.Resources { return fakeResources{} }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -667,5 +667,73 @@ func TestDeploymentTimelineIsTheRecordedHistory(t *testing.T) {
 	}
 	if got := strings.Count(timeline, "<time"); got != len(notes)+1 {
 		t.Errorf("the timeline has %d entries, want %d (creation and the two notes):\n%s", got, len(notes)+1, timeline)
+	}
+}
+
+// TestTwoReplicasShareSessions: behind a plain load balancer, a browser's
+// requests land on either ctrl; a session signed in on one works on the
+// other, a sign-out on either ends it on both (a live page open on the
+// other is sent to sign in), and a forged cookie works on neither.
+func TestTwoReplicasShareSessions(t *testing.T) {
+	one := startCtrl(t)
+	two := startCtrlWith(t, ctrltest.Options{DSN: one.DSN})
+	b := newBrowser(t, one.Server.ConsoleURL())
+	b.mustSignIn(one.OperatorToken(t, "hana"))
+	other := &browser{t: t, base: two.Server.ConsoleURL(), c: b.c}
+	if resp, body := other.get("/fleet"); resp.StatusCode != http.StatusOK || !strings.Contains(body, "fleet-summary") {
+		t.Fatalf("the other replica with the session's cookie: %s to %q", resp.Status, resp.Header.Get("Location"))
+	}
+	events := openStream(t, b, "/fleet")
+	if ev := events.next(t); ev.name != "live" {
+		t.Fatalf("first event %q, want live", ev.name)
+	}
+	// Sign out on the other replica, with the anti-forgery token of a
+	// page the first served.
+	if resp, _ := other.post("/logout", url.Values{"csrf": {b.csrf("/fleet")}}); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login?signedout=1" {
+		t.Fatalf("sign-out on the other replica: %s to %q", resp.Status, resp.Header.Get("Location"))
+	}
+	for ev := events.next(t); ev.name != "signedout"; ev = events.next(t) {
+	}
+	for _, br := range []*browser{b, other} {
+		if resp, _ := br.get("/fleet"); resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/login") {
+			t.Errorf("%s after the sign-out: %s to %q, want the sign-in page", br.base, resp.Status, resp.Header.Get("Location"))
+		}
+	}
+	forged := newBrowser(t, two.Server.ConsoleURL())
+	u, _ := url.Parse(forged.base)
+	forged.c.Jar.SetCookies(u, []*http.Cookie{{Name: "krane_console", Value: strings.Repeat("A", 43)}})
+	if resp, _ := forged.get("/fleet"); resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/login") {
+		t.Errorf("a forged cookie: %s to %q, want the sign-in page", resp.Status, resp.Header.Get("Location"))
+	}
+}
+
+// TestLiveStreamsAreBoundedPerToken: one operator token holds at most
+// console.live_per_token live streams on a ctrl, across the browsers it
+// signed in.
+func TestLiveStreamsAreBoundedPerToken(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{Configure: func(c *serve.Config) { c.Console.Addr = "127.0.0.1:0"; c.Console.LivePerToken = 3 }})
+	tok := env.OperatorToken(t, "ines")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 2 {
+		b := newBrowser(t, env.Server.ConsoleURL()) // two sessions of the token, two streams each
+		b.mustSignIn(tok)
+		for j := range 2 {
+			resp := b.stream(ctx, "/fleet")
+			t.Cleanup(func() { resp.Body.Close() })
+			want := http.StatusOK
+			if 2*i+j >= 3 {
+				want = http.StatusTooManyRequests
+			}
+			if resp.StatusCode != want {
+				t.Fatalf("stream %d of the token: %s, want %d", 2*i+j+1, resp.Status, want)
+			}
+		}
+	}
+	// Another token is not held back by this one's.
+	b := newBrowser(t, env.Server.ConsoleURL())
+	b.mustSignIn(env.OperatorToken(t, "jo"))
+	if resp := b.stream(ctx, "/fleet"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another token's stream: %s", resp.Status)
 	}
 }

@@ -40,7 +40,7 @@ func (c *Console) page(name, nav string, load loader) http.HandlerFunc {
 			return
 		}
 		v := c.newView(r, s, nav)
-		v.Flash = s.takeFlash()
+		v.Flash = c.sessions.takeFlash(ctx, s)
 		v.Page = data
 		if err != nil {
 			v.Error = describe(err)
@@ -50,33 +50,50 @@ func (c *Console) page(name, nav string, load loader) http.HandlerFunc {
 	}
 }
 
-// liveLimit bounds the open live streams, per session and in all.
+// liveLimit bounds the open live streams of this ctrl: per session, per
+// operator token (one token may sign in many browsers) and in all.
 type liveLimit struct {
-	perSession, total int
-	mu                sync.Mutex
-	open              int
+	perSession, perToken, total int
+
+	mu        sync.Mutex
+	open      int
+	bySession map[string]int
+	byToken   map[string]int
 }
 
-func (l *liveLimit) acquire(s *session) bool {
+func newLiveLimit(perSession, perToken, total int) *liveLimit {
+	return &liveLimit{perSession: perSession, perToken: perToken, total: total, bySession: map[string]int{}, byToken: map[string]int{}}
+}
+
+// acquire takes a stream for s; the reason names the bound when it
+// cannot.
+func (l *liveLimit) acquire(s *session) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l.open >= l.total || s.live >= l.perSession {
-		return false
+	switch {
+	case l.open >= l.total:
+		return "this ctrl has too many live pages open", false
+	case l.bySession[s.key] >= l.perSession:
+		return "too many live pages open in this browser; close some tabs", false
+	case l.byToken[s.tokenID] >= l.perToken:
+		return "too many live pages open with this operator token; close some", false
 	}
 	l.open++
-	s.live++
-	return true
+	l.bySession[s.key]++
+	l.byToken[s.tokenID]++
+	return "", true
 }
 
 func (l *liveLimit) release(s *session) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	l.open--
-	s.live--
+	if l.bySession[s.key]--; l.bySession[s.key] == 0 {
+		delete(l.bySession, s.key)
+	}
+	if l.byToken[s.tokenID]--; l.byToken[s.tokenID] == 0 {
+		delete(l.byToken, s.tokenID)
+	}
 }
 
 // streamKeepAlive is how often an idle stream sends a comment, so proxies
@@ -93,10 +110,10 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, nam
 		http.Error(w, "streaming is not supported here", http.StatusNotImplemented)
 		return
 	}
-	if !c.live.acquire(s) {
+	if why, ok := c.live.acquire(s); !ok {
 		c.m.requests.WithLabelValues(name+"-live", "429").Inc()
 		w.Header().Set("Retry-After", "5")
-		http.Error(w, "too many live pages open; close some tabs", http.StatusTooManyRequests)
+		http.Error(w, why, http.StatusTooManyRequests)
 		return
 	}
 	defer c.live.release(s)
@@ -115,7 +132,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, nam
 	var last string
 	lastSent := time.Now()
 	for seq := 1; ; seq++ {
-		if !c.sessions.alive(s) {
+		if !c.sessions.alive(r.Context(), s) {
 			// Signed out (in this tab or another) or expired: the sign-in
 			// page says so, as the sign-out's own redirect does.
 			sendEvent(w, "signedout", "/login?signedout=1", seq)
@@ -130,7 +147,9 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, nam
 		}
 		if msg, refused := authRefusal(err); refused {
 			c.log.Info("console session ended: ctrl refused its token", "token_id", s.tokenID, "reason", msg)
-			c.sessions.end(nopCookies{}, s)
+			if err := c.sessions.end(r.Context(), nopCookies{}, s); err != nil {
+				c.log.Warn("ending a console session failed", "token_id", s.tokenID, "error", err)
+			}
 			sendEvent(w, "signedout", "/login", seq)
 			flusher.Flush()
 			return

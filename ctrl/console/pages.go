@@ -137,9 +137,9 @@ func (c *Console) deploymentsIndex(page http.HandlerFunc) http.HandlerFunc {
 			page(w, r)
 			return
 		}
-		s := c.sessions.get(r)
-		if s == nil {
-			page(w, r) // sends the browser to sign in
+		s, err := c.sessions.get(r)
+		if s == nil || err != nil {
+			page(w, r) // sends the browser to sign in, or says why not
 			return
 		}
 		ctx, cancel := c.callCtx(r.Context(), s)

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -8,6 +9,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/store"
+	"krane.dev/internal/testenv"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -20,37 +23,120 @@ func request(rec *httptest.ResponseRecorder) *http.Request {
 	return r
 }
 
-func TestSessionsExpireAndStayBounded(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	ss := newSessions(time.Hour, false)
-	ss.now = func() time.Time { return now }
+// TestSessionsLiveInTheStore: a session is found by its cookie through
+// the store (by any replica: a second sessions on the same store), not
+// by a forged, altered or missing cookie; it ends when it is signed out
+// or expires; past the bound the oldest ends. The store holds no token in
+// the clear.
+func TestSessionsLiveInTheStore(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, testenv.SharedMySQL(t).Database(t, t.Name()), store.PoolOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	one, two := newSessions(st, time.Hour, false), newSessions(st, time.Hour, false)
+	get := func(ss *sessions, r *http.Request) *session {
+		t.Helper()
+		s, err := ss.get(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
 
 	rec := httptest.NewRecorder()
-	s := ss.create(rec, "krane_o_x", "x")
-	if got := ss.get(request(rec)); got != s || !ss.alive(s) {
-		t.Fatal("a new session is not found by its cookie")
+	const token = "krane_o_x_secret-part"
+	if err := one.create(ctx, rec, token, "x"); err != nil {
+		t.Fatal(err)
 	}
-	if ss.get(httptest.NewRequest(http.MethodGet, "/", nil)) != nil {
-		t.Fatal("a request without a cookie has a session")
+	s := get(two, request(rec))
+	if s == nil || s.token != token || s.tokenID != "x" || !two.alive(ctx, s) || s.csrf == "" {
+		t.Fatalf("a new session is not found by its cookie on another replica: %+v", s)
 	}
-	now = now.Add(time.Hour)
-	if ss.get(request(rec)) != nil || ss.alive(s) {
-		t.Fatal("a session outlived its TTL")
+	if found, n, err := testenv.FindInDatabase(ctx, st.DB(), token, "secret-part"); err != nil || len(found) > 0 {
+		t.Fatalf("the token in the clear in the database (%d rows searched): %v %v", n, found, err)
+	}
+	for name, value := range map[string]string{
+		"none": "", "forged": randomToken(), "not base64": "!!!", "short": "AAAA",
+		"altered": alter(cookieValue(t, rec)),
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/fleet", nil)
+		if value != "" {
+			r.AddCookie(&http.Cookie{Name: sessionCookie, Value: value})
+		}
+		if get(one, r) != nil {
+			t.Errorf("a request with a %s cookie has a session", name)
+		}
 	}
 
-	// Past maxSessions the oldest session ends.
+	// Expired (as the store's clock sees it).
+	if _, err := st.DB().ExecContext(ctx, "UPDATE console_sessions SET expires_at = 0"); err != nil {
+		t.Fatal(err)
+	}
+	if get(one, request(rec)) != nil {
+		t.Fatal("an expired session is found")
+	}
+
+	// Signed out on one replica: the other refuses the cookie.
+	rec = httptest.NewRecorder()
+	if err := one.create(ctx, rec, token, "x"); err != nil {
+		t.Fatal(err)
+	}
+	s = get(two, request(rec))
+	if err := one.end(ctx, httptest.NewRecorder(), get(one, request(rec))); err != nil {
+		t.Fatal(err)
+	}
+	if get(two, request(rec)) != nil {
+		t.Fatal("a session signed out on one replica is found on another")
+	}
+	two.forget(s) // as if sessionRecheck passed
+	if two.alive(ctx, s) {
+		t.Fatal("a live stream's session signed out elsewhere stays alive")
+	}
+
+	// Past the bound the oldest session ends.
+	one.max = 5
 	first := httptest.NewRecorder()
-	ss.create(first, "krane_o_first", "first")
-	for i := 0; i < maxSessions; i++ {
-		now = now.Add(time.Millisecond)
-		ss.create(httptest.NewRecorder(), "krane_o_y", "y")
+	if err := one.create(ctx, first, token, "first"); err != nil {
+		t.Fatal(err)
 	}
-	if n := ss.count(); n != maxSessions {
-		t.Fatalf("%d sessions held, want at most %d", n, maxSessions)
+	for range one.max {
+		time.Sleep(2 * time.Millisecond) // created_at has millisecond resolution
+		if err := one.create(ctx, httptest.NewRecorder(), token, "y"); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if ss.get(request(first)) != nil {
+	if n, err := one.count(ctx); err != nil || n != one.max {
+		t.Fatalf("%d sessions kept (%v), want %d", n, err, one.max)
+	}
+	if get(one, request(first)) != nil {
 		t.Fatal("the oldest session survived the bound")
 	}
+}
+
+func cookieValue(t *testing.T, rec *httptest.ResponseRecorder) string {
+	for _, c := range rec.Result().Cookies() {
+		if c.Name == sessionCookie {
+			return c.Value
+		}
+	}
+	t.Fatal("no session cookie set")
+	return ""
+}
+
+// alter flips one character of a cookie's value.
+func alter(v string) string {
+	b := []byte(v)
+	if b[3] == 'A' {
+		b[3] = 'B'
+	} else {
+		b[3] = 'A'
+	}
+	return string(b)
 }
 
 func TestWaveBarsAddUpToTheBar(t *testing.T) {

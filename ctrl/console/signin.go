@@ -26,7 +26,7 @@ type loginPage struct {
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	next := localPath(r.URL.Query().Get("next"), "/fleet")
-	if c.sessions.get(r) != nil {
+	if s, _ := c.sessions.get(r); s != nil {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
@@ -90,7 +90,11 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	c.sessions.create(w, token, id)
+	if err := c.sessions.create(r.Context(), w, token, id); err != nil {
+		c.log.Error("storing a console session failed", "token_id", id, "remote", r.RemoteAddr, "error", err)
+		refuse(http.StatusServiceUnavailable, "failed", "ctrl could not keep your session (its database did not answer); try again.")
+		return
+	}
 	http.SetCookie(w, c.sessions.cookie(loginCookie, "", time.Time{}))
 	c.m.signIns.WithLabelValues("ok").Inc()
 	c.log.Info("console sign-in", "token_id", id, "remote", r.RemoteAddr)
@@ -99,7 +103,11 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) signOut(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	s := c.sessions.get(r)
+	s, err := c.sessions.get(r)
+	if err != nil {
+		c.message(w, r, http.StatusServiceUnavailable, "Unavailable", storeUnavailable(err))
+		return
+	}
 	if s == nil {
 		http.Redirect(w, r, "/login?signedout=1", http.StatusSeeOther)
 		return
@@ -108,7 +116,11 @@ func (c *Console) signOut(w http.ResponseWriter, r *http.Request) {
 		c.forged(w, r, s, "sign-out")
 		return
 	}
-	c.sessions.end(w, s)
+	if err := c.sessions.end(r.Context(), w, s); err != nil {
+		c.log.Error("ending a console session failed", "token_id", s.tokenID, "error", err)
+		c.message(w, r, http.StatusServiceUnavailable, "Unavailable", "ctrl could not end your session (its database did not answer); sign out again.")
+		return
+	}
 	c.log.Info("console sign-out", "token_id", s.tokenID, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/login?signedout=1", http.StatusSeeOther)
 }

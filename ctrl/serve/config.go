@@ -52,6 +52,9 @@ type ConsoleConfig struct {
 	TLSKey       string        `koanf:"tls_key"`
 	SecureCookie bool          `koanf:"secure_cookie"`
 	SessionTTL   time.Duration `koanf:"session_ttl"`
+	// LivePerToken bounds the live pages open with one operator token on
+	// one ctrl (across its browsers and sessions).
+	LivePerToken int `koanf:"live_per_token"`
 }
 
 // Enabled reports whether ctrl serves the web console.
@@ -60,6 +63,10 @@ func (c ConsoleConfig) Enabled() bool { return c.Addr != "" }
 // VaultConfig is the keyring that seals deployments' secret variables.
 type VaultConfig struct {
 	KeyringFile string `koanf:"keyring_file"`
+	// AuditRetention is how long vault_audit rows are kept.
+	AuditRetention time.Duration `koanf:"audit_retention"`
+	// DecryptPerMinute bounds each cluster's DecryptEnv calls on one ctrl.
+	DecryptPerMinute int `koanf:"decrypt_per_minute"`
 }
 
 type RestateConfig struct {
@@ -204,11 +211,14 @@ var settings = []setting{
 	{"sentinel.deploy_timeout", 10 * time.Minute, "how long a sentinel deploy (and each sentinel of a rollout) waits for its cluster to run the new configuration healthy, when the request does not say"},
 	{"sentinel.idle_stop_after", time.Hour, "stop an environment's sentinel in a region once the environment has had no live or in-progress deployment there for this long (its objects are deleted, the row stays; the next deploy starts it again); 0 never stops one"},
 	{"vault.keyring_file", "", "keyring file sealing deployments' secret variables (mode 0600; `ctrl vault init` creates it, reloaded when it changes); empty: no secrets"},
+	{"vault.audit_retention", 30 * 24 * time.Hour, "how long the audit of secret openings (vault_audit, `ctrl vault audit`) keeps a row (1h..87600h); older rows are deleted hourly"},
+	{"vault.decrypt_per_minute", 1000, "DecryptEnv calls one cluster may make of one ctrl per minute, in bursts of as many (1..100000); past it the cluster is told to retry later, unaudited"},
 	{"console.addr", "", "listen address of the web console, e.g. :8080; empty: no console"},
 	{"console.tls_cert", "", "TLS certificate file (PEM) of the console; without it the console serves plain HTTP (keep it on a private network or behind a TLS proxy)"},
 	{"console.tls_key", "", "TLS private key file (PEM) of the console"},
 	{"console.secure_cookie", false, "mark the console's session cookie Secure (sent over HTTPS only): set it when a TLS proxy fronts a plain-HTTP console; console.tls_cert sets it anyway"},
 	{"console.session_ttl", 12 * time.Hour, "a console session ends this long after sign-in (1m..168h); revoking the operator token ends it at once"},
+	{"console.live_per_token", 64, "live pages (event streams) one operator token may hold open on one ctrl, across its sessions (1..10000); one session holds at most 16"},
 	{"log.level", "info", "log level: trace, debug, info, warn, error"},
 	{"log.format", "json", "log format: json or text"},
 }
@@ -359,6 +369,12 @@ func (c Config) Validate() error {
 	if r := c.Auth.RecheckInterval; r < time.Second || r > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("auth.recheck_interval %s is out of range 1s..24h (default 1m)", r))
 	}
+	if r := c.Vault.AuditRetention; r < time.Hour || r > 87600*time.Hour {
+		errs = append(errs, fmt.Errorf("vault.audit_retention %s is out of range 1h..87600h (default 720h)", r))
+	}
+	if n := c.Vault.DecryptPerMinute; n < 1 || n > 100000 {
+		errs = append(errs, fmt.Errorf("vault.decrypt_per_minute %d is out of range 1..100000 (default 1000)", n))
+	}
 	errs = append(errs, c.validateRestate()...)
 	errs = append(errs, c.validateConsole()...)
 	return errors.Join(errs...)
@@ -381,6 +397,9 @@ func (c Config) validateConsole() []error {
 	}
 	if k.SessionTTL < time.Minute || k.SessionTTL > 7*24*time.Hour {
 		errs = append(errs, fmt.Errorf("console.session_ttl %s is out of range 1m..168h (default 12h)", k.SessionTTL))
+	}
+	if k.LivePerToken < 1 || k.LivePerToken > 10000 {
+		errs = append(errs, fmt.Errorf("console.live_per_token %d is out of range 1..10000 (default 64)", k.LivePerToken))
 	}
 	return errs
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"krane.dev/ctrl/console"
+	"krane.dev/ctrl/store"
 )
 
 // The console reaches the operator API through ctrl's own gRPC server, on
@@ -72,7 +73,7 @@ const inprocBuffer = 1 << 20
 
 // startConsole listens on console.addr and connects the console to gs in
 // process. gs must be served on the returned server's inproc listener.
-func startConsole(cfg Config, gs *grpc.Server, log hclog.Logger, reg prometheus.Registerer) (*consoleServer, error) {
+func startConsole(cfg Config, gs *grpc.Server, st *store.Store, log hclog.Logger, reg prometheus.Registerer) (*consoleServer, error) {
 	k := cfg.Console
 	cs := &consoleServer{inproc: inprocListener{bufconn.Listen(inprocBuffer)}, tls: k.TLSCert != ""}
 	recv, send := cfg.GRPC.MaxRecvBytes, cfg.GRPC.MaxSendBytes
@@ -91,7 +92,7 @@ func startConsole(cfg Config, gs *grpc.Server, log hclog.Logger, reg prometheus.
 	}
 	cs.conn = conn
 	con, err := console.New(console.Options{
-		Conn: conn, Resources: console.ResourceAPI, SessionTTL: k.SessionTTL, SecureCookie: k.SecureCookie || cs.tls, Log: log, Registerer: reg,
+		Conn: conn, Resources: console.ResourceAPI, Sessions: st, SessionTTL: k.SessionTTL, LivePerToken: k.LivePerToken, SecureCookie: k.SecureCookie || cs.tls, Log: log, Registerer: reg,
 	})
 	if err != nil {
 		conn.Close()

@@ -194,6 +194,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	api, err := clusterapi.New(clusterapi.Options{
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
 		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
+		DecryptPerMinute: cfg.Vault.DecryptPerMinute,
 	})
 	if err != nil {
 		return fail(err)
@@ -220,7 +221,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	}
 	var cons *consoleServer
 	if cfg.Console.Enabled() {
-		if cons, err = startConsole(cfg, gs, log, reg); err != nil {
+		if cons, err = startConsole(cfg, gs, st, log, reg); err != nil {
 			grpcLis.Close()
 			httpLis.Close()
 			return fail(err)
@@ -239,6 +240,8 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	// streams within auth.revocation_poll_interval.
 	revDone := make(chan struct{})
 	go func() { authn.WatchRevocations(runCtx); close(revDone) }()
+	auditDone := make(chan struct{})
+	go func() { expireVaultAudit(runCtx, st, cfg.Vault.AuditRetention, log); close(auditDone) }()
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -274,6 +277,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		s.shutdown(apiDone)
 		wg.Wait()
 		<-revDone
+		<-auditDone
 		st.Close()
 		log.Info("ctrl stopped")
 		close(s.done)
@@ -488,4 +492,30 @@ func registerWriteMetrics(reg prometheus.Registerer, st *store.Store) {
 		counter("write_batch_fallbacks_total", "Group-commit transactions that failed as a whole, whose writes then ran one by one.",
 			func(w store.WriteStats) int64 { return w.Fallbacks }),
 	)
+}
+
+// auditExpiryInterval is how often vault_audit rows past their retention
+// are deleted (every replica does it; deleting what another deleted is
+// nothing).
+const auditExpiryInterval = time.Hour
+
+// expireVaultAudit deletes vault_audit rows older than retention, at once
+// and then every auditExpiryInterval, until ctx ends.
+func expireVaultAudit(ctx context.Context, st *store.Store, retention time.Duration, log hclog.Logger) {
+	t := time.NewTicker(auditExpiryInterval)
+	defer t.Stop()
+	for {
+		n, err := st.ExpireVaultAudit(ctx, time.Now().Add(-retention))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("deleting expired vault audit rows failed; retrying in an hour", "retention", retention, "error", err)
+		case n > 0:
+			log.Info("deleted expired vault audit rows", "rows", n, "retention", retention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

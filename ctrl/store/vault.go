@@ -121,3 +121,20 @@ func cut(s string, n int) string {
 	}
 	return s
 }
+
+// ExpireVaultAudit deletes the audit rows created before cutoff, in
+// batches (no long lock on the table), and returns how many.
+func (s *Store) ExpireVaultAudit(ctx context.Context, cutoff time.Time) (int64, error) {
+	var total int64
+	for {
+		res, err := s.db.ExecContext(ctx, "DELETE FROM vault_audit WHERE created_at < ? LIMIT 1000", cutoff.UnixMilli())
+		if err != nil {
+			return total, fmt.Errorf("store: delete vault audit rows before %s: %w", cutoff.Format(time.RFC3339), err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n < 1000 {
+			return total, nil
+		}
+	}
+}

@@ -144,6 +144,9 @@ func checkCtrl(t *testing.T, in *install) *ctrlInstall {
 	}
 	expectPort(t, w, c, "grpc", "grpc.addr", cfg.GRPC.Addr)
 	expectPort(t, w, c, "http", "http.addr", cfg.HTTP.Addr)
+	if cfg.Console.Enabled() {
+		expectPort(t, w, c, "console", "console.addr", cfg.Console.Addr)
+	}
 	for key, p := range map[string]string{"vault.keyring_file": cfg.Vault.KeyringFile, "grpc.tls_cert": cfg.GRPC.TLSCert, "grpc.tls_key": cfg.GRPC.TLSKey, "grpc.client_ca": cfg.GRPC.ClientCA} {
 		if p != "" {
 			if _, ok := MountedAt(w, c, p); !ok {

@@ -379,30 +379,32 @@ func (s *Stack) RestartCtrl(kill bool) error {
 // CtrlReplica is a further `ctrl serve` against the stack's MySQL and
 // Restate, as production runs several behind one address.
 type CtrlReplica struct {
-	Addr string // gRPC host:port
-	HTTP string // http://host:port (health, metrics)
-	p    *testenv.Process
+	Addr       string // gRPC host:port
+	HTTP       string // http://host:port (health, metrics)
+	ConsoleURL string // http://host:port of its web console
+	p          *testenv.Process
 }
 
 // Stop stops the replica (SIGTERM).
 func (r *CtrlReplica) Stop() { r.p.Stop(10 * time.Second) }
 
-// StartCtrlReplica starts another ctrl on its own ports and waits until it
-// is ready. It shares the database, the vault keyring and Restate; Restate
-// keeps calling the endpoint registered by the first ctrl, so the replica
-// does not register its own.
+// StartCtrlReplica starts another ctrl on its own ports, its web console
+// included, and waits until it is ready. It shares the database, the
+// vault keyring and Restate; Restate keeps calling the endpoint registered
+// by the first ctrl, so the replica does not register its own.
 func (s *Stack) StartCtrlReplica(name string) (*CtrlReplica, error) {
-	ports, err := testenv.FreePorts(3)
+	ports, err := testenv.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
-	r := &CtrlReplica{Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), HTTP: fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
+	r := &CtrlReplica{Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), HTTP: fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		ConsoleURL: fmt.Sprintf("http://127.0.0.1:%d", ports[3])}
 	env := append(s.ctrlEnv(),
 		"CTRL_GRPC_ADDR="+r.Addr,
 		"CTRL_HTTP_ADDR="+strings.TrimPrefix(r.HTTP, "http://"),
 		fmt.Sprintf("CTRL_RESTATE_ENDPOINT_LISTEN=127.0.0.1:%d", ports[2]),
 		"CTRL_RESTATE_REGISTER_ON_START=false",
-		"CTRL_CONSOLE_ADDR=", // the first ctrl serves the console
+		"CTRL_CONSOLE_ADDR="+strings.TrimPrefix(r.ConsoleURL, "http://"),
 	)
 	if r.p, err = testenv.StartProcess(s.dir, name, s.bin["ctrl"], []string{"serve"}, env); err != nil {
 		return nil, err
