@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -85,8 +86,11 @@ func (a *Agent) heartbeatRequest() (*clusterv1.HeartbeatRequest, string) {
 		HostReport: true, Controllers: a.controllerStatusLocked(),
 	}
 	a.eachLoopLocked(func(kind string, l *syncer.Loop) {
+		if !controllerLimits.kind.MatchString(kind) || len(req.Cursors) == controllerLimits.cursors {
+			return // ctrl would refuse the whole heartbeat
+		}
 		req.Cursors[kind] = l.Cursor()
-		if n := l.Parked(); n > 0 {
+		if n := l.Parked(); n > 0 && len(req.Parked) < controllerLimits.cursors {
 			req.Parked[kind] = int32(n)
 		}
 	})
@@ -148,27 +152,28 @@ func (a *Agent) controllersAckedLocked() bool {
 func fitHeartbeat(cs *clusterv1.ControllerStatus) {
 	cs.PluginVersion = clipUTF8(cs.PluginVersion, controllerLimits.pluginVersion)
 	cs.LastError = clipUTF8(cs.LastError, controllerLimits.lastError)
+	cs.Kinds = slices.DeleteFunc(cs.Kinds, func(k string) bool { return !controllerLimits.kind.MatchString(k) })
 	if len(cs.Kinds) > controllerLimits.kinds {
 		cs.Kinds = cs.Kinds[:controllerLimits.kinds]
 	}
 }
 
-var controllerLimits = struct{ pluginVersion, lastError, kinds int }{
-	pluginVersion: stringMaxBytes("plugin_version"), lastError: stringMaxBytes("last_error"), kinds: repeatedMaxItems("kinds"),
+// controllerLimits are the bounds of a heartbeat the host must keep.
+var controllerLimits = struct {
+	pluginVersion, lastError, kinds, cursors int
+	kind                                     *regexp.Regexp // a kind name ctrl accepts
+}{
+	pluginVersion: int(fieldRules(&clusterv1.ControllerStatus{}, "plugin_version").GetString().GetMaxBytes()),
+	lastError:     int(fieldRules(&clusterv1.ControllerStatus{}, "last_error").GetString().GetMaxBytes()),
+	kinds:         int(fieldRules(&clusterv1.ControllerStatus{}, "kinds").GetRepeated().GetMaxItems()),
+	cursors:       int(fieldRules(&clusterv1.HeartbeatRequest{}, "cursors").GetMap().GetMaxPairs()),
+	kind:          regexp.MustCompile(fieldRules(&clusterv1.ControllerStatus{}, "kinds").GetRepeated().GetItems().GetString().GetPattern()),
 }
 
-func fieldRules(name protoreflect.Name) *validate.FieldRules {
-	fd := (&clusterv1.ControllerStatus{}).ProtoReflect().Descriptor().Fields().ByName(name)
+func fieldRules(m proto.Message, name protoreflect.Name) *validate.FieldRules {
+	fd := m.ProtoReflect().Descriptor().Fields().ByName(name)
 	r, _ := proto.GetExtension(fd.Options(), validate.E_Field).(*validate.FieldRules)
 	return r
-}
-
-func stringMaxBytes(name protoreflect.Name) int {
-	return int(fieldRules(name).GetString().GetMaxBytes())
-}
-
-func repeatedMaxItems(name protoreflect.Name) int {
-	return int(fieldRules(name).GetRepeated().GetMaxItems())
 }
 
 // clipUTF8 cuts s to at most n bytes, at a character boundary.

@@ -52,19 +52,23 @@ func TestStoppedControllerClaimsNoKind(t *testing.T) {
 }
 
 // TestHeartbeatFitsCtrlsBounds: what a plugin says of itself is cut to
-// the bounds the ClusterService declares, at a character boundary, so a
-// long plugin error cannot get the host's heartbeats refused.
+// the bounds the ClusterService declares, at a character boundary, and
+// kind names ctrl would refuse are left out, so a plugin cannot get the
+// host's heartbeats refused.
 func TestHeartbeatFitsCtrlsBounds(t *testing.T) {
-	if controllerLimits.pluginVersion == 0 || controllerLimits.lastError == 0 || controllerLimits.kinds == 0 {
+	if controllerLimits.pluginVersion == 0 || controllerLimits.lastError == 0 || controllerLimits.kinds == 0 || controllerLimits.cursors == 0 {
 		t.Fatalf("limits not read from the proto: %+v", controllerLimits)
 	}
 	cs := &clusterv1.ControllerStatus{
 		PluginVersion: strings.Repeat("v", 1000), LastError: strings.Repeat("é", 5000),
-		Kinds: make([]string, controllerLimits.kinds+5),
+		Kinds: []string{"Not.A.Kind", "-bad"},
+	}
+	for range controllerLimits.kinds + 5 {
+		cs.Kinds = append(cs.Kinds, "configmap.example.krane.dev")
 	}
 	fitHeartbeat(cs)
 	if len(cs.PluginVersion) != controllerLimits.pluginVersion || len(cs.LastError) > controllerLimits.lastError ||
-		!utf8.ValidString(cs.LastError) || len(cs.Kinds) != controllerLimits.kinds {
+		!utf8.ValidString(cs.LastError) || len(cs.Kinds) != controllerLimits.kinds || cs.Kinds[0] != "configmap.example.krane.dev" {
 		t.Fatalf("fitted: version %d bytes, error %d bytes (valid UTF-8: %v), %d kinds; limits %+v",
 			len(cs.PluginVersion), len(cs.LastError), utf8.ValidString(cs.LastError), len(cs.Kinds), controllerLimits)
 	}
