@@ -460,8 +460,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	)
 	p.checkAccessible("Deployments")
 
-	// A second deployment of the environment (through the API) becomes
-	// live while the rollout below runs; the first is then promoted back.
+	// A second deployment of the environment (through the API) gets ready
+	// while the rollout below runs; the first stays live until the second
+	// is promoted.
 	deploys := ctrlv1.NewDeploymentServiceClient(operatorClient(t, st.CtrlAddr, st.OperatorToken))
 	later, err := deploys.CreateDeployment(ctx, &ctrlv1.CreateDeploymentRequest{WorkspaceId: "acme", ProjectId: "shop", AppId: "web",
 		EnvironmentId: env, Image: "registry.local/acme/web:console-2", Regions: []string{"local-a", "local-b"}, Replicas: 1})
@@ -560,20 +561,21 @@ func TestConsoleInBrowser(t *testing.T) {
 		})()`, "the built-in kinds of both clusters never all showed caught up", 200*time.Millisecond))
 	p.screenshot("fleet.png")
 
-	// The second deployment is live by now; promote the first back.
-	waitFor(t, step, "the second deployment is ready and live", func() error {
-		d, err := deploys.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: later.GetDeploymentId()})
-		if err != nil || d.GetStatus() != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY || !d.GetLive() {
-			return fmt.Errorf("%v %v live=%v", d.GetStatus(), err, d.GetLive())
+	// The second deployment is ready by now: promote it.
+	laterID := later.GetDeploymentId()
+	waitFor(t, step, "the second deployment is ready", func() error {
+		d, err := deploys.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: laterID})
+		if err != nil || d.GetStatus() != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY {
+			return fmt.Errorf("%v %v", d.GetStatus(), err)
 		}
 		return nil
 	})
-	p.run("promote the first deployment", step,
-		chromedp.Navigate(base+"/deployments/"+depID),
-		confirmed("#promote-"+depID, "Make deployment "+depID, "now live"),
+	p.run("promote the second deployment", step,
+		chromedp.Navigate(base+"/deployments/"+laterID),
+		confirmed("#promote-"+laterID, "Make deployment "+laterID, "now live"),
 	)
-	if d, err := deploys.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: depID}); err != nil || !d.GetLive() {
-		t.Fatalf("deployment %s after Promote: live=%v %v", depID, d.GetLive(), err)
+	if d, err := deploys.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: laterID}); err != nil || !d.GetLive() {
+		t.Fatalf("deployment %s after Promote: live=%v %v", laterID, d.GetLive(), err)
 	}
 
 	// Without the script: pages are plain HTML and forms still post.
