@@ -306,7 +306,7 @@ func TestRolloutCompletes(t *testing.T) {
 		{&ctrlv1.StartRolloutRequest{}, "image"},
 		{&ctrlv1.StartRolloutRequest{Image: imgV3, WavePercentages: []int32{10, 50}}, "the last percentage is 50, not 100"},
 		{&ctrlv1.StartRolloutRequest{Image: imgV3, WavePercentages: []int32{50, 20, 100}}, "wave_percentages[1]"},
-		{&ctrlv1.StartRolloutRequest{Image: imgV3, WavePercentages: []int32{0, 100}}, "wave_percentages[0]: 0 is out of range"},
+		{&ctrlv1.StartRolloutRequest{Image: imgV3, WavePercentages: []int32{0, 100}}, "wave_percentages[0]: must be greater than or equal to 1"},
 		{&ctrlv1.StartRolloutRequest{Image: imgV3, SlackWebhookUrl: "ftp://x"}, "slack_webhook_url"},
 		{&ctrlv1.StartRolloutRequest{Image: imgV3, BakeSeconds: -1}, "bake_seconds"},
 	} {
