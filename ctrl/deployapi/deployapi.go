@@ -145,9 +145,6 @@ func (s *Server) replay(ctx context.Context, key string) (*ctrlv1.CreateDeployme
 	if key == "" {
 		return nil, nil
 	}
-	if len(key) > 128 {
-		return nil, invalid(&deployspec.FieldError{Field: "idempotency_key", Reason: "at most 128 characters"})
-	}
 	id, err := s.store.DeploymentByIdempotencyKey(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, nil
@@ -511,7 +508,7 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 
 // deployment reads one deployment named by a request field.
 func (s *Server) deployment(ctx context.Context, field, id string) (store.Deployment, error) {
-	if id == "" || len(id) > 64 {
+	if id == "" { // its length is bounded on the request
 		return store.Deployment{}, invalid(&deployspec.FieldError{Field: field, Reason: "a deployment id (dep_...) is required"})
 	}
 	d, err := s.store.GetDeployment(ctx, id)

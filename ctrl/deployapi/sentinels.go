@@ -237,7 +237,7 @@ func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinels
 
 // sentinel reads one sentinel named by the request.
 func (s *Sentinels) sentinel(ctx context.Context, id string) (store.SentinelRow, error) {
-	if id == "" || len(id) > 64 {
+	if id == "" { // its length is bounded on the request
 		return store.SentinelRow{}, invalid(&deployspec.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
 	}
 	row, err := s.store.GetSentinel(ctx, id)
