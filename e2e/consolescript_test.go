@@ -52,7 +52,7 @@ func TestConsoleScriptFollowsOnlyItsOwnPaths(t *testing.T) {
 	t.Cleanup(cancelBrowser)
 	p := newPage(t, browser, t.TempDir())
 	for to, want := range map[string]string{
-		"/login?signedout=1":               "/login?signedout=1",
+		"/login?signedout=1":                "/login?signedout=1",
 		"//" + other.Host + "/phish":        "/login",
 		elsewhere.URL + "/phish":            "/login",
 		"/\t/" + other.Host + "/phish":      "/login",
