@@ -181,7 +181,7 @@ func TestHostAgainstCtrl(t *testing.T) {
 	})
 	waitFor(t, 20*time.Second, "status stored in ctrl", func() error {
 		var status []byte
-		row := st.DB().QueryRowContext(ctx, "SELECT COALESCE(status, '') FROM resources WHERE kind = ? AND region = 'eu' AND id = 'r3'", cmKind)
+		row := st.DB().QueryRowContext(ctx, "SELECT COALESCE(MAX(status), '') FROM object_reports WHERE kind = ? AND region = 'eu' AND id = 'r3'", cmKind)
 		if err := row.Scan(&status); err != nil {
 			return err
 		}

@@ -26,10 +26,7 @@ func reportTables(t *testing.T, s *store.Store) string {
 	var b strings.Builder
 	for _, q := range []string{
 		"SELECT deployment_id, region, cluster_id, k8s_name, address, cpu_millicores, memory_mib, status, reason, COALESCE(message, ''), zone, observed_version, observed_at_ns FROM instances ORDER BY 1, 2, 3, 4",
-		"SELECT deployment_id, region, report_observed_version, report_observed_at_ns, reported_desired_replicas, reported_ready_replicas, reported_available_replicas, reported_deleted FROM deployment_topology ORDER BY 1, 2",
-		"SELECT id, running_image, available_replicas, updated_replicas, ready_replicas, observed_generation, health, health_reason, reported_deleted, report_observed_version, report_observed_at_ns FROM sentinels ORDER BY 1",
-		"SELECT id, status_applied, COALESCE(status_message, ''), reported_deleted, report_observed_version, report_observed_at_ns FROM cilium_network_policies ORDER BY 1",
-		"SELECT kind, id, COALESCE(status, ''), report_observed_version, report_observed_at_ns FROM resources ORDER BY 1, 2",
+		"SELECT kind, region, id, cluster_id, observed_version, observed_at_ns, deleted, COALESCE(status, ''), status_sum FROM object_reports ORDER BY 1, 2, 3, 4",
 		"SELECT kind, region, id, cluster_id, version, message, field, permanent FROM apply_errors ORDER BY 1, 2, 3, 4",
 	} {
 		rows, err := s.DB().Query(q)

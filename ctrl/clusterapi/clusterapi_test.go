@@ -332,17 +332,21 @@ func TestStaleReportsDoNotOverwriteNewerOnes(t *testing.T) {
 	summary := func() string {
 		var v uint64
 		var at int64
-		var ready int
-		if err := env.Store.DB().QueryRowContext(ctx, "SELECT report_observed_version, report_observed_at_ns, reported_ready_replicas FROM deployment_topology WHERE deployment_id = 'd1'").Scan(&v, &at, &ready); err != nil {
+		var status string
+		if err := env.Store.DB().QueryRowContext(ctx, "SELECT observed_version, observed_at_ns, status FROM object_reports WHERE kind = 'deployment' AND id = 'd1' AND cluster_id = 'eu-1'").Scan(&v, &at, &status); err != nil {
 			t.Fatal(err)
 		}
-		return fmt.Sprintf("v%d at%d ready%d", v, at, ready)
+		canon, err := store.CanonicalJSON([]byte(status))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("v%d at%d %s", v, at, canon)
 	}
 
 	if !reportDeployment(5, t0.Add(time.Second), "pod-a", "pod-b") {
 		t.Fatal("first report rejected")
 	}
-	wantInstances, wantSummary := "[pod-a/running/5 pod-b/running/5]", fmt.Sprintf("v5 at%d ready2", t0.Add(time.Second).UnixNano())
+	wantInstances, wantSummary := "[pod-a/running/5 pod-b/running/5]", fmt.Sprintf(`v5 at%d {"available_replicas":2,"desired_replicas":2,"ready_replicas":2}`, t0.Add(time.Second).UnixNano())
 	// Older observed version, even if observed later: ignored.
 	if reportDeployment(4, t0.Add(time.Hour), "pod-old") {
 		t.Fatal("report with an older observed_version accepted")
@@ -378,9 +382,8 @@ func TestStaleReportsDoNotOverwriteNewerOnes(t *testing.T) {
 	if !rs(3, t0, "sentinel:2") || rs(2, t0.Add(time.Hour), "sentinel:1") || rs(3, t0.Add(-time.Millisecond), "sentinel:0") {
 		t.Fatal("sentinel report guard: want accepted, stale, stale")
 	}
-	var image, health string
-	if err := env.Store.DB().QueryRowContext(ctx, "SELECT running_image, health FROM sentinels WHERE id = 's1'").Scan(&image, &health); err != nil || image != "sentinel:2" || health != "healthy" {
-		t.Fatalf("sentinel actual state %q %q (%v), want sentinel:2 healthy", image, health, err)
+	if got := clusterReport(t, env.Store, kinds.Sentinel, "eu", "s1", "eu-1"); got != `v3 {"available_replicas":2,"health":"HEALTH_HEALTHY","running_image":"sentinel:2"}` {
+		t.Fatalf("sentinel actual state %s, want sentinel:2 healthy", got)
 	}
 
 	// Another region's object is NotFound for this cluster.
@@ -488,18 +491,15 @@ func TestGenericAndCiliumReports(t *testing.T) {
 	if !report(genericKind, "cm1", 2, t0, st("Applied")) || report(genericKind, "cm1", 1, t0.Add(time.Hour), st("Stale")) {
 		t.Fatal("generic report guard: want accepted, then stale")
 	}
-	var doc string
-	if err := env.Store.DB().QueryRowContext(ctx, "SELECT status FROM resources WHERE id = 'cm1'").Scan(&doc); err != nil || !strings.Contains(doc, `"Applied"`) {
-		t.Fatalf("generic status %q, %v", doc, err)
+	if doc := clusterReport(t, env.Store, genericKind, "eu", "cm1", "eu-1"); !strings.Contains(doc, `"Applied"`) {
+		t.Fatalf("generic status %q", doc)
 	}
 	if !report(kinds.CiliumNetworkPolicy, "p1", 2, t0, &clusterv1.CiliumNetworkPolicyStatus{Applied: false, Message: "rejected: bad selector"}) ||
 		report(kinds.CiliumNetworkPolicy, "p1", 2, t0.Add(-time.Second), &clusterv1.CiliumNetworkPolicyStatus{Applied: true}) {
 		t.Fatal("cilium report guard: want accepted, then stale")
 	}
-	var applied bool
-	var msg string
-	if err := env.Store.DB().QueryRowContext(ctx, "SELECT status_applied, status_message FROM cilium_network_policies WHERE id = 'p1'").Scan(&applied, &msg); err != nil || applied || msg != "rejected: bad selector" {
-		t.Fatalf("cilium status %v %q, %v", applied, msg, err)
+	if got := clusterReport(t, env.Store, kinds.CiliumNetworkPolicy, "eu", "p1", "eu-1"); got != `v2 {"message":"rejected: bad selector"}` {
+		t.Fatalf("cilium status %s", got)
 	}
 	if _, err := cli.ReportStatus(ctx, &clusterv1.ReportStatusRequest{Kind: genericKind, Id: "nope", ObservedVersion: 1, Status: mustAny(st("x"))}); status.Code(err) != codes.NotFound {
 		t.Fatalf("report on an unknown object: %v, want NotFound", err)

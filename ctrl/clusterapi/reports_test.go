@@ -95,10 +95,10 @@ func TestReportStatusesJudgesEachReportAlone(t *testing.T) {
 	if got := fmt.Sprint(rows("SELECT deployment_id, k8s_name, observed_version FROM instances ORDER BY deployment_id, k8s_name")); got != "[d1/pod-b/6 d1/pod-c/6]" {
 		t.Errorf("instances %s, want d1's pods of its newer report only", got)
 	}
-	if got := fmt.Sprint(rows("SELECT deployment_id, report_observed_version, reported_deleted FROM deployment_topology ORDER BY deployment_id")); got != "[d1/6/0 d2/3/1]" {
-		t.Errorf("topology summaries %s", got)
+	if got := fmt.Sprint(rows("SELECT id, observed_version, deleted FROM object_reports WHERE kind = 'deployment' ORDER BY id")); got != "[d1/6/0 d2/3/1]" {
+		t.Errorf("deployment reports %s", got)
 	}
-	if got := fmt.Sprint(rows("SELECT id, running_image, health FROM sentinels")); got != "[s1/sentinel:2/healthy]" {
+	if got := clusterReport(t, env.Store, kinds.Sentinel, "eu", "s1", "eu-1"); got != `v3 {"health":"HEALTH_HEALTHY","running_image":"sentinel:2"}` {
 		t.Errorf("sentinel %s", got)
 	}
 	listener.mu.Lock()
@@ -185,7 +185,7 @@ func TestReportStatusesStoresALargeBatch(t *testing.T) {
 	if got := count("SELECT COUNT(*) FROM instances WHERE k8s_name LIKE '%-pod-2'"); got != 0 {
 		t.Fatalf("%d instances of the lost pods remain", got)
 	}
-	if got := count("SELECT COUNT(*) FROM deployment_topology WHERE report_observed_version = 1 AND reported_ready_replicas = 2"); got != n {
+	if got := count("SELECT COUNT(*) FROM object_reports WHERE kind = 'deployment' AND observed_version = 1 AND JSON_VALUE(status, '$.ready_replicas') = 2"); got != n {
 		t.Fatalf("%d summaries updated, want %d", got, n)
 	}
 }

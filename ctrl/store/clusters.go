@@ -458,17 +458,115 @@ func (h *HostReport) Owns(kind string) bool {
 }
 
 // Heartbeat records that a cluster is alive, its agent version, cursors
-// and, when hb.Host is set, its controllers and parked objects: one
-// UPDATE of the cluster's row, whatever it carries (heartbeats from
-// thousands of clusters stay one cheap statement each).
+// and, when hb.Host is set, its controllers and parked objects
+// (Heartbeats of one cluster).
 func (s *Store) Heartbeat(ctx context.Context, clusterID, region string, hb HeartbeatData) error {
+	errs, err := s.Heartbeats(ctx, []ClusterHeartbeat{{ClusterID: clusterID, Region: region, Data: hb}})
+	if err != nil {
+		return err
+	}
+	return errs[0]
+}
+
+// ClusterHeartbeat is one cluster's heartbeat.
+type ClusterHeartbeat struct {
+	ClusterID, Region string
+	Data              HeartbeatData
+}
+
+// heartbeatsPerStatement bounds one UPDATE (6 placeholders a heartbeat).
+const heartbeatsPerStatement = 2000
+
+// Heartbeats records the heartbeats of many clusters with one UPDATE of
+// their rows per 2,000 clusters, whatever each carries. It answers each
+// heartbeat with nil or ErrNotFound (the cluster is not registered in its
+// region); the error is the batch's own. A cluster named twice keeps its
+// later heartbeat.
+func (s *Store) Heartbeats(ctx context.Context, hbs []ClusterHeartbeat) ([]error, error) {
+	results := make([]error, len(hbs))
+	last := map[string]int{}
+	for i, hb := range hbs {
+		last[hb.ClusterID] = i
+	}
+	now := nowMillis()
+	var idx []int
+	for i, hb := range hbs {
+		if last[hb.ClusterID] == i {
+			idx = append(idx, i)
+		}
+	}
+	for start := 0; start < len(idx); start += heartbeatsPerStatement {
+		part := idx[start:min(start+heartbeatsPerStatement, len(idx))]
+		var b strings.Builder
+		args := make([]any, 0, 6*len(part)+1)
+		for n, i := range part {
+			hb := hbs[i]
+			cursors, controllers, parked, err := heartbeatColumns(hb.Data)
+			if err != nil {
+				return nil, fmt.Errorf("store: heartbeat of cluster %s: %w", hb.ClusterID, err)
+			}
+			if n == 0 {
+				b.WriteString("SELECT ? AS id, ? AS region, ? AS agent_version, ? AS cursors, ? AS controllers, ? AS parked")
+			} else {
+				b.WriteString(" UNION ALL SELECT ?, ?, ?, ?, ?, ?")
+			}
+			args = append(args, hb.ClusterID, hb.Region, hb.Data.AgentVersion, cursors, controllers, parked)
+		}
+		res, err := s.db.ExecContext(ctx, `UPDATE clusters c JOIN (`+b.String()+`) v ON c.id = v.id AND c.region = v.region
+SET c.last_heartbeat_at = ?, c.agent_version = v.agent_version, c.cursors = v.cursors, c.controllers = v.controllers, c.parked = v.parked`,
+			append(args, now)...)
+		if err != nil {
+			return nil, fmt.Errorf("store: record the heartbeats of %d clusters (first %s): %w", len(part), hbs[part[0]].ClusterID, err)
+		}
+		if n, _ := res.RowsAffected(); int(n) == len(part) {
+			continue
+		}
+		// Some are not registered (in their region): find which.
+		ids := make([]any, len(part))
+		for n, i := range part {
+			ids[n] = hbs[i].ClusterID
+		}
+		rows, err := s.db.QueryContext(ctx, "SELECT id, region FROM clusters WHERE id IN ("+placeholders(len(ids))+")", ids...)
+		if err != nil {
+			return nil, fmt.Errorf("store: read %d clusters that sent heartbeats: %w", len(ids), err)
+		}
+		known := map[string]string{}
+		for rows.Next() {
+			var id, region string
+			if err := rows.Scan(&id, &region); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			known[id] = region
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		for _, i := range part {
+			if region, ok := known[hbs[i].ClusterID]; !ok || region != hbs[i].Region {
+				results[i] = fmt.Errorf("store: heartbeat of cluster %s in %s: %w", hbs[i].ClusterID, hbs[i].Region, ErrNotFound)
+			}
+		}
+	}
+	for i, hb := range hbs {
+		if j := last[hb.ClusterID]; j != i {
+			results[i] = results[j]
+		}
+	}
+	return results, nil
+}
+
+// heartbeatColumns encodes what a heartbeat stores in the cluster's JSON
+// columns; controllers and parked are NULL when it does not report them.
+func heartbeatColumns(hb HeartbeatData) (string, sql.NullString, sql.NullString, error) {
 	cursors := hb.Cursors
 	if cursors == nil {
 		cursors = map[string]uint64{}
 	}
 	raw, err := json.Marshal(cursors)
 	if err != nil {
-		return fmt.Errorf("store: heartbeat of cluster %s: encode cursors: %w", clusterID, err)
+		return "", sql.NullString{}, sql.NullString{}, fmt.Errorf("encode cursors: %w", err)
 	}
 	var controllers, parked sql.NullString
 	if h := hb.Host; h != nil {
@@ -478,7 +576,7 @@ func (s *Store) Heartbeat(ctx context.Context, clusterID, region string, hb Hear
 		}
 		b, err := json.Marshal(list)
 		if err != nil {
-			return fmt.Errorf("store: heartbeat of cluster %s: encode controllers: %w", clusterID, err)
+			return "", sql.NullString{}, sql.NullString{}, fmt.Errorf("encode controllers: %w", err)
 		}
 		controllers = sql.NullString{String: string(b), Valid: true}
 		p := h.Parked
@@ -486,17 +584,9 @@ func (s *Store) Heartbeat(ctx context.Context, clusterID, region string, hb Hear
 			p = map[string]int{}
 		}
 		if b, err = json.Marshal(p); err != nil {
-			return fmt.Errorf("store: heartbeat of cluster %s: encode parked counts: %w", clusterID, err)
+			return "", sql.NullString{}, sql.NullString{}, fmt.Errorf("encode parked counts: %w", err)
 		}
 		parked = sql.NullString{String: string(b), Valid: true}
 	}
-	res, err := s.db.ExecContext(ctx, "UPDATE clusters SET last_heartbeat_at = ?, agent_version = ?, cursors = ?, controllers = ?, parked = ? WHERE id = ? AND region = ?",
-		nowMillis(), hb.AgentVersion, string(raw), controllers, parked, clusterID, region)
-	if err != nil {
-		return fmt.Errorf("store: record heartbeat of cluster %s: %w", clusterID, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("store: heartbeat of cluster %s in %s: %w", clusterID, region, ErrNotFound)
-	}
-	return nil
+	return string(raw), controllers, parked, nil
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"krane.dev/ctrl/actual"
 	"krane.dev/internal/kinds"
 )
 
@@ -518,6 +519,25 @@ type RegionState struct {
 	// ApplyErrors are the changes of this deployment the region's clusters
 	// could not apply.
 	ApplyErrors []ApplyError
+	// Actual is what the region's clusters reported, by the aggregation
+	// rule (ctrl/actual): which clusters count, and which have applied
+	// Version.
+	Actual actual.Region
+}
+
+// CountedInstances are the instances of the clusters that count (by the
+// aggregation rule), by cluster id.
+func (r RegionState) CountedInstances() map[string][]Instance {
+	out := make(map[string][]Instance, len(r.Actual.Counted))
+	for _, id := range r.Actual.Counted {
+		out[id] = nil
+	}
+	for _, in := range r.Instances {
+		if _, ok := out[in.ClusterID]; ok {
+			out[in.ClusterID] = append(out[in.ClusterID], in)
+		}
+	}
+	return out
 }
 
 // RegionStates returns the per-region state of each of ids (regions in
@@ -607,7 +627,28 @@ FROM apply_errors WHERE kind = ? AND id IN `+in+` ORDER BY id, region, cluster_i
 			r.ApplyErrors = append(r.ApplyErrors, e)
 		}
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var ds []desiredObj
+	errs := map[objKey][]ApplyError{}
+	for id, regions := range out {
+		for _, r := range regions {
+			k := objKey{kinds.Deployment, r.Region, id}
+			ds = append(ds, desiredObj{objKey: k, version: r.Version, deleted: r.DesiredStatus != "running" || r.DesiredReplicas <= 0})
+			errs[k] = r.ApplyErrors
+		}
+	}
+	rolled, err := s.rollUp(ctx, ds, errs)
+	if err != nil {
+		return nil, err
+	}
+	for id, regions := range out {
+		for i := range regions {
+			regions[i].Actual = rolled[objKey{kinds.Deployment, regions[i].Region, id}]
+		}
+	}
+	return out, nil
 }
 
 // ClusterRegions returns the regions that have at least one registered

@@ -1,5 +1,7 @@
 package store
 
+import "context"
+
 // QueuedWrites is how many WriteTx calls wait for a group commit (tests
 // use it to build a batch of a known size).
 func (s *Store) QueuedWrites() int {
@@ -9,4 +11,15 @@ func (s *Store) QueuedWrites() int {
 	s.writes.mu.Lock()
 	defer s.writes.mu.Unlock()
 	return len(s.writes.queue)
+}
+
+// MigrateTo applies the migrations up to version v (a test's database at
+// an older schema).
+func (s *Store) MigrateTo(ctx context.Context, v int64) error {
+	p, err := s.provider()
+	if err != nil {
+		return err
+	}
+	_, err = p.UpTo(ctx, v)
+	return err
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"krane.dev/ctrl/actual"
 	"krane.dev/internal/kinds"
 )
 
@@ -103,12 +104,18 @@ type ObjectRegion struct {
 	Deleted bool
 	// Spec is the canonical JSON of the desired spec.
 	Spec []byte
-	// ObservedVersion is the desired version the latest accepted status
-	// report was observed at; Status that report (JSON), nil before one.
+	// Actual is what the region's clusters reported, by the aggregation
+	// rule (ctrl/actual).
+	Actual actual.Region
+	// ObservedVersion is Actual.Lowest: the lowest version a counted
+	// cluster reported. ObservedAt and Status are the report of the
+	// counted cluster furthest behind (Actual.Behind); Status is nil
+	// before it reports.
 	ObservedVersion uint64
 	ObservedAt      time.Time
 	Status          []byte
-	// Errors are the clusters' apply errors (parked or retrying).
+	// Errors are the clusters' apply errors (parked or retrying), of every
+	// cluster of the region, counted or not.
 	Errors []ApplyError
 }
 
@@ -180,7 +187,7 @@ func objectTableOf(kind string) (*objectTable, error) {
 
 var genericObjects = &objectTable{
 	rows: func(ctx context.Context, q querier, kind, id string, lock bool) ([]ObjectRegion, error) {
-		query := `SELECT region, version, deleted, spec, report_observed_version, report_observed_at_ns, status FROM resources WHERE kind = ? AND id = ? ORDER BY region`
+		query := `SELECT region, version, deleted, spec FROM resources WHERE kind = ? AND id = ? ORDER BY region`
 		if lock {
 			query += " FOR UPDATE"
 		}
@@ -192,15 +199,11 @@ var genericObjects = &objectTable{
 		var out []ObjectRegion
 		for rows.Next() {
 			var r ObjectRegion
-			var at int64
-			var spec, status []byte
-			if err := rows.Scan(&r.Region, &r.Version, &r.Deleted, &spec, &r.ObservedVersion, &at, &status); err != nil {
+			var spec []byte
+			if err := rows.Scan(&r.Region, &r.Version, &r.Deleted, &spec); err != nil {
 				return nil, err
 			}
-			r.Spec, r.Status = canonicalOrRaw(spec), canonicalOrRaw(status)
-			if at > 0 {
-				r.ObservedAt = time.Unix(0, at)
-			}
+			r.Spec = canonicalOrRaw(spec)
 			out = append(out, r)
 		}
 		return out, rows.Err()
@@ -220,8 +223,7 @@ type CiliumPolicySpec struct {
 var ciliumObjects = &objectTable{
 	oneRegion: true,
 	rows: func(ctx context.Context, q querier, _, id string, lock bool) ([]ObjectRegion, error) {
-		query := `SELECT region, version, deleted, k8s_namespace, k8s_name, policy, report_observed_version, report_observed_at_ns, status_applied, status_message, reported_deleted
-FROM cilium_network_policies WHERE id = ?`
+		query := `SELECT region, version, deleted, k8s_namespace, k8s_name, policy FROM cilium_network_policies WHERE id = ?`
 		if lock {
 			query += " FOR UPDATE"
 		}
@@ -233,20 +235,12 @@ FROM cilium_network_policies WHERE id = ?`
 		var out []ObjectRegion
 		for rows.Next() {
 			var r ObjectRegion
-			var at int64
 			var spec CiliumPolicySpec
-			var applied, reportedDeleted bool
-			var message sql.NullString
-			if err := rows.Scan(&r.Region, &r.Version, &r.Deleted, &spec.Namespace, &spec.Name, &spec.Policy, &r.ObservedVersion, &at,
-				&applied, &message, &reportedDeleted); err != nil {
+			if err := rows.Scan(&r.Region, &r.Version, &r.Deleted, &spec.Namespace, &spec.Name, &spec.Policy); err != nil {
 				return nil, err
 			}
 			spec.Policy = canonicalOrRaw(spec.Policy)
 			r.Spec, _ = json.Marshal(spec)
-			if at > 0 {
-				r.ObservedAt = time.Unix(0, at)
-				r.Status, _ = json.Marshal(map[string]any{"applied": applied, "message": message.String, "deleted": reportedDeleted})
-			}
 			out = append(out, r)
 		}
 		return out, rows.Err()
@@ -463,7 +457,38 @@ func (s *Store) GetObject(ctx context.Context, kind, id string) (Object, error) 
 		return Object{}, err
 	}
 	attachErrors([]*Object{&o}, errs)
+	if err := s.attachActual(ctx, []*Object{&o}); err != nil {
+		return Object{}, err
+	}
 	return o, nil
+}
+
+// attachActual rolls up each region of objs by the aggregation rule.
+func (s *Store) attachActual(ctx context.Context, objs []*Object) error {
+	var ds []desiredObj
+	errs := map[objKey][]ApplyError{}
+	for _, o := range objs {
+		for _, r := range o.Regions {
+			k := objKey{o.Kind, r.Region, o.ID}
+			ds = append(ds, desiredObj{objKey: k, version: r.Version, deleted: r.Deleted})
+			errs[k] = r.Errors
+		}
+	}
+	rolled, err := s.rollUp(ctx, ds, errs)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		for i := range o.Regions {
+			r := &o.Regions[i]
+			r.Actual = rolled[objKey{o.Kind, r.Region, o.ID}]
+			r.ObservedVersion = r.Actual.Lowest
+			if _, rep, reported, ok := r.Actual.Behind(); ok && reported {
+				r.ObservedAt, r.Status = rep.At, rep.Status
+			}
+		}
+	}
+	return nil
 }
 
 func attachErrors(objs []*Object, errs []ApplyError) {
@@ -551,6 +576,9 @@ func (s *Store) ListObjects(ctx context.Context, f ObjectFilter, after string, l
 			return nil, err
 		}
 		attachErrors(ptrs, errs)
+		if err := s.attachActual(ctx, ptrs); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

@@ -161,6 +161,7 @@ func TestCiliumPolicyObject(t *testing.T) {
 func TestObjectStatusAndErrors(t *testing.T) {
 	s := openStore(t)
 	ctx := context.Background()
+	liveClusters(t, s, "eu", "eu-1")
 	_, v := putObject(t, s, quota, "st", `{"cpu":"1"}`, "eu")
 	if _, err := s.ReportResource(ctx, quota, "eu", "eu-1", "st", store.Observation{Version: v["eu"]}, []byte(`{"used":"0"}`)); err != nil {
 		t.Fatal(err)

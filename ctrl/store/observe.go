@@ -12,23 +12,28 @@ type RegionCount struct {
 }
 
 // Topology states, the design notes' names for what a topology row's
-// desired state and its cluster's last report say together.
+// desired state and its clusters' last reports say together.
 const (
-	TopologyStarting = "starting" // desired running, fewer ready replicas than desired
-	TopologyStarted  = "started"  // desired running, every desired replica ready
-	TopologyStopping = "stopping" // desired stopped, not yet reported deleted
-	TopologyStopped  = "stopped"  // desired stopped and reported deleted
+	TopologyStarting = "starting" // desired running, a reporting cluster has fewer ready replicas than desired (or none reported)
+	TopologyStarted  = "started"  // desired running, every reporting cluster has every desired replica ready
+	TopologyStopping = "stopping" // desired stopped, a cluster's report still shows it
+	TopologyStopped  = "stopped"  // desired stopped, every report says deleted (or was pruned for it)
 )
 
 // TopologyStates counts the stamped topology rows of every region by state
-// (one grouped query over deployment_topology).
+// (one grouped query over deployment_topology and the clusters' reports).
+// A metric over every row: it counts the reports of every cluster, live or
+// not, where the readers of one object apply the rule of ctrl/actual.
 func (s *Store) TopologyStates(ctx context.Context) ([]RegionCount, error) {
-	return s.regionCounts(ctx, "topology rows", `SELECT region, CASE
-  WHEN desired_status = 'running' AND reported_ready_replicas >= desired_replicas THEN '`+TopologyStarted+`'
-  WHEN desired_status = 'running' THEN '`+TopologyStarting+`'
-  WHEN reported_deleted THEN '`+TopologyStopped+`'
+	return s.regionCounts(ctx, "topology rows", `SELECT t.region, CASE
+  WHEN t.desired_status = 'running' AND r.min_ready >= t.desired_replicas THEN '`+TopologyStarted+`'
+  WHEN t.desired_status = 'running' THEN '`+TopologyStarting+`'
+  WHEN r.id IS NULL OR r.all_deleted THEN '`+TopologyStopped+`'
   ELSE '`+TopologyStopping+`' END AS state, COUNT(*)
-FROM deployment_topology WHERE version > 0 GROUP BY region, state ORDER BY region, state`)
+FROM deployment_topology t LEFT JOIN (
+  SELECT region, id, MIN(COALESCE(CAST(JSON_VALUE(status, '$.ready_replicas') AS SIGNED), 0)) AS min_ready, MIN(deleted) AS all_deleted
+  FROM object_reports WHERE kind = 'deployment' GROUP BY region, id) r ON r.region = t.region AND r.id = t.deployment_id
+WHERE t.version > 0 GROUP BY t.region, state ORDER BY t.region, state`)
 }
 
 // InstanceStates counts the instances clusters reported, by region and

@@ -3,11 +3,14 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -17,14 +20,15 @@ import (
 // desired version the cluster had applied, then by when it looked. A report
 // older than the cluster's last accepted one is ignored, so a delayed
 // report never overwrites a newer one. Reports of different clusters are
-// not ordered against each other (their clocks differ): each cluster's
-// last report is guarded on its own (report_guards).
+// not ordered against each other (their clocks differ) and never touch
+// each other: each cluster's last report is a row of its own
+// (object_reports).
 type Observation struct {
 	Version uint64
 	At      time.Time
 }
 
-// ReportReorderWindow is how long after a report is accepted a report of
+// ReportReorderWindow is how long after a report is written a report of
 // the same cluster observed earlier at the same version is still taken for
 // a copy delayed in flight, and dropped. Past it, the earlier observation
 // time comes from a clock behind the last one (a new leader of the
@@ -32,10 +36,12 @@ type Observation struct {
 // call's deadline (seconds), so a delayed copy never arrives this late.
 const ReportReorderWindow = time.Minute
 
-// guard is the last report accepted from one cluster on one object.
+// guard is the stored report of one cluster on one object.
 type guard struct {
 	version          uint64
 	atNs, receivedNs int64
+	sum              uint64
+	deleted          bool
 }
 
 // admits reports whether a report observed as o, arriving at nowNs, is not
@@ -59,219 +65,466 @@ func (s *Store) now() time.Time {
 	return time.Now()
 }
 
-// readGuards locks and reads the guards of one cluster on ids of a kind in
-// a region (absent ids have none: every report is admitted).
-func (t *Tx) readGuards(ctx context.Context, kind, region, clusterID string, ids []string) (map[string]guard, error) {
-	args := []any{kind, region, clusterID}
-	for _, id := range ids {
-		args = append(args, id)
+// Report is one cluster's report on one object of its region, as the
+// store keeps it.
+type Report struct {
+	Kind, Region, ClusterID, ID string
+	Obs                         Observation
+	// Deleted: the cluster reports the object gone.
+	Deleted bool
+	// Status is the status as JSON (nil: none). Built-in kinds: the
+	// protojson form of their status message with proto field names (see
+	// StatusReport).
+	Status []byte
+	// Instances are a deployment's instances on the cluster: a full
+	// snapshot, instances it no longer lists are removed.
+	Instances []*clusterv1.Instance
+}
+
+// sum hashes everything the report carries but its observation, so that
+// a report equal to the stored one is recognised and writes nothing.
+func (r *Report) sum() uint64 {
+	h := fnv.New64a()
+	h.Write(r.Status)
+	if r.Deleted {
+		h.Write([]byte{1})
 	}
-	rows, err := t.Query(ctx, `SELECT id, observed_version, observed_at_ns, received_at_ns FROM report_guards
-WHERE kind = ? AND region = ? AND cluster_id = ? AND id IN (`+placeholders(len(ids))+") ORDER BY id FOR UPDATE", args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: read report guards of cluster %s in %s: %w", clusterID, region, err)
+	m := proto.MarshalOptions{Deterministic: true}
+	for _, in := range r.Instances {
+		b, _ := m.Marshal(in) // an Instance always marshals
+		h.Write([]byte{0})
+		h.Write(b)
 	}
-	defer rows.Close()
-	out := make(map[string]guard, len(ids))
-	for rows.Next() {
-		var id string
-		var g guard
-		if err := rows.Scan(&id, &g.version, &g.atNs, &g.receivedNs); err != nil {
-			return nil, fmt.Errorf("store: read report guards of cluster %s in %s: %w", clusterID, region, err)
+	return h.Sum64()
+}
+
+// statusJSON is how a built-in kind's status is stored.
+var statusJSON = protojson.MarshalOptions{UseProtoNames: true}
+
+// StatusReport makes the Report of a built-in kind's status message
+// (*clusterv1.DeploymentStatus, *clusterv1.SentinelStatus,
+// *clusterv1.CiliumNetworkPolicyStatus): its JSON, its deleted flag and,
+// for a deployment, its instances (stored apart, in instances).
+func StatusReport(kind, region, clusterID, id string, obs Observation, st proto.Message) (Report, error) {
+	r := Report{Kind: kind, Region: region, ClusterID: clusterID, ID: id, Obs: obs}
+	switch m := st.(type) {
+	case *clusterv1.DeploymentStatus:
+		r.Deleted = m.GetDeleted()
+		if !r.Deleted {
+			r.Instances = m.GetInstances()
 		}
-		out[id] = g
+		summary := proto.Clone(m).(*clusterv1.DeploymentStatus)
+		summary.Instances, summary.DeploymentId, summary.Deleted = nil, "", false
+		st = summary
+	case *clusterv1.SentinelStatus:
+		r.Deleted = m.GetDeleted()
+		c := proto.Clone(m).(*clusterv1.SentinelStatus)
+		c.SentinelId, c.Deleted = "", false
+		st = c
+	case *clusterv1.CiliumNetworkPolicyStatus:
+		r.Deleted = m.GetDeleted()
+		c := proto.Clone(m).(*clusterv1.CiliumNetworkPolicyStatus)
+		c.Id, c.Deleted = "", false
+		st = c
+	default:
+		return r, fmt.Errorf("store: %T is not the status of a built-in kind", st)
 	}
-	return out, rows.Err()
-}
-
-// guardedReport is a report to record in report_guards.
-type guardedReport struct {
-	id  string
-	obs Observation
-}
-
-// writeGuards records accepted reports as their cluster's latest.
-func (t *Tx) writeGuards(ctx context.Context, kind, region, clusterID string, reps []guardedReport, nowNs int64) error {
-	if len(reps) == 0 {
-		return nil
-	}
-	var b strings.Builder
-	args := make([]any, 0, 7*len(reps))
-	b.WriteString("INSERT INTO report_guards (kind, region, id, cluster_id, observed_version, observed_at_ns, received_at_ns) VALUES ")
-	for i, r := range reps {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?)")
-		args = append(args, kind, region, r.id, clusterID, r.obs.Version, r.obs.At.UnixNano(), nowNs)
-	}
-	b.WriteString(` ON DUPLICATE KEY UPDATE observed_version = VALUES(observed_version), observed_at_ns = VALUES(observed_at_ns),
-  received_at_ns = VALUES(received_at_ns)`)
-	if _, err := t.Exec(ctx, b.String(), args...); err != nil {
-		return fmt.Errorf("store: write report guards of cluster %s in %s: %w", clusterID, region, err)
-	}
-	return nil
-}
-
-// ReportDeployment records a cluster's report on one deployment in region:
-// its instances (a full snapshot for that cluster: instances it no longer
-// lists are removed) and the replica summary. It returns accepted=false,
-// and changes nothing, when the report is older than the cluster's last
-// accepted one; ErrNotFound when the deployment has no topology in region.
-func (s *Store) ReportDeployment(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.DeploymentStatus) (bool, error) {
-	res, err := s.ReportDeployments(ctx, region, clusterID, []DeploymentReport{{Obs: obs, Status: st}})
+	b, err := statusJSON.Marshal(st)
 	if err != nil {
-		return false, err
+		return r, fmt.Errorf("store: encode the status of %s %s: %w", kind, id, err)
 	}
-	return res[0].Accepted, res[0].Err
+	r.Status = b
+	return r, nil
 }
 
-// DeploymentReport is one cluster's report on one deployment.
-type DeploymentReport struct {
-	Obs    Observation
-	Status *clusterv1.DeploymentStatus
-}
-
-// ReportResult answers one report of a batch: Err is ErrNotFound when the
-// object has no row in the region; Accepted is false when the report was
-// older than the cluster's last accepted one.
+// ReportResult answers one report: Err is ErrNotFound when the object has
+// no row in the region, a *VersionAheadError when the report's version is
+// above the object's. Accepted is false when the report was older than
+// the cluster's last one (or than another report of the same cluster on
+// the same object in the same batch); Changed is false when it was
+// accepted but said what was stored already, and wrote nothing.
 type ReportResult struct {
-	Accepted bool
-	Err      error
-	// Started holds, for an accepted report, how long each instance it
+	Accepted, Changed bool
+	Err               error
+	// Started holds, for a changed report, how long each instance it
 	// shows running for the first time took from its creation (instances
 	// with a creation time only).
 	Started []time.Duration
 }
 
-// ReportDeployments records many reports of one cluster, as
-// ReportDeployment would one after the other, in one transaction of four
-// statements however many there are (a deployment named twice splits the
-// batch, so the later report is judged against the earlier one). The
-// error is the batch's own: when it is set, some groups may have been
-// stored; reports are idempotent, so sending them all again is safe.
-func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string, reps []DeploymentReport) ([]ReportResult, error) {
-	results := make([]ReportResult, len(reps))
+// MaxReportsPerBatch bounds one Ingest call's transaction.
+const MaxReportsPerBatch = 5000
+
+// Ingest stores the reports of any number of clusters in one transaction
+// of a few statements, however many reports there are: one read of the
+// reported objects' versions per kind table, one locking read of the
+// stored reports (their rows only: the desired-state rows are read
+// without a lock, so no report waits on an operator's write or holds one
+// up), and one multi-row statement for each of object_reports and
+// instances that has something to write. Reports equal to the stored ones
+// write nothing. A report that a cluster makes of an object deleted at
+// the version it reports is the last one needed: its rows are pruned
+// instead of written.
+//
+// The error is the batch's own (the database failed): nothing of the
+// batch is stored then, and sending it again is safe.
+func (s *Store) Ingest(ctx context.Context, reps []Report) ([]ReportResult, error) {
+	if len(reps) > MaxReportsPerBatch {
+		return nil, fmt.Errorf("store: %d reports in one batch; at most %d", len(reps), MaxReportsPerBatch)
+	}
 	for _, r := range reps {
-		for _, in := range r.Status.GetInstances() {
+		for _, in := range r.Instances {
 			if in.GetK8SName() == "" {
-				return nil, fmt.Errorf("store: report on deployment %s lists an instance without a pod name", r.Status.GetDeploymentId())
+				return nil, fmt.Errorf("store: report on %s %s by cluster %s lists an instance without a pod name", r.Kind, r.ID, r.ClusterID)
 			}
 		}
 	}
-	for start := 0; start < len(reps); {
-		end, seen := start, map[string]bool{}
-		for end < len(reps) && !seen[reps[end].Status.GetDeploymentId()] {
-			seen[reps[end].Status.GetDeploymentId()] = true
-			end++
+	results := make([]ReportResult, len(reps))
+	hold := s.testHooks().BeforeReportCommit
+	err := s.reportTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		clear(results)
+		if err := ingest(ctx, tx, reps, results, s.now().UnixNano()); err != nil {
+			return err
 		}
-		group := reps[start:end]
-		_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
-			return reportDeploymentGroup(ctx, tx, region, clusterID, group, results[start:end], s.now().UnixNano())
-		})
-		if err != nil {
-			return nil, err
+		if hold != nil {
+			hold(ctx, len(reps))
 		}
-		start = end
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return results, nil
 }
 
-// reportDeploymentGroup stores reports on distinct deployments: lock their
-// topology rows, keep the reports not older than what is stored, then
-// upsert their instances, remove the instances they no longer list, and
-// write their summaries.
-func reportDeploymentGroup(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, results []ReportResult, nowNs int64) error {
-	ids := make([]any, 0, len(reps)+1)
-	ids = append(ids, region)
-	for _, r := range reps {
-		ids = append(ids, r.Status.GetDeploymentId())
-	}
-	rows, err := tx.Query(ctx, "SELECT deployment_id, version FROM deployment_topology WHERE region = ? AND deployment_id IN ("+
-		placeholders(len(reps))+") ORDER BY deployment_id FOR UPDATE", ids...)
-	if err != nil {
-		return fmt.Errorf("store: lock %d deployments in %s for their reports: %w", len(reps), region, err)
-	}
-	current := make(map[string]uint64, len(reps)) // each row's version
-	for rows.Next() {
-		var id string
-		var v uint64
-		if err := rows.Scan(&id, &v); err != nil {
-			rows.Close()
-			return fmt.Errorf("store: read deployments in %s for their reports: %w", region, err)
+// reportTx runs fn in a READ COMMITTED transaction (no gap locks: reports
+// of different keys never wait on each other), again after a deadlock.
+func (s *Store) reportTx(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			return fmt.Errorf("store: begin a report transaction: %w", err)
 		}
-		current[id] = v
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("store: read deployments in %s for their reports: %w", region, err)
-	}
-	known := make([]string, 0, len(current))
-	for id := range current {
-		known = append(known, id)
-	}
-	slices.Sort(known)
-	var guards map[string]guard
-	if len(known) > 0 {
-		if guards, err = tx.readGuards(ctx, kinds.Deployment, region, clusterID, known); err != nil {
+		err = fn(ctx, tx)
+		if err == nil {
+			err = tx.Commit()
+		} else {
+			_ = tx.Rollback()
+		}
+		if err == nil || !isRetryable(err) || attempt == 5 {
+			return err
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond); err != nil {
 			return err
 		}
 	}
-	now := nowNs
-	var take []int
-	var taken []guardedReport
-	for i, r := range reps {
-		id := r.Status.GetDeploymentId()
-		cur, ok := current[id]
-		g, guarded := guards[id]
-		results[i] = ReportResult{}
-		switch {
-		case !ok:
-			results[i].Err = ErrNotFound
-		case r.Obs.Version > cur:
-			results[i].Err = &VersionAheadError{Ref: Ref{Kind: kinds.Deployment, Region: region, ID: id}, Reported: r.Obs.Version, Current: cur}
-		case !guarded || g.admits(r.Obs, now):
-			take = append(take, i)
-			taken = append(taken, guardedReport{id: id, obs: r.Obs})
+}
+
+// objKey names an object in a region; repKey a cluster's report on it.
+type (
+	objKey struct{ kind, region, id string }
+	repKey struct {
+		objKey
+		cluster string
+	}
+)
+
+func (r *Report) key() repKey {
+	return repKey{objKey{r.Kind, r.Region, r.ID}, r.ClusterID}
+}
+
+// desiredRow is what a report is judged against.
+type desiredRow struct {
+	version uint64
+	deleted bool
+}
+
+func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResult, nowNs int64) error {
+	// The newest report of each (object, cluster) in the batch speaks;
+	// any other is superseded within the batch, as it would have been
+	// one call later.
+	newest := map[repKey]int{}
+	for i := range reps {
+		k := reps[i].key()
+		j, seen := newest[k]
+		if !seen || (guard{version: reps[j].Obs.Version, atNs: reps[j].Obs.At.UnixNano()}).admits(reps[i].Obs, 0) {
+			newest[k] = i
 		}
 	}
-	if len(take) == 0 {
-		return nil
+	objs := map[objKey]bool{}
+	var keys []repKey
+	for k := range newest {
+		objs[k.objKey] = true
+		keys = append(keys, k)
 	}
-	if err := tx.writeGuards(ctx, kinds.Deployment, region, clusterID, taken, now); err != nil {
-		return err
-	}
-	started, err := startedInstances(ctx, tx, region, clusterID, reps, take)
+	slices.SortFunc(keys, compareRepKeys) // one lock order for every batch
+	desired, err := readDesired(ctx, tx, objs)
 	if err != nil {
 		return err
 	}
-	if err := upsertInstances(ctx, tx, region, clusterID, reps, take); err != nil {
+	stored, err := readReports(ctx, tx, keys)
+	if err != nil {
 		return err
 	}
-	if err := removeGoneInstances(ctx, tx, region, clusterID, reps, take); err != nil {
+	var write, prune []int // indexes in reps
+	for _, k := range keys {
+		i := newest[k]
+		r := &reps[i]
+		d, ok := desired[k.objKey]
+		g, had := stored[k]
+		switch {
+		case !ok:
+			results[i].Err = ErrNotFound
+		case r.Obs.Version > d.version:
+			results[i].Err = &VersionAheadError{Ref: Ref{Kind: r.Kind, Region: r.Region, ID: r.ID}, Reported: r.Obs.Version, Current: d.version}
+		case had && !g.admits(r.Obs, nowNs):
+		case d.deleted && r.Deleted && r.Obs.Version >= d.version:
+			// The cluster applied the delete: nothing of it is left to
+			// show, and its rows go.
+			results[i].Accepted, results[i].Changed = true, had
+			if had {
+				prune = append(prune, i)
+			}
+		case had && g.version == r.Obs.Version && g.sum == r.sum():
+			results[i].Accepted = true
+		default:
+			results[i].Accepted, results[i].Changed = true, true
+			write = append(write, i)
+		}
+	}
+	// The others are answered as if each had come in its own call, in
+	// batch order: accepted when newer than what was stored and than the
+	// earlier ones of the batch, and refused as their newest was.
+	running := make(map[repKey]guard, len(keys))
+	for k, g := range stored {
+		running[k] = g
+	}
+	for i := range reps {
+		k := reps[i].key()
+		g, had := running[k]
+		admitted := !had || g.admits(reps[i].Obs, nowNs)
+		if admitted {
+			running[k] = guard{version: reps[i].Obs.Version, atNs: reps[i].Obs.At.UnixNano(), receivedNs: nowNs}
+		}
+		if j := newest[k]; j != i {
+			ok := admitted && results[j].Err == nil
+			results[i] = ReportResult{Err: results[j].Err, Accepted: ok, Changed: ok && results[j].Changed}
+		}
+	}
+	if err := writeReports(ctx, tx, reps, write, nowNs); err != nil {
 		return err
 	}
-	if err := writeReportSummaries(ctx, tx, region, reps, take); err != nil {
+	if err := pruneReports(ctx, tx, reps, prune); err != nil {
 		return err
 	}
-	for _, i := range take {
-		results[i].Accepted, results[i].Started = true, started[i]
+	var deps []int
+	for _, i := range append(slices.Clone(write), prune...) {
+		if reps[i].Kind == kinds.Deployment {
+			deps = append(deps, i)
+		}
+	}
+	if len(deps) == 0 {
+		return nil
+	}
+	started, err := startedInstances(ctx, tx, reps, deps)
+	if err != nil {
+		return err
+	}
+	for i, d := range started {
+		results[i].Started = d
+	}
+	if err := upsertInstances(ctx, tx, reps, deps); err != nil {
+		return err
+	}
+	return removeGoneInstances(ctx, tx, reps, deps)
+}
+
+func compareRepKeys(a, b repKey) int {
+	return cmpJoin(strings.Compare(a.kind, b.kind), strings.Compare(a.region, b.region), strings.Compare(a.id, b.id), strings.Compare(a.cluster, b.cluster))
+}
+
+func cmpJoin(cs ...int) int {
+	for _, c := range cs {
+		if c != 0 {
+			return c
+		}
+	}
+	return 0
+}
+
+// readDesired reads the version, and whether it is deleted, of each
+// object, without locking: one statement per kind table.
+func readDesired(ctx context.Context, tx *sql.Tx, objs map[objKey]bool) (map[objKey]desiredRow, error) {
+	type family struct {
+		query         string // with %ids, %regions (and %kinds) for the lists
+		kinds         bool   // the generic table: kind is a key column
+		ids, regs, ks []any
+		seen          map[string]bool
+	}
+	fams := map[string]*family{}
+	for o := range objs {
+		name := o.kind
+		if !IsBuiltIn(o.kind) {
+			name = ""
+		}
+		f := fams[name]
+		if f == nil {
+			f = &family{seen: map[string]bool{}}
+			switch name {
+			case kinds.Deployment:
+				f.query = "SELECT 'deployment', region, deployment_id, version, NOT (desired_status = 'running' AND desired_replicas > 0) FROM deployment_topology WHERE deployment_id IN (%ids) AND region IN (%regions)"
+			case kinds.Sentinel:
+				f.query = "SELECT 'sentinel', region, id, version, desired_state <> 'running' FROM sentinels WHERE id IN (%ids) AND region IN (%regions)"
+			case kinds.CiliumNetworkPolicy:
+				f.query = "SELECT 'ciliumnetworkpolicy', region, id, version, deleted FROM cilium_network_policies WHERE id IN (%ids) AND region IN (%regions)"
+			default:
+				f.query, f.kinds = "SELECT kind, region, id, version, deleted FROM resources WHERE id IN (%ids) AND region IN (%regions) AND kind IN (%kinds)", true
+			}
+			fams[name] = f
+		}
+		for _, v := range []struct {
+			prefix, s string
+			list      *[]any
+		}{{"i", o.id, &f.ids}, {"r", o.region, &f.regs}, {"k", o.kind, &f.ks}} {
+			if !f.seen[v.prefix+v.s] {
+				f.seen[v.prefix+v.s] = true
+				*v.list = append(*v.list, v.s)
+			}
+		}
+	}
+	out := make(map[objKey]desiredRow, len(objs))
+	for _, f := range fams {
+		query := strings.Replace(f.query, "%ids", placeholders(len(f.ids)), 1)
+		query = strings.Replace(query, "%regions", placeholders(len(f.regs)), 1)
+		args := append(append([]any{}, f.ids...), f.regs...)
+		if f.kinds {
+			query = strings.Replace(query, "%kinds", placeholders(len(f.ks)), 1)
+			args = append(args, f.ks...)
+		}
+		rows, err := tx.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, fmt.Errorf("store: read the versions of %d reported objects: %w", len(f.ids), err)
+		}
+		for rows.Next() {
+			var k objKey
+			var d desiredRow
+			if err := rows.Scan(&k.kind, &k.region, &k.id, &d.version, &d.deleted); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("store: read the versions of reported objects: %w", err)
+			}
+			if objs[k] {
+				out[k] = d
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("store: read the versions of reported objects: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// repKeyCond is the condition selecting keys' rows of a table keyed by
+// (kind, region, id, cluster_id): one range of the primary key per key,
+// grouped by (kind, region, cluster).
+func repKeyCond(keys []repKey) (string, []any) {
+	type group struct{ kind, region, cluster string }
+	ids := map[group][]any{}
+	var order []group
+	for _, k := range keys {
+		g := group{k.kind, k.region, k.cluster}
+		if _, ok := ids[g]; !ok {
+			order = append(order, g)
+		}
+		ids[g] = append(ids[g], k.id)
+	}
+	var b strings.Builder
+	var args []any
+	for n, g := range order {
+		if n > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(kind = ? AND region = ? AND cluster_id = ? AND id IN (" + placeholders(len(ids[g])) + "))")
+		args = append(append(args, g.kind, g.region, g.cluster), ids[g]...)
+	}
+	return b.String(), args
+}
+
+// readReports locks and reads the stored reports of keys.
+func readReports(ctx context.Context, tx *sql.Tx, keys []repKey) (map[repKey]guard, error) {
+	out := make(map[repKey]guard, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	cond, args := repKeyCond(keys)
+	rows, err := tx.QueryContext(ctx, `SELECT kind, region, id, cluster_id, observed_version, observed_at_ns, received_at_ns, status_sum, deleted
+FROM object_reports WHERE `+cond+" FOR UPDATE", args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read the stored reports of %d objects: %w", len(keys), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k repKey
+		var g guard
+		if err := rows.Scan(&k.kind, &k.region, &k.id, &k.cluster, &g.version, &g.atNs, &g.receivedNs, &g.sum, &g.deleted); err != nil {
+			return nil, fmt.Errorf("store: read the stored reports: %w", err)
+		}
+		out[k] = g
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: read the stored reports: %w", err)
+	}
+	return out, nil
+}
+
+// writeReports upserts the reports at idx in one statement.
+func writeReports(ctx context.Context, tx *sql.Tx, reps []Report, idx []int, nowNs int64) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 10*len(idx))
+	for _, i := range idx {
+		r := &reps[i]
+		var status any
+		if r.Status != nil {
+			status = string(r.Status)
+		}
+		args = append(args, r.Kind, r.Region, r.ID, r.ClusterID, r.Obs.Version, r.Obs.At.UnixNano(), nowNs, r.Deleted, status, r.sum())
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO object_reports (kind, region, id, cluster_id, observed_version, observed_at_ns, received_at_ns, deleted, status, status_sum)
+VALUES `+rowGroups(len(idx), 10)+`
+ON DUPLICATE KEY UPDATE observed_version = VALUES(observed_version), observed_at_ns = VALUES(observed_at_ns),
+  received_at_ns = VALUES(received_at_ns), deleted = VALUES(deleted), status = VALUES(status), status_sum = VALUES(status_sum)`, args...)
+	if err != nil {
+		return fmt.Errorf("store: write %d reports (first: %s %s by cluster %s): %w", len(idx), reps[idx[0]].Kind, reps[idx[0]].ID, reps[idx[0]].ClusterID, err)
 	}
 	return nil
 }
 
-func liveInstances(st *clusterv1.DeploymentStatus) []*clusterv1.Instance {
-	if st.GetDeleted() {
+// pruneReports deletes the rows (report and apply errors) of clusters
+// that applied an object's delete.
+func pruneReports(ctx context.Context, tx *sql.Tx, reps []Report, idx []int) error {
+	if len(idx) == 0 {
 		return nil
 	}
-	return st.GetInstances()
+	keys := make([]repKey, len(idx))
+	for n, i := range idx {
+		keys[n] = reps[i].key()
+	}
+	cond, args := repKeyCond(keys)
+	for _, table := range []string{"object_reports", "apply_errors"} {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM "+table+" WHERE "+cond, args...); err != nil {
+			return fmt.Errorf("store: prune %s of %d deleted objects: %w", table, len(idx), err)
+		}
+	}
+	return nil
 }
 
 // instanceRowsPerInsert bounds one INSERT (14 placeholders a row; MySQL
 // allows 65,535 in a statement).
 const instanceRowsPerInsert = 1000
 
-func upsertInstances(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, take []int) error {
+func upsertInstances(ctx context.Context, tx *sql.Tx, reps []Report, idx []int) error {
 	now := nowMillis()
 	var b strings.Builder
 	var args []any
@@ -284,16 +537,16 @@ func upsertInstances(ctx context.Context, tx *Tx, region, clusterID string, reps
   memory_mib = VALUES(memory_mib), status = VALUES(status), reason = VALUES(reason), message = VALUES(message),
   zone = VALUES(zone), observed_version = VALUES(observed_version), observed_at_ns = VALUES(observed_at_ns),
   updated_at = VALUES(updated_at)`)
-		if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
-			return fmt.Errorf("store: write %d instances in %s: %w", n, region, err)
+		if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
+			return fmt.Errorf("store: write %d instances: %w", n, err)
 		}
 		b.Reset()
 		args, n = args[:0], 0
 		return nil
 	}
-	for _, i := range take {
-		r := reps[i]
-		for _, in := range liveInstances(r.Status) {
+	for _, i := range idx {
+		r := &reps[i]
+		for _, in := range r.Instances {
 			if n == 0 {
 				b.WriteString(`INSERT INTO instances (deployment_id, region, cluster_id, k8s_name, address, cpu_millicores, memory_mib,
   status, reason, message, zone, observed_version, observed_at_ns, updated_at) VALUES `)
@@ -301,7 +554,7 @@ func upsertInstances(ctx context.Context, tx *Tx, region, clusterID string, reps
 				b.WriteString(", ")
 			}
 			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-			args = append(args, r.Status.GetDeploymentId(), region, clusterID, in.GetK8SName(), in.GetAddress(), in.GetCpuMillicores(), in.GetMemoryMib(),
+			args = append(args, r.ID, r.Region, r.ClusterID, in.GetK8SName(), in.GetAddress(), in.GetCpuMillicores(), in.GetMemoryMib(),
 				instanceStatus(in.GetStatus()), in.GetReason(), nullString(in.GetMessage()), in.GetZone(), r.Obs.Version, r.Obs.At.UnixNano(), now)
 			if n++; n == instanceRowsPerInsert {
 				if err := flush(); err != nil {
@@ -313,71 +566,29 @@ func upsertInstances(ctx context.Context, tx *Tx, region, clusterID string, reps
 	return flush()
 }
 
-// removeGoneInstances deletes this cluster's instances of the reported
-// deployments that their reports no longer list.
-func removeGoneInstances(ctx context.Context, tx *Tx, region, clusterID string, reps []DeploymentReport, take []int) error {
+// removeGoneInstances deletes each reporting cluster's instances of the
+// reported deployments that its report no longer lists: one range of the
+// primary key per (deployment, region, cluster).
+func removeGoneInstances(ctx context.Context, tx *sql.Tx, reps []Report, idx []int) error {
 	var b strings.Builder
-	args := []any{region, clusterID}
-	b.WriteString("DELETE FROM instances WHERE region = ? AND cluster_id = ? AND deployment_id IN (" + placeholders(len(take)) + ")")
-	for _, i := range take {
-		args = append(args, reps[i].Status.GetDeploymentId())
-	}
-	kept := 0
-	for _, i := range take {
-		for _, in := range liveInstances(reps[i].Status) {
-			if kept == 0 {
-				b.WriteString(" AND (deployment_id, k8s_name) NOT IN ((?, ?)")
-			} else {
-				b.WriteString(", (?, ?)")
-			}
-			args = append(args, reps[i].Status.GetDeploymentId(), in.GetK8SName())
-			kept++
+	var args []any
+	for n, i := range idx {
+		r := &reps[i]
+		if n > 0 {
+			b.WriteString(" OR ")
 		}
-	}
-	if kept > 0 {
+		b.WriteString("(deployment_id = ? AND region = ? AND cluster_id = ?")
+		args = append(args, r.ID, r.Region, r.ClusterID)
+		if len(r.Instances) > 0 {
+			b.WriteString(" AND k8s_name NOT IN (" + placeholders(len(r.Instances)) + ")")
+			for _, in := range r.Instances {
+				args = append(args, in.GetK8SName())
+			}
+		}
 		b.WriteString(")")
 	}
-	if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
-		return fmt.Errorf("store: remove gone instances of %d deployments in %s: %w", len(take), region, err)
-	}
-	return nil
-}
-
-// writeReportSummaries sets each reported deployment's summary columns in
-// one UPDATE (a CASE per column: portable across MySQL and MariaDB).
-func writeReportSummaries(ctx context.Context, tx *Tx, region string, reps []DeploymentReport, take []int) error {
-	columns := []struct {
-		name  string
-		value func(DeploymentReport) any
-	}{
-		{"report_observed_version", func(r DeploymentReport) any { return r.Obs.Version }},
-		{"report_observed_at_ns", func(r DeploymentReport) any { return r.Obs.At.UnixNano() }},
-		{"reported_desired_replicas", func(r DeploymentReport) any { return r.Status.GetDesiredReplicas() }},
-		{"reported_ready_replicas", func(r DeploymentReport) any { return r.Status.GetReadyReplicas() }},
-		{"reported_available_replicas", func(r DeploymentReport) any { return r.Status.GetAvailableReplicas() }},
-		{"reported_deleted", func(r DeploymentReport) any { return r.Status.GetDeleted() }},
-	}
-	var b strings.Builder
-	args := make([]any, 0, len(take)*(2*len(columns)+1)+1)
-	b.WriteString("UPDATE deployment_topology SET ")
-	for c, col := range columns {
-		if c > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(col.name + " = CASE deployment_id")
-		for _, i := range take {
-			b.WriteString(" WHEN ? THEN ?")
-			args = append(args, reps[i].Status.GetDeploymentId(), col.value(reps[i]))
-		}
-		b.WriteString(" END")
-	}
-	b.WriteString(" WHERE region = ? AND deployment_id IN (" + placeholders(len(take)) + ")")
-	args = append(args, region)
-	for _, i := range take {
-		args = append(args, reps[i].Status.GetDeploymentId())
-	}
-	if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
-		return fmt.Errorf("store: write report summaries of %d deployments in %s: %w", len(take), region, err)
+	if _, err := tx.ExecContext(ctx, "DELETE FROM instances WHERE "+b.String(), args...); err != nil {
+		return fmt.Errorf("store: remove gone instances of %d deployment reports: %w", len(idx), err)
 	}
 	return nil
 }
@@ -408,73 +619,66 @@ func healthName(h clusterv1.Health) string {
 	}
 }
 
+// DeploymentReport is one cluster's report on one deployment.
+type DeploymentReport struct {
+	Obs    Observation
+	Status *clusterv1.DeploymentStatus
+}
+
+// ReportDeployment records a cluster's report on one deployment in region:
+// its instances (a full snapshot for that cluster: instances it no longer
+// lists are removed) and the replica summary. It returns accepted=false,
+// and changes nothing, when the report is older than the cluster's last
+// accepted one; ErrNotFound when the deployment has no topology in region.
+func (s *Store) ReportDeployment(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.DeploymentStatus) (bool, error) {
+	res, err := s.ReportDeployments(ctx, region, clusterID, []DeploymentReport{{Obs: obs, Status: st}})
+	if err != nil {
+		return false, err
+	}
+	return res[0].Accepted, res[0].Err
+}
+
+// ReportDeployments is Ingest for reports of one cluster on deployments.
+func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string, reps []DeploymentReport) ([]ReportResult, error) {
+	all := make([]Report, len(reps))
+	for i, r := range reps {
+		var err error
+		if all[i], err = StatusReport(kinds.Deployment, region, clusterID, r.Status.GetDeploymentId(), r.Obs, r.Status); err != nil {
+			return nil, err
+		}
+	}
+	return s.Ingest(ctx, all)
+}
+
 // ReportSentinel records a cluster's report on a sentinel's actual state.
 // accepted=false when the report is older than the cluster's last one;
 // ErrNotFound when there is no such sentinel in region; a
 // *VersionAheadError when its version is above the sentinel's.
 func (s *Store) ReportSentinel(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.SentinelStatus) (bool, error) {
-	args := []any{st.GetRunningImage(), st.GetAvailableReplicas(), st.GetUpdatedReplicas(), st.GetReadyReplicas(),
-		st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason(), st.GetDeleted(), obs.Version, obs.At.UnixNano()}
-	return s.report(ctx, Ref{Kind: kinds.Sentinel, Region: region, ID: st.GetSentinelId()}, clusterID, obs, `UPDATE sentinels SET running_image = ?, available_replicas = ?, updated_replicas = ?,
-  ready_replicas = ?, observed_generation = ?, health = ?, health_reason = ?, reported_deleted = ?,
-  report_observed_version = ?, report_observed_at_ns = ?
-WHERE id = ? AND region = ?`, args)
+	return s.reportOne(StatusReport(kinds.Sentinel, region, clusterID, st.GetSentinelId(), obs, st))(ctx, s)
 }
 
 // ReportCiliumNetworkPolicy records whether a policy was applied.
 func (s *Store) ReportCiliumNetworkPolicy(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.CiliumNetworkPolicyStatus) (bool, error) {
-	args := []any{st.GetApplied(), nullString(st.GetMessage()), st.GetDeleted(), obs.Version, obs.At.UnixNano()}
-	return s.report(ctx, Ref{Kind: kinds.CiliumNetworkPolicy, Region: region, ID: st.GetId()}, clusterID, obs, `UPDATE cilium_network_policies SET status_applied = ?, status_message = ?,
-  reported_deleted = ?, report_observed_version = ?, report_observed_at_ns = ?
-WHERE id = ? AND region = ?`, args)
+	return s.reportOne(StatusReport(kinds.CiliumNetworkPolicy, region, clusterID, st.GetId(), obs, st))(ctx, s)
 }
 
 // ReportResource records the status (a JSON document) of a generic
 // resource.
 func (s *Store) ReportResource(ctx context.Context, kind, region, clusterID, id string, obs Observation, statusJSON []byte) (bool, error) {
-	args := []any{string(statusJSON), obs.Version, obs.At.UnixNano()}
-	return s.report(ctx, Ref{Kind: kind, Region: region, ID: id}, clusterID, obs, `UPDATE resources SET status = ?, report_observed_version = ?, report_observed_at_ns = ?
-WHERE kind = ? AND region = ? AND id = ?`, args)
+	return s.reportOne(Report{Kind: kind, Region: region, ClusterID: clusterID, ID: id, Obs: obs, Status: statusJSON}, nil)(ctx, s)
 }
 
-// report records one cluster's report on the object r in one
-// transaction: lock the object's row (ErrNotFound when there is none; a
-// *VersionAheadError when the report's version is above the row's), judge
-// the report against the cluster's guard, and when it is not older run
-// update (whose WHERE clause is the object's key columns, in keyArgs order)
-// and record the guard.
-func (s *Store) report(ctx context.Context, r Ref, clusterID string, obs Observation, update string, args []any) (bool, error) {
-	def := lookupKind(r.Kind)
-	var accepted bool
-	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
-		accepted = false
-		var cur uint64
-		err := tx.QueryRow(ctx, def.rowVersionSQL(true), def.keyArgs(r)...).Scan(&cur)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
+// reportOne ingests one report, answering as a single-report call does.
+func (s *Store) reportOne(r Report, err error) func(context.Context, *Store) (bool, error) {
+	return func(ctx context.Context, s *Store) (bool, error) {
 		if err != nil {
-			return fmt.Errorf("store: lock %s for a report: %w", r, err)
+			return false, err
 		}
-		if obs.Version > cur {
-			return &VersionAheadError{Ref: r, Reported: obs.Version, Current: cur}
-		}
-		guards, err := tx.readGuards(ctx, r.Kind, r.Region, clusterID, []string{r.ID})
+		res, err := s.Ingest(ctx, []Report{r})
 		if err != nil {
-			return err
+			return false, err
 		}
-		now := s.now().UnixNano()
-		if g, ok := guards[r.ID]; ok && !g.admits(obs, now) {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, update, append(args, def.keyArgs(r)...)...); err != nil {
-			return fmt.Errorf("store: write report on %s: %w", r, err)
-		}
-		accepted = true
-		return tx.writeGuards(ctx, r.Kind, r.Region, clusterID, []guardedReport{{id: r.ID, obs: obs}}, now)
-	})
-	if err != nil {
-		return false, err
+		return res[0].Accepted, res[0].Err
 	}
-	return accepted, nil
 }

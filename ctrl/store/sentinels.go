@@ -9,7 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"krane.dev/ctrl/actual"
 	"krane.dev/internal/kinds"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // Sentinel deploy statuses (sentinels.deploy_status). A SentinelService
@@ -28,7 +32,14 @@ const (
 type SentinelRow struct {
 	Sentinel
 	Version uint64
-	// Reported by the cluster.
+	// Actual is what the region's clusters reported, by the aggregation
+	// rule (ctrl/actual); Reports the counted clusters' statuses, by
+	// cluster id. Set by GetSentinel and ListSentinels only.
+	Actual  actual.Region
+	Reports []SentinelReport
+	// The report of the counted cluster furthest behind (Actual.Behind),
+	// the one a single line about the sentinel shows; zero before it
+	// reports.
 	RunningImage          string
 	AvailableReplicas     int32
 	UpdatedReplicas       int32
@@ -52,10 +63,16 @@ type SentinelRow struct {
 	CreatedAt, UpdatedAt time.Time
 }
 
+// SentinelReport is one cluster's last report on a sentinel.
+type SentinelReport struct {
+	ClusterID string
+	Version   uint64
+	Deleted   bool
+	Status    *clusterv1.SentinelStatus
+}
+
 const sentinelColumns = `id, region, workspace_id, project_id, app_id, environment_id, k8s_name, image, replicas,
-  cpu_millicores, memory_mib, desired_state, version, running_image, available_replicas, updated_replicas,
-  ready_replicas, observed_generation, health, health_reason, reported_deleted, report_observed_version,
-  deploy_status, deploy_request, deploy_message, deploy_changed, encrypted_credentials, credential_names, created_at, updated_at`
+  cpu_millicores, memory_mib, desired_state, version, deploy_status, deploy_request, deploy_message, deploy_changed, encrypted_credentials, credential_names, created_at, updated_at`
 
 func scanSentinelRow(s scanner) (SentinelRow, error) {
 	var (
@@ -65,9 +82,7 @@ func scanSentinelRow(s scanner) (SentinelRow, error) {
 		created, updated int64
 	)
 	err := s.Scan(&r.ID, &r.Region, &r.WorkspaceID, &r.ProjectID, &r.AppID, &r.EnvironmentID, &r.K8sName, &r.Image, &r.Replicas,
-		&r.CPUMillicores, &r.MemoryMiB, &r.DesiredState, &r.Version, &r.RunningImage, &r.AvailableReplicas, &r.UpdatedReplicas,
-		&r.ReadyReplicas, &r.ObservedGeneration, &r.Health, &r.HealthReason, &r.ReportedDeleted, &r.ReportObservedVersion,
-		&r.DeployStatus, &r.DeployRequest, &msg, &r.DeployChanged, &r.EncryptedCredentials, &names, &created, &updated)
+		&r.CPUMillicores, &r.MemoryMiB, &r.DesiredState, &r.Version, &r.DeployStatus, &r.DeployRequest, &msg, &r.DeployChanged, &r.EncryptedCredentials, &names, &created, &updated)
 	if err != nil {
 		return r, err
 	}
@@ -78,7 +93,45 @@ func scanSentinelRow(s scanner) (SentinelRow, error) {
 			return r, fmt.Errorf("sentinels.credential_names of %s is not a JSON array of strings: %w", r.ID, jerr)
 		}
 	}
+	r.Health = "unknown"
 	return r, nil
+}
+
+// attachSentinelReports rolls up each sentinel's reports by the
+// aggregation rule.
+func (s *Store) attachSentinelReports(ctx context.Context, rows []SentinelRow) error {
+	ds := make([]desiredObj, len(rows))
+	for i, r := range rows {
+		ds[i] = desiredObj{objKey: objKey{kinds.Sentinel, r.Region, r.ID}, version: r.Version, deleted: r.DesiredState != "running"}
+	}
+	rolled, err := s.rollUp(ctx, ds, nil)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		r := &rows[i]
+		r.Actual = rolled[ds[i].objKey]
+		for _, rep := range r.Actual.Reports {
+			sr := SentinelReport{ClusterID: rep.ClusterID, Version: rep.Version, Deleted: rep.Deleted, Status: &clusterv1.SentinelStatus{}}
+			if len(rep.Status) > 0 {
+				if err := protojson.Unmarshal(rep.Status, sr.Status); err != nil {
+					return fmt.Errorf("store: the report of cluster %s on sentinel %s is not a SentinelStatus: %w", rep.ClusterID, r.ID, err)
+				}
+			}
+			r.Reports = append(r.Reports, sr)
+		}
+		if id, _, reported, ok := r.Actual.Behind(); ok && reported {
+			for _, sr := range r.Reports {
+				if sr.ClusterID == id {
+					st := sr.Status
+					r.RunningImage, r.AvailableReplicas, r.UpdatedReplicas, r.ReadyReplicas = st.GetRunningImage(), st.GetAvailableReplicas(), st.GetUpdatedReplicas(), st.GetReadyReplicas()
+					r.ObservedGeneration, r.Health, r.HealthReason = st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason()
+					r.ReportedDeleted, r.ReportObservedVersion = sr.Deleted, sr.Version
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // SetSentinelCredentials replaces a sentinel's sealed credentials (blob,
@@ -142,7 +195,11 @@ func (s *Store) GetSentinel(ctx context.Context, id string) (SentinelRow, error)
 	if err != nil {
 		return SentinelRow{}, fmt.Errorf("store: read sentinel %s: %w", id, err)
 	}
-	return r, nil
+	rows := []SentinelRow{r}
+	if err := s.attachSentinelReports(ctx, rows); err != nil {
+		return SentinelRow{}, err
+	}
+	return rows[0], nil
 }
 
 // LockSentinel reads one sentinel and locks its row until the transaction
@@ -232,7 +289,14 @@ func (s *Store) ListSentinels(ctx context.Context, f SentinelFilter, after strin
 		}
 		out = append(out, r)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	if err := s.attachSentinelReports(ctx, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // SentinelImage is a sentinel's id and desired image.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -323,9 +324,9 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	if report(2, t0.Add(-time.Nanosecond), "older-time") {
 		t.Fatal("report with the same version and an older time accepted")
 	}
-	var img string
-	if err := s.DB().QueryRowContext(ctx, "SELECT running_image FROM sentinels WHERE id = 's1'").Scan(&img); err != nil || img != "new" {
-		t.Fatalf("running_image = %q, %v; want new", img, err)
+	reps, err := s.ObjectReports(ctx, kinds.Sentinel, "eu", "s1")
+	if err != nil || len(reps) != 1 || !strings.Contains(string(reps[0].Status), `"running_image":"new"`) {
+		t.Fatalf("cluster eu-1's report on s1: %+v, %v; want running_image new", reps, err)
 	}
 	if _, err := s.ReportSentinel(ctx, "us", "us-1", store.Observation{Version: 9, At: t0}, &clusterv1.SentinelStatus{SentinelId: "s1"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("report from another region: %v, want ErrNotFound", err)

@@ -170,6 +170,10 @@ type TestHooks struct {
 	// is stamped and "commit" before COMMIT (i is the number of callers
 	// kept).
 	BatchFault func(point string, i, size int) error
+	// BeforeReportCommit runs inside a report batch's transaction (Ingest)
+	// after its writes, before COMMIT, with the batch's size: a test holds
+	// the batch open there.
+	BeforeReportCommit func(ctx context.Context, reports int)
 }
 
 // SetTestHooks installs test hooks (see TestHooks).

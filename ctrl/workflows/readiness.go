@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"krane.dev/ctrl/actual"
 	"krane.dev/ctrl/store"
 )
 
@@ -35,12 +36,16 @@ func (o Outcome) Decided() bool { return o.Result != "" }
 // maxListed bounds how many instances one region's message names.
 const maxListed = 3
 
-// Evaluate decides a deploy from its regions (store.RegionStates):
-//   - failed when a region's cluster reported a failed instance (its pod,
+// Evaluate decides a deploy from its regions (store.RegionStates), where
+// the clusters that count are those of the aggregation rule (ctrl/actual:
+// registered, heartbeating within its live window, serving deployments);
+// the reports of other clusters decide nothing:
+//   - failed when a counted cluster reported a failed instance (its pod,
 //     reason and message are named) or could not apply the deployment for
 //     good (the cluster's own message, with the version it refused);
-//   - ready when every region that should run it reports at least its
-//     desired number of running instances;
+//   - ready when in every region that should run it at least one cluster
+//     counts, and every counted cluster reported the region's current
+//     version with at least the desired number of running instances;
 //   - otherwise undecided, with what each region still lacks.
 func Evaluate(regions []store.RegionState) Outcome {
 	var failures, waiting []string
@@ -50,10 +55,13 @@ func Evaluate(regions []store.RegionState) Outcome {
 			continue
 		}
 		active++
-		head := fmt.Sprintf("region %s: %d/%d running", r.Region, r.Running, r.DesiredReplicas)
+		counted := map[string]bool{}
+		for _, id := range r.Actual.Counted {
+			counted[id] = true
+		}
 		var bad []string
 		for _, e := range r.ApplyErrors {
-			if e.Permanent {
+			if e.Permanent && counted[e.ClusterID] {
 				bad = append(bad, applyErrorText(e))
 			}
 		}
@@ -62,27 +70,49 @@ func Evaluate(regions []store.RegionState) Outcome {
 			failures = append(failures, fmt.Sprintf("region %s: %s", r.Region, strings.Join(bad, "; ")))
 			continue
 		}
-		var failed, pending []string
-		for _, in := range r.Instances {
-			switch in.Status {
-			case "failed":
-				failed = append(failed, instanceText(in))
-			case "pending":
-				pending = append(pending, instanceText(in))
-			}
+		if len(counted) == 0 {
+			waiting = append(waiting, fmt.Sprintf("region %s: no live cluster serves deployments (a cluster counts while its last heartbeat is at most %s old)",
+				r.Region, actual.LiveWindow))
+			continue
 		}
-		switch {
-		case len(failed) > 0:
-			failures = append(failures, head+": "+listed(failed))
-		case r.Running < r.DesiredReplicas:
-			detail := "no instance reported yet"
-			if len(pending) > 0 {
-				detail = listed(pending)
+		byCluster := r.CountedInstances()
+		for _, id := range r.Actual.Counted {
+			head := fmt.Sprintf("region %s", r.Region)
+			if len(r.Actual.Counted) > 1 {
+				head += ", cluster " + id
 			}
-			for _, e := range r.ApplyErrors { // retryable: the cluster keeps trying
-				detail += "; retrying: " + applyErrorText(e)
+			var failed, pending []string
+			running := int32(0)
+			for _, in := range byCluster[id] {
+				switch in.Status {
+				case "failed":
+					failed = append(failed, instanceText(in))
+				case "pending":
+					pending = append(pending, instanceText(in))
+				case "running":
+					running++
+				}
 			}
-			waiting = append(waiting, head+" ("+detail+")")
+			head += fmt.Sprintf(": %d/%d running", running, r.DesiredReplicas)
+			rep, reported := r.Actual.Report(id)
+			switch {
+			case len(failed) > 0:
+				failures = append(failures, head+": "+listed(failed))
+			case running < r.DesiredReplicas || !reported || rep.Version < r.Version:
+				detail := "no instance reported yet"
+				switch {
+				case len(pending) > 0:
+					detail = listed(pending)
+				case running >= r.DesiredReplicas:
+					detail = fmt.Sprintf("version %d not reported yet", r.Version)
+				}
+				for _, e := range r.ApplyErrors { // retryable: the cluster keeps trying
+					if e.ClusterID == id {
+						detail += "; retrying: " + applyErrorText(e)
+					}
+				}
+				waiting = append(waiting, head+" ("+detail+")")
+			}
 		}
 	}
 	switch {

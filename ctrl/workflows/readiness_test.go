@@ -3,12 +3,20 @@ package workflows_test
 import (
 	"testing"
 
+	"krane.dev/ctrl/actual"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 )
 
+// region is a region at version 1 whose one counted cluster, <name>-1,
+// reported version 1 with instances.
 func region(name string, desired int32, instances ...store.Instance) store.RegionState {
-	r := store.RegionState{Region: name, DesiredReplicas: desired, DesiredStatus: "running", Instances: instances}
+	cluster := name + "-1"
+	for i := range instances {
+		instances[i].ClusterID = cluster
+	}
+	r := store.RegionState{Region: name, DesiredReplicas: desired, DesiredStatus: "running", Instances: instances, Version: 1,
+		Actual: actual.Region{Version: 1, Counted: []string{cluster}, Reports: []actual.Report{{ClusterID: cluster, Version: 1}}}}
 	for _, in := range instances {
 		switch in.Status {
 		case "running":
@@ -33,6 +41,20 @@ func TestEvaluate(t *testing.T) {
 	withApplyErr.ApplyErrors = []store.ApplyError{{ClusterID: "us-1", Version: 42, Field: "image", Message: "not a valid reference", Permanent: true}}
 	retrying := region("us", 1)
 	retrying.ApplyErrors = []store.ApplyError{{ClusterID: "us-1", Version: 7, Message: "apiserver unreachable"}}
+	// Two clusters in eu: eu-2 is gone (not counted), its failed pod and
+	// its silence decide nothing.
+	goneCluster := region("eu", 1, pod("a", "running", "", ""))
+	goneCluster.Instances = append(goneCluster.Instances, store.Instance{ClusterID: "eu-2", K8sName: "x", Status: "failed", Reason: "Evicted"})
+	goneCluster.Actual.Ignored = []actual.Report{{ClusterID: "eu-2", Version: 1}}
+	// Two counted clusters: eu-2 has not reported the current version.
+	twoCounted := region("eu", 1, pod("a", "running", "", ""))
+	twoCounted.Version, twoCounted.Actual.Version = 2, 2
+	twoCounted.Actual.Reports[0].Version = 2
+	twoCounted.Instances = append(twoCounted.Instances, store.Instance{ClusterID: "eu-2", K8sName: "b", Status: "running"})
+	twoCounted.Actual.Counted = []string{"eu-1", "eu-2"}
+	twoCounted.Actual.Reports = append(twoCounted.Actual.Reports, actual.Report{ClusterID: "eu-2", Version: 1})
+	noneLive := region("eu", 1, pod("a", "running", "", ""))
+	noneLive.Actual.Counted, noneLive.Actual.Reports = nil, nil
 	many := region("eu", 5, pod("a", "failed", "CrashLoopBackOff", ""), pod("b", "failed", "CrashLoopBackOff", ""),
 		pod("c", "failed", "CrashLoopBackOff", ""), pod("d", "failed", "OOMKilled", ""))
 	for _, c := range []struct {
@@ -57,6 +79,11 @@ func TestEvaluate(t *testing.T) {
 		{"retryable apply error waits", []store.RegionState{retrying}, "",
 			"region us: 0/1 running (no instance reported yet; retrying: apiserver unreachable (cluster us-1 could not apply version 7))"},
 		{"no topology", nil, "", "no region is set to run the deployment"},
+		{"a cluster that does not count holds nothing back", []store.RegionState{goneCluster}, workflows.ResultReady, ""},
+		{"every counted cluster must report the current version", []store.RegionState{twoCounted}, "",
+			"region eu, cluster eu-2: 1/1 running (version 2 not reported yet)"},
+		{"no live cluster", []store.RegionState{noneLive}, "",
+			"region eu: no live cluster serves deployments (a cluster counts while its last heartbeat is at most 2m0s old)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := workflows.Evaluate(c.regions)

@@ -495,7 +495,10 @@ func TestRolloutSurvivesRestateKillAndCtrlRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	env = ctrltest.Start(t, opts)
-	eu = env.HeldSentinelCluster(t, "eu", "eu-2")
+	// The cluster's agent reconnects to the new ctrl (with a new token):
+	// the same cluster, so no second one holds the region back while the
+	// first one's heartbeats age out.
+	eu = env.HeldSentinelCluster(t, "eu", "eu-1")
 	api := env.Rollouts(t)
 	e := &rolloutEnv{env: env, api: api}
 	e.waitState(t, 5*time.Minute, "in_progress", 2)

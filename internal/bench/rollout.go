@@ -44,7 +44,8 @@ func Rollout(ctx context.Context, e *Env) ([]Figure, error) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		var healthy int
-		err := e.Store.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM sentinels WHERE id LIKE 'roll-%' AND health = 'healthy' AND running_image = ?`, v1).Scan(&healthy)
+		err := e.Store.DB().QueryRowContext(ctx, `SELECT COUNT(DISTINCT id) FROM object_reports WHERE kind = 'sentinel' AND id LIKE 'roll-%'
+  AND JSON_VALUE(status, '$.health') = 'HEALTH_HEALTHY' AND JSON_VALUE(status, '$.running_image') = ?`, v1).Scan(&healthy)
 		if err != nil {
 			return nil, err
 		}
