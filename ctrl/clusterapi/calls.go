@@ -65,23 +65,38 @@ func (s *Server) GetDesiredSentinelState(ctx context.Context, req *clusterv1.Get
 	return sentinelState(c), nil
 }
 
-// Heartbeat records that the cluster is alive and returns the newest
-// version in its region.
+// Heartbeat records that the cluster is alive (in the next shared
+// heartbeat batch) and returns the newest version in its region.
 func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest) (*clusterv1.HeartbeatResponse, error) {
 	who, err := caller(ctx)
 	if err != nil {
 		return nil, err
 	}
-	err = s.store.Heartbeat(ctx, who.ClusterID, who.Region, heartbeatData(req))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl cluster register`)", who.ClusterID, who.Region)
+	hb := []store.ClusterHeartbeat{{ClusterID: who.ClusterID, Region: who.Region, Data: heartbeatData(req)}}
+	var errs []error
+	if s.running.Load() {
+		errs, err = s.heartbeats.add(ctx, hb)
+	} else {
+		errs, err = s.store.Heartbeats(ctx, hb)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, errQueueFull):
+		s.m.refused.WithLabelValues("heartbeats").Inc()
+		return nil, s.exhausted("heartbeat", s.heartbeats)
+	case errors.Is(err, errStopping):
+		return nil, status.Error(codes.Unavailable, "ctrl is stopping; the heartbeat was not recorded: send it again")
+	case err != nil:
 		return nil, storeError(ctx, err, "recording the heartbeat failed")
+	case errors.Is(errs[0], store.ErrNotFound):
+		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl cluster register`)", who.ClusterID, who.Region)
+	case errs[0] != nil:
+		return nil, storeError(ctx, errs[0], "recording the heartbeat failed")
 	}
-	head, err := s.store.RegionHead(ctx, who.Region)
-	if err != nil {
-		return nil, storeError(ctx, err, "reading the head version failed")
+	head, ok := s.poller.regionHead(who.Region)
+	if !ok {
+		if head, err = s.store.RegionHead(ctx, who.Region); err != nil {
+			return nil, storeError(ctx, err, "reading the head version failed")
+		}
 	}
 	return &clusterv1.HeartbeatResponse{HeadVersion: head}, nil
 }

@@ -19,6 +19,11 @@ type metrics struct {
 	delivered       *prometheus.CounterVec
 	headPolls       prometheus.Counter
 	startup         prometheus.Histogram
+	batches         *prometheus.HistogramVec
+	batchItems      *prometheus.CounterVec
+	queueDepth      *prometheus.GaugeVec
+	inFlight        *prometheus.GaugeVec
+	refused         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -77,17 +82,62 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time from an instance's creation (its pod's creation time) to the first report that shows it running, once per instance and cluster.",
 			Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
 		}),
+		batches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "ingest_batch_seconds",
+			Help:    "Transactions that stored what clusters sent (one batch of many clusters' items), by what (reports, heartbeats) and result (ok, error).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
+		}, []string{"what", "result"}),
+		batchItems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "ingest_items_total",
+			Help: "Items (status reports, heartbeats) stored in batches, by what.",
+		}, []string{"what"}),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "ingest_queue_depth",
+			Help: "Items (status reports, heartbeats) waiting for their batch, by what.",
+		}, []string{"what"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "ingest_in_flight",
+			Help: "Items in the batch being written, by what (0 between batches).",
+		}, []string{"what"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "ingest_refused_total",
+			Help: "Calls refused with RESOURCE_EXHAUSTED because the queue was full, by what (the caller retries after the hint).",
+		}, []string{"what"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.activeStreams, m.rowsStreamed, m.skippedRows, m.headVersion, m.watchQuery, m.reports,
-			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup)
+			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup, m.batches, m.batchItems, m.queueDepth, m.inFlight, m.refused)
 	}
 	return m
 }
 
+// observeBatch returns the observer of a batcher's transactions.
+func (m *metrics) observeBatch(what string) func(int, time.Duration, error) {
+	return func(n int, took time.Duration, err error) {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		m.batches.WithLabelValues(what, result).Observe(took.Seconds())
+		m.batchItems.WithLabelValues(what).Add(float64(n))
+	}
+}
+
+// gaugeBatch returns the gauge callback of a batcher.
+func (m *metrics) gaugeBatch(what string) func(queued, inFlight int) {
+	return func(queued, inFlight int) {
+		if queued >= 0 {
+			m.queueDepth.WithLabelValues(what).Set(float64(queued))
+		}
+		if inFlight >= 0 {
+			m.inFlight.WithLabelValues(what).Set(float64(inFlight))
+		}
+	}
+}
+
 // observeStarted records the startup times of instances a report showed
-// running for the first time. The store decides "first" under the
-// deployment's row lock, so a report sent twice counts once.
+// running for the first time. The store decides "first" under the lock of
+// the cluster's report row, so a report sent twice counts once.
 func (m *metrics) observeStarted(ds []time.Duration) {
 	for _, d := range ds {
 		m.startup.Observe(d.Seconds())

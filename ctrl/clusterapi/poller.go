@@ -24,6 +24,7 @@ type headPoller struct {
 	heads   map[store.HeadKey]uint64
 	waits   map[store.HeadKey]chan struct{}
 	failing bool
+	polled  bool // a read succeeded
 }
 
 func newHeadPoller(s *store.Store, interval time.Duration, log hclog.Logger, m *metrics) *headPoller {
@@ -54,6 +55,23 @@ func (p *headPoller) head(k store.HeadKey) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.heads[k]
+}
+
+// regionHead is the newest version of any kind in region the poller has
+// seen; ok is false before its first successful read or while reads fail
+// (the caller asks the database then).
+func (p *headPoller) regionHead(region string) (head uint64, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.polled || p.failing {
+		return 0, false
+	}
+	for k, h := range p.heads {
+		if k.Region == region {
+			head = max(head, h)
+		}
+	}
+	return head, true
 }
 
 // isFailing reports whether the last read of the heads failed (streams
@@ -101,6 +119,7 @@ func (p *headPoller) poll(ctx context.Context) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.polled = true
 	if p.failing {
 		p.failing = false
 		p.log.Info("change heads readable again")

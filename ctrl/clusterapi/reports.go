@@ -5,11 +5,13 @@ import (
 	"errors"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -73,47 +75,95 @@ type decodedReport struct {
 	doc      []byte        // the status of a generic kind, as JSON
 }
 
-// reportAll judges every report. A report refused on its own gets its code
-// in its result; the error is the call's (the database is unavailable, the
-// caller went away), and nothing after it was stored.
+// reportAll judges every report and stores those that pass in one
+// batch. A report refused on its own gets its code in its result; the
+// error is the call's (the database is unavailable, the report queue is
+// full, the caller went away), and nothing of the batch was stored.
 func (s *Server) reportAll(ctx context.Context, who auth.Identity, reqs []*clusterv1.ReportStatusRequest) ([]*clusterv1.ReportStatusResult, error) {
 	results := make([]*clusterv1.ReportStatusResult, len(reqs))
-	var deployments []store.DeploymentReport
-	var deploymentAt []int // index in reqs of each of deployments
+	var reps []store.Report
+	var decoded []decodedReport
+	var at []int // index in reqs of each of reps
 	for i, req := range reqs {
 		d, done, err := s.decodeReport(ctx, who, req)
 		if err == nil && !done {
-			if st, ok := d.msg.(*clusterv1.DeploymentStatus); ok {
-				deployments = append(deployments, store.DeploymentReport{Obs: d.obs, Status: st})
-				deploymentAt = append(deploymentAt, i)
+			var r store.Report
+			if r, err = d.report(who); err == nil {
+				reps, decoded, at = append(reps, r), append(decoded, d), append(at, i)
 				continue
 			}
-			var accepted bool
-			accepted, err = s.report(ctx, who, d)
-			done = accepted
 		}
 		if results[i], err = result(done, err); err != nil {
 			return nil, err
 		}
 	}
-	if len(deployments) == 0 {
-		return results, nil
-	}
-	stored, err := s.store.ReportDeployments(ctx, who.Region, who.ClusterID, deployments)
+	stored, err := s.storeReports(ctx, who, reps)
 	if err != nil {
-		s.m.reports.WithLabelValues(kinds.Deployment, "error").Add(float64(len(deployments)))
-		s.log.Error("cannot store status reports", "kind", kinds.Deployment, "region", who.Region, "cluster_id", who.ClusterID, "reports", len(deployments), "error", err)
-		return nil, storeError(ctx, err, "storing the reports failed")
+		return nil, err
 	}
 	for j, r := range stored {
 		s.m.observeStarted(r.Started)
-		id := deployments[j].Status.GetDeploymentId()
-		accepted, err := s.outcome(ctx, who, decodedReport{kind: kinds.Deployment, id: id, obs: deployments[j].Obs}, r.Accepted, r.Err)
-		if results[deploymentAt[j]], err = result(accepted, err); err != nil {
+		accepted, err := s.outcome(ctx, who, decoded[j], r)
+		if results[at[j]], err = result(accepted, err); err != nil {
 			return nil, err
 		}
 	}
 	return results, nil
+}
+
+// report is what the store keeps of a decoded report.
+func (d decodedReport) report(who auth.Identity) (store.Report, error) {
+	if d.msg == nil {
+		return store.Report{Kind: d.kind, Region: who.Region, ClusterID: who.ClusterID, ID: d.id, Obs: d.obs, Status: d.doc}, nil
+	}
+	r, err := store.StatusReport(d.kind, who.Region, who.ClusterID, d.id, d.obs, d.msg)
+	if err != nil {
+		return r, invalidField("status", "%v", err)
+	}
+	return r, nil
+}
+
+// storeReports stores reports in the next shared batch (or, with
+// UnbatchedReports or before Run, in a transaction of their own). A full
+// queue is RESOURCE_EXHAUSTED with a RetryInfo saying when to try again;
+// a failed database UNAVAILABLE.
+func (s *Server) storeReports(ctx context.Context, who auth.Identity, reps []store.Report) ([]store.ReportResult, error) {
+	if len(reps) == 0 {
+		return nil, nil
+	}
+	var stored []store.ReportResult
+	var err error
+	if s.unbatched || !s.running.Load() {
+		stored, err = s.store.Ingest(ctx, reps)
+	} else {
+		stored, err = s.reports.add(ctx, reps)
+	}
+	switch {
+	case errors.Is(err, errQueueFull):
+		s.m.refused.WithLabelValues("reports").Inc()
+		return nil, s.exhausted("reports", s.reports)
+	case errors.Is(err, errStopping):
+		return nil, status.Error(codes.Unavailable, "ctrl is stopping; nothing of this call was stored: send it again (to another ctrl, or to this one once it is back)")
+	case err != nil:
+		s.m.reports.WithLabelValues("all", "error").Add(float64(len(reps)))
+		s.log.Error("cannot store status reports", "region", who.Region, "cluster_id", who.ClusterID, "reports", len(reps), "error", err)
+		return nil, storeError(ctx, err, "storing the reports failed")
+	}
+	return stored, nil
+}
+
+// exhausted is the refusal of a call whose items do not fit in b's queue:
+// RESOURCE_EXHAUSTED, with how long to wait in a RetryInfo (about the
+// time the queue takes to drain, at least a second).
+func (s *Server) exhausted(what string, b interface{ depth() int }) error {
+	depth := b.depth()
+	wait := max(time.Second, time.Duration(depth/s.maxBatch+1)*s.reportLinger)
+	st := status.Newf(codes.ResourceExhausted, "ctrl's %s queue is full (%d waiting for the database); nothing of this call was stored: send it again after %s",
+		what, depth, wait)
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 // result turns one report's outcome into its result. Only a refusal of
@@ -288,45 +338,44 @@ func (s *Server) reportTyped(ctx context.Context, kind, id string, version uint6
 
 // report stores one decoded report.
 func (s *Server) report(ctx context.Context, who auth.Identity, d decodedReport) (bool, error) {
-	var accepted bool
-	var err error
-	switch st := d.msg.(type) {
-	case *clusterv1.DeploymentStatus:
-		var res []store.ReportResult
-		if res, err = s.store.ReportDeployments(ctx, who.Region, who.ClusterID, []store.DeploymentReport{{Obs: d.obs, Status: st}}); err == nil {
-			accepted, err = res[0].Accepted, res[0].Err
-			s.m.observeStarted(res[0].Started)
-		}
-	case *clusterv1.SentinelStatus:
-		accepted, err = s.store.ReportSentinel(ctx, who.Region, who.ClusterID, d.obs, st)
-	case *clusterv1.CiliumNetworkPolicyStatus:
-		accepted, err = s.store.ReportCiliumNetworkPolicy(ctx, who.Region, who.ClusterID, d.obs, st)
-	default:
-		accepted, err = s.store.ReportResource(ctx, d.kind, who.Region, who.ClusterID, d.id, d.obs, d.doc)
+	r, err := d.report(who)
+	if err != nil {
+		return false, err
 	}
-	return s.outcome(ctx, who, d, accepted, err)
+	stored, err := s.storeReports(ctx, who, []store.Report{r})
+	if err != nil {
+		return false, err
+	}
+	s.m.observeStarted(stored[0].Started)
+	return s.outcome(ctx, who, d, stored[0])
 }
 
 // outcome counts and logs what the store made of a report and wakes the
-// report's listeners when it was accepted.
-func (s *Server) outcome(ctx context.Context, who auth.Identity, d decodedReport, accepted bool, err error) (bool, error) {
+// report's listeners when it changed what was stored.
+func (s *Server) outcome(ctx context.Context, who auth.Identity, d decodedReport, r store.ReportResult) (bool, error) {
 	label := s.kindLabel(d.kind)
 	var ahead *store.VersionAheadError
-	switch {
+	switch err := r.Err; {
 	case errors.As(err, &ahead):
 		s.m.reports.WithLabelValues(label, "invalid").Inc()
 		return false, invalidField("observed_version", "%d is above version %d of %s %q: ctrl never issued it", d.obs.Version, ahead.Current, d.kind, d.id)
 	case errors.Is(err, store.ErrNotFound):
 		s.m.reports.WithLabelValues(label, "not_found").Inc()
 		return false, errorf(codes.NotFound, "no %s %q in region %q", d.kind, d.id, who.Region)
+	case errors.Is(err, store.ErrClusterNotRegistered):
+		s.m.reports.WithLabelValues(label, "not_found").Inc()
+		return false, errorf(codes.NotFound, "cluster %q is not registered in region %q (it was removed): its reports are not kept", who.ClusterID, who.Region)
 	case err != nil:
 		s.m.reports.WithLabelValues(label, "error").Inc()
 		s.log.Error("cannot store a status report", "kind", d.kind, "region", who.Region, "id", d.id, "cluster_id", who.ClusterID, "error", err)
 		return false, storeError(ctx, err, "storing the report failed")
-	case !accepted:
+	case !r.Accepted:
 		s.m.reports.WithLabelValues(label, "stale").Inc()
 		s.log.Debug("ignored a stale report", "kind", d.kind, "region", who.Region, "id", d.id, "observed_version", d.obs.Version)
 		return false, nil
+	case !r.Changed:
+		s.m.reports.WithLabelValues(label, "unchanged").Inc()
+		return true, nil
 	}
 	s.m.reports.WithLabelValues(label, "accepted").Inc()
 	s.notify(ctx, who, d.kind, d.id)

@@ -104,7 +104,7 @@ func TestReportStatusesJudgesEachReportAlone(t *testing.T) {
 	listener.mu.Lock()
 	events := fmt.Sprint(listener.events)
 	listener.mu.Unlock()
-	if events != "[sentinel s1 deployment d1 eu deployment d2 eu deployment d1 eu]" {
+	if events != "[deployment d1 eu deployment d2 eu sentinel s1 deployment d1 eu]" {
 		t.Errorf("listener events %s, want one per accepted report", events)
 	}
 

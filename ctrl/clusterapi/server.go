@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -83,7 +84,24 @@ type Options struct {
 	// this ctrl per minute (each is audited); past it, RESOURCE_EXHAUSTED.
 	// Default 1000.
 	DecryptPerMinute int
+	// ReportLinger is how long status reports gather before one
+	// transaction stores those of every cluster (at most one transaction
+	// per linger; a report after a quiet spell goes at once). Default 50ms.
+	ReportLinger time.Duration
+	// ReportQueue bounds the reports waiting for their transaction;
+	// beyond it a report call is refused with RESOURCE_EXHAUSTED and a
+	// retry hint. Default 20000.
+	ReportQueue int
+	// HeartbeatLinger is the same for heartbeats (one multi-row write per
+	// linger for every cluster that sent one). Default 1s.
+	HeartbeatLinger time.Duration
+	// UnbatchedReports stores every report call in a transaction of its
+	// own (the reference platform's path, kept to compare with).
+	UnbatchedReports bool
 }
+
+// maxIngestBatch bounds the items of one batch transaction.
+const maxIngestBatch = 2000
 
 // Server implements clusterv1.ClusterServiceServer.
 type Server struct {
@@ -100,6 +118,13 @@ type Server struct {
 	poller    *headPoller
 	feeds     feeds
 	stopping  chan struct{}
+
+	reports      *batcher[store.Report, store.ReportResult]
+	heartbeats   *batcher[store.ClusterHeartbeat, error]
+	reportLinger time.Duration
+	maxBatch     int
+	unbatched    bool
+	running      atomic.Bool // Run started the batchers
 
 	labelsMu sync.Mutex
 	labels   map[string]bool
@@ -129,22 +154,42 @@ func New(o Options) (*Server, error) {
 	if o.DecryptPerMinute <= 0 {
 		o.DecryptPerMinute = 1000
 	}
+	if o.ReportLinger <= 0 {
+		o.ReportLinger = 50 * time.Millisecond
+	}
+	if o.ReportQueue <= 0 {
+		o.ReportQueue = 20000
+	}
+	if o.HeartbeatLinger <= 0 {
+		o.HeartbeatLinger = time.Second
+	}
 	log := o.Logger.Named("clusterapi")
 	m := newMetrics(o.Registerer)
+	st := o.Store
 	return &Server{
 		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
-		decrypts: newPerCluster(o.DecryptPerMinute),
-		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
-		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
-		stopping: make(chan struct{}),
-		labels:   map[string]bool{},
+		decrypts:     newPerCluster(o.DecryptPerMinute),
+		poller:       newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
+		feeds:        feeds{window: o.FeedWindow, off: o.UnsharedReads},
+		stopping:     make(chan struct{}),
+		labels:       map[string]bool{},
+		reports:      newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, m.observeBatch("reports"), m.gaugeBatch("reports")),
+		heartbeats:   newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats")),
+		reportLinger: o.ReportLinger, maxBatch: maxIngestBatch, unbatched: o.UnbatchedReports,
 	}, nil
 }
 
-// Run polls the change heads until ctx is done, then ends every open
-// stream with UNAVAILABLE (so a graceful gRPC stop does not wait on them).
+// Run polls the change heads and stores the reports and heartbeats
+// clusters send until ctx is done, then ends every open stream with
+// UNAVAILABLE (so a graceful gRPC stop does not wait on them).
 func (s *Server) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	s.running.Store(true)
+	wg.Go(func() { s.reports.run(ctx) })
+	wg.Go(func() { s.heartbeats.run(ctx) })
 	s.poller.run(ctx)
+	s.running.Store(false)
+	wg.Wait()
 	close(s.stopping)
 }
 

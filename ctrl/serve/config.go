@@ -32,6 +32,7 @@ type Config struct {
 	GRPC    GRPCConfig    `koanf:"grpc"`
 	HTTP    HTTPConfig    `koanf:"http"`
 	Watch   WatchConfig   `koanf:"watch"`
+	Reports ReportsConfig `koanf:"reports"`
 	Auth    AuthConfig    `koanf:"auth"`
 	Log     LogConfig     `koanf:"log"`
 	// Restate, Deploy and Sentinel configure the deploy workflows and the
@@ -153,6 +154,15 @@ type WatchConfig struct {
 	SharedReads  bool          `koanf:"shared_reads"`
 }
 
+// ReportsConfig shapes how what clusters send (status reports,
+// heartbeats) is written: in shared batches (ctrl/clusterapi).
+type ReportsConfig struct {
+	Linger          time.Duration `koanf:"linger"`
+	Queue           int           `koanf:"queue"`
+	HeartbeatLinger time.Duration `koanf:"heartbeat_linger"`
+	Batched         bool          `koanf:"batched"`
+}
+
 type AuthConfig struct {
 	CacheTTL               time.Duration `koanf:"cache_ttl"`
 	RevocationPollInterval time.Duration `koanf:"revocation_poll_interval"`
@@ -191,6 +201,10 @@ var settings = []setting{
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
 	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
+	{"reports.linger", 50 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
+	{"reports.queue", 20000, "status reports waiting for their transaction at most; beyond it clusters are told to retry later (RESOURCE_EXHAUSTED with a hint; 100..1000000)"},
+	{"reports.heartbeat_linger", time.Second, "heartbeats of every cluster gather this long before one statement records them all (1ms..30s)"},
+	{"reports.batched", true, "store reports in shared batches; false: every report call in a transaction of its own (the reference platform's path, to compare with)"},
 	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s; a revocation this ctrl sees drops it at once)"},
 	{"auth.revocation_poll_interval", 250 * time.Millisecond, "how often ctrl reads newly revoked tokens from the database and closes their open streams (10ms..1m)"},
 	{"auth.recheck_interval", time.Minute, "how often the tokens of all open streams are read again in one query, a safety net behind the revocation poll (1s..24h)"},
@@ -353,6 +367,15 @@ func (c Config) Validate() error {
 	}
 	if c.Watch.FeedWindow < 1 || c.Watch.FeedWindow > 1000000 {
 		errs = append(errs, fmt.Errorf("watch.feed_window %d is out of range 1..1000000", c.Watch.FeedWindow))
+	}
+	if l := c.Reports.Linger; l < time.Millisecond || l > time.Second {
+		errs = append(errs, fmt.Errorf("reports.linger %s is out of range 1ms..1s", l))
+	}
+	if q := c.Reports.Queue; q < 100 || q > 1000000 {
+		errs = append(errs, fmt.Errorf("reports.queue %d is out of range 100..1000000", q))
+	}
+	if l := c.Reports.HeartbeatLinger; l < time.Millisecond || l > 30*time.Second {
+		errs = append(errs, fmt.Errorf("reports.heartbeat_linger %s is out of range 1ms..30s", l))
 	}
 	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
 		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))

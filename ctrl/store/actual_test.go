@@ -179,7 +179,9 @@ func TestScaleCompletesWhileAReportBatchIsOpen(t *testing.T) {
 	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
 	s := openDSN(t, dsn, store.PoolOptions{})
 	ctx := context.Background()
-	stamped, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error { return putDeployment(ctx, tx, "d1", "eu", "img:1", 2, "running") })
+	stamped, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		return putDeployment(ctx, tx, "d1", "eu", "img:1", 2, "running")
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +189,7 @@ func TestScaleCompletesWhileAReportBatchIsOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := stamped[len(stamped)-1].Version
+	liveClusters(t, s, "eu", "eu-1", "eu-2")
 	held, release := make(chan struct{}), make(chan struct{})
 	s.SetTestHooks(store.TestHooks{BeforeReportCommit: func(context.Context, int) {
 		close(held)
@@ -246,4 +249,80 @@ func TestScaleCompletesWhileAReportBatchIsOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertClusterReports(t, s, kinds.Deployment, "eu", "d1", map[string]uint64{"eu-1": v, "eu-2": v})
+}
+
+// TestChurnLeavesActualStateTablesFlat: 10,000 create/delete cycles of
+// objects over 50 clusters that report each one applied and then deleted
+// (in batches, as ctrl's ingestion sends them). Every report of a
+// cluster that applied a delete is pruned, so the actual-state tables end
+// within a small constant of their size before; without pruning they
+// would hold a row per object and cluster (500,000 here).
+func TestChurnLeavesActualStateTablesFlat(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	var clusters []string
+	for i := range 50 {
+		clusters = append(clusters, fmt.Sprintf("c%02d", i))
+	}
+	liveClusters(t, s, "eu", clusters...)
+	before, err := s.ActualStateRows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rounds, objects = 100, 100 // 10,000 cycles
+	write := func(deleted bool) map[string]uint64 {
+		t.Helper()
+		stamped, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+			for i := range objects {
+				if err := tx.PutResource(ctx, store.Resource{Kind: quota, Region: "eu", ID: fmt.Sprintf("churn-%03d", i), Spec: []byte(`{"cpu":"1"}`), Deleted: deleted}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint64{}
+		for _, st := range stamped {
+			out[st.ID] = st.Version
+		}
+		return out
+	}
+	report := func(versions map[string]uint64, deleted bool) {
+		t.Helper()
+		var reps []store.Report
+		for _, c := range clusters {
+			for id, v := range versions {
+				r := store.Report{Kind: quota, Region: "eu", ClusterID: c, ID: id, Obs: store.Observation{Version: v, At: time.Now()}, Deleted: deleted}
+				if !deleted {
+					r.Status = []byte(`{"used":"1"}`)
+				}
+				reps = append(reps, r)
+			}
+		}
+		res, err := s.Ingest(ctx, reps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if !r.Accepted || r.Err != nil {
+				t.Fatalf("report %+v: %+v", reps[i], r)
+			}
+		}
+	}
+	for range rounds {
+		report(write(false), false)
+		report(write(true), true)
+	}
+	after, err := s.ActualStateRows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for table, n := range after {
+		if n > before[table]+10 {
+			t.Errorf("%s: %d rows after %d create/delete cycles over %d clusters, %d before", table, n, rounds*objects, len(clusters), before[table])
+		}
+	}
+	t.Logf("actual-state rows before %v, after %v", before, after)
 }

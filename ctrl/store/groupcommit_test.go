@@ -381,6 +381,7 @@ func TestReportsDoNotWaitForTheGroupCommit(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	liveClusters(t, s, "eu", "eu-1")
 	// A desired-state write holds the only committer.
 	defer holdCommitter(t, s)()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -139,7 +140,8 @@ func StatusReport(kind, region, clusterID, id string, obs Observation, st proto.
 
 // ReportResult answers one report: Err is ErrNotFound when the object has
 // no row in the region, a *VersionAheadError when the report's version is
-// above the object's. Accepted is false when the report was older than
+// above the object's, ErrClusterNotRegistered when the cluster is not
+// registered in the region (it was removed). Accepted is false when the report was older than
 // the cluster's last one (or than another report of the same cluster on
 // the same object in the same batch); Changed is false when it was
 // accepted but said what was stored already, and wrote nothing.
@@ -157,8 +159,9 @@ const MaxReportsPerBatch = 5000
 
 // Ingest stores the reports of any number of clusters in one transaction
 // of a few statements, however many reports there are: one read of the
-// reported objects' versions per kind table, one locking read of the
-// stored reports (their rows only: the desired-state rows are read
+// reported objects' versions per kind table, one of the reporting
+// clusters (share mode: a removal waits), one locking read of the stored
+// reports (their rows only: the desired-state rows are read
 // without a lock, so no report waits on an operator's write or holds one
 // up), and one multi-row statement for each of object_reports and
 // instances that has something to write. Reports equal to the stored ones
@@ -240,28 +243,51 @@ type desiredRow struct {
 }
 
 func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResult, nowNs int64) error {
-	// The newest report of each (object, cluster) in the batch speaks;
-	// any other is superseded within the batch, as it would have been
-	// one call later.
-	newest := map[repKey]int{}
-	for i := range reps {
-		k := reps[i].key()
-		j, seen := newest[k]
-		if !seen || (guard{version: reps[j].Obs.Version, atNs: reps[j].Obs.At.UnixNano()}).admits(reps[i].Obs, 0) {
-			newest[k] = i
-		}
-	}
 	objs := map[objKey]bool{}
-	var keys []repKey
-	for k := range newest {
-		objs[k.objKey] = true
-		keys = append(keys, k)
+	for i := range reps {
+		objs[reps[i].key().objKey] = true
 	}
-	slices.SortFunc(keys, compareRepKeys) // one lock order for every batch
 	desired, err := readDesired(ctx, tx, objs)
 	if err != nil {
 		return err
 	}
+	registered, err := readClusters(ctx, tx, reps)
+	if err != nil {
+		return err
+	}
+	// A report of a cluster that is not registered (removed meanwhile), on
+	// an unknown object, or above its version, is refused on its own.
+	// Of the others, or above its version, is refused on
+	// the newest of each (object, cluster) in the batch speaks; the rest are superseded within the batch, as they
+	// would have been one call later.
+	valid := make([]bool, len(reps))
+	newest := map[repKey]int{}
+	for i := range reps {
+		r := &reps[i]
+		d, ok := desired[r.key().objKey]
+		switch {
+		case registered[r.ClusterID] != r.Region:
+			results[i].Err = fmt.Errorf("store: cluster %s is not registered in region %s: %w", r.ClusterID, r.Region, ErrClusterNotRegistered)
+			continue
+		case !ok:
+			results[i].Err = ErrNotFound
+			continue
+		case r.Obs.Version > d.version:
+			results[i].Err = &VersionAheadError{Ref: Ref{Kind: r.Kind, Region: r.Region, ID: r.ID}, Reported: r.Obs.Version, Current: d.version}
+			continue
+		}
+		valid[i] = true
+		k := r.key()
+		j, seen := newest[k]
+		if !seen || (guard{version: reps[j].Obs.Version, atNs: reps[j].Obs.At.UnixNano()}).admits(r.Obs, 0) {
+			newest[k] = i
+		}
+	}
+	keys := make([]repKey, 0, len(newest))
+	for k := range newest {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, compareRepKeys) // one lock order for every batch
 	stored, err := readReports(ctx, tx, keys)
 	if err != nil {
 		return err
@@ -270,13 +296,9 @@ func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResu
 	for _, k := range keys {
 		i := newest[k]
 		r := &reps[i]
-		d, ok := desired[k.objKey]
+		d := desired[k.objKey]
 		g, had := stored[k]
 		switch {
-		case !ok:
-			results[i].Err = ErrNotFound
-		case r.Obs.Version > d.version:
-			results[i].Err = &VersionAheadError{Ref: Ref{Kind: r.Kind, Region: r.Region, ID: r.ID}, Reported: r.Obs.Version, Current: d.version}
 		case had && !g.admits(r.Obs, nowNs):
 		case d.deleted && r.Deleted && r.Obs.Version >= d.version:
 			// The cluster applied the delete: nothing of it is left to
@@ -292,14 +314,17 @@ func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResu
 			write = append(write, i)
 		}
 	}
-	// The others are answered as if each had come in its own call, in
-	// batch order: accepted when newer than what was stored and than the
-	// earlier ones of the batch, and refused as their newest was.
+	// The superseded ones are answered as if each had come in its own
+	// call, in batch order: accepted when newer than what was stored and
+	// than the earlier ones of the batch.
 	running := make(map[repKey]guard, len(keys))
 	for k, g := range stored {
 		running[k] = g
 	}
 	for i := range reps {
+		if !valid[i] {
+			continue
+		}
 		k := reps[i].key()
 		g, had := running[k]
 		admitted := !had || g.admits(reps[i].Obs, nowNs)
@@ -307,8 +332,7 @@ func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResu
 			running[k] = guard{version: reps[i].Obs.Version, atNs: reps[i].Obs.At.UnixNano(), receivedNs: nowNs}
 		}
 		if j := newest[k]; j != i {
-			ok := admitted && results[j].Err == nil
-			results[i] = ReportResult{Err: results[j].Err, Accepted: ok, Changed: ok && results[j].Changed}
+			results[i] = ReportResult{Accepted: admitted, Changed: admitted && results[j].Changed}
 		}
 	}
 	if err := writeReports(ctx, tx, reps, write, nowNs); err != nil {
@@ -350,6 +374,36 @@ func cmpJoin(cs ...int) int {
 		}
 	}
 	return 0
+}
+
+// ErrClusterNotRegistered refuses a report of a cluster that is not (or no
+// longer) registered in its region.
+var ErrClusterNotRegistered = errors.New("the cluster is not registered")
+
+// readClusters reads the regions of the reporting clusters, locking their
+// rows in share mode until the batch commits: a removal of one of them
+// (RemoveCluster locks its row to delete it and its reports) waits for
+// the batch, or the batch for the removal, so no report of a removed
+// cluster is stored after its rows went.
+func readClusters(ctx context.Context, tx *sql.Tx, reps []Report) (map[string]string, error) {
+	ids := distinct(reps, func(r Report) string { return r.ClusterID })
+	out := make(map[string]string, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT id, region FROM clusters WHERE id IN ("+placeholders(len(ids))+") LOCK IN SHARE MODE", ids...)
+	if err != nil {
+		return nil, fmt.Errorf("store: read the %d clusters of a report batch: %w", len(ids), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, region string
+		if err := rows.Scan(&id, &region); err != nil {
+			return nil, fmt.Errorf("store: read the clusters of a report batch: %w", err)
+		}
+		out[id] = region
+	}
+	return out, rows.Err()
 }
 
 // readDesired reads the version, and whether it is deleted, of each

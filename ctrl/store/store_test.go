@@ -307,6 +307,8 @@ func TestReportGuardsIgnoreOlderReports(t *testing.T) {
 	if _, err := s.StampCommitted(ctx, []store.Ref{{Kind: kinds.Sentinel, Region: "eu", ID: "s1"}}, ""); err != nil { // version 2
 		t.Fatal(err)
 	}
+	liveClusters(t, s, "eu", "eu-1")
+	liveClusters(t, s, "us", "us-1")
 	t0 := time.Unix(1000, 0)
 	report := func(v uint64, at time.Time, image string) bool {
 		ok, err := s.ReportSentinel(ctx, "eu", "eu-1", store.Observation{Version: v, At: at}, &clusterv1.SentinelStatus{SentinelId: "s1", RunningImage: image, AvailableReplicas: 3})

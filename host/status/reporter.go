@@ -1,20 +1,27 @@
 // Package status forwards what plugins observe in the cluster (and apply
-// failures) to ctrl. Reports are coalesced per object (the latest wins),
-// held in a bounded buffer, sent in batches (one ReportStatuses call, and
-// one database transaction in ctrl, for what queued up), retried with
-// backoff behind a circuit breaker, and never block applying: a ctrl outage
-// only delays them.
+// failures) to ctrl. Reports are coalesced per object (the latest wins,
+// keeping an apply failure not yet sent), held in a bounded buffer, sent
+// in batches (one ReportStatuses call for what queued up; ctrl stores the
+// batches of many clusters in one transaction), retried with backoff
+// behind a circuit breaker, and never block applying: a ctrl outage only
+// delays them. When ctrl's report queue is full it answers
+// RESOURCE_EXHAUSTED with a RetryInfo: the reporter then pauses every
+// send for that long (plus jitter, so a fleet does not come back at
+// once), without counting it against ctrl's health, and what it could not
+// send stays queued and keeps coalescing.
 package status
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -61,10 +68,11 @@ type Reporter struct {
 	breaker   breaker
 	unbatched bool // ctrl predates ReportStatuses: send one by one
 
-	depth   prometheus.Gauge
-	sent    *prometheus.CounterVec
-	dropped prometheus.Counter
-	calls   prometheus.Counter
+	depth     prometheus.Gauge
+	sent      *prometheus.CounterVec
+	dropped   prometheus.Counter
+	calls     prometheus.Counter
+	throttled prometheus.Counter
 }
 
 // New returns a reporter holding at most max objects' reports.
@@ -77,8 +85,10 @@ func New(client clusterv1.ClusterServiceClient, log hclog.Logger, reg prometheus
 		sent:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "krane_host_reports_total", Help: "Status reports sent to ctrl, by result (ok, error: sent again later, rejected: refused by ctrl as unknown or malformed, dropped)."}, []string{"result"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "krane_host_reports_dropped_total", Help: "Reports dropped because the buffer was full (the oldest goes)."}),
 		calls:   prometheus.NewCounter(prometheus.CounterOpts{Name: "krane_host_report_calls_total", Help: "Calls to ctrl carrying status reports (a batch is one call)."}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{Name: "krane_host_report_throttled_total",
+			Help: "Report calls ctrl refused because its report queue was full (sent again after its hint)."}),
 	}
-	reg.MustRegister(r.depth, r.sent, r.dropped, r.calls)
+	reg.MustRegister(r.depth, r.sent, r.dropped, r.calls, r.throttled)
 	return r
 }
 
@@ -254,6 +264,15 @@ func (r *Reporter) send(ctx context.Context) {
 			r.putBack(again)
 			return
 		}
+		if wait, ok := retryAfter(err); ok {
+			// ctrl sheds load: every sender waits, nothing is dropped.
+			wait += time.Duration(rand.Int64N(int64(wait/2) + 1))
+			r.breaker.pause(time.Now().Add(wait))
+			r.throttled.Inc()
+			r.log.Debug("ctrl's report queue is full; pausing reports", "for", wait, "queued", r.Depth()+len(again))
+			r.putBack(again)
+			continue
+		}
 		if r.breaker.failure(time.Now()) {
 			r.log.Warn("ctrl is not accepting status reports; pausing reports (applying continues)", "error", err, "queued", r.Depth()+len(again))
 		}
@@ -397,7 +416,8 @@ func (r *Reporter) putBack(entries []*entry) {
 	defer r.mu.Unlock()
 	var keys []key
 	for _, e := range entries {
-		if _, newer := r.pending[e.key]; newer {
+		if n, newer := r.pending[e.key]; newer {
+			keepFailure(n, e)
 			continue
 		}
 		r.pending[e.key] = e
@@ -438,7 +458,8 @@ func (r *Reporter) retry(entries []*entry) {
 	defer r.mu.Unlock()
 	now := time.Now()
 	for _, e := range entries {
-		if _, newer := r.pending[e.key]; newer {
+		if n, newer := r.pending[e.key]; newer {
+			keepFailure(n, e)
 			continue
 		}
 		e.attempts++
@@ -448,6 +469,30 @@ func (r *Reporter) retry(entries []*entry) {
 		r.order = append(r.order, e.key)
 	}
 	r.depth.Set(float64(len(r.pending)))
+}
+
+// keepFailure merges an unsent entry into the newer one that replaces it:
+// the newer status wins, and an apply failure (or its clearing) the newer
+// one does not carry is kept, so coalescing loses nothing.
+func keepFailure(newer, old *entry) {
+	if newer.req.ApplyError == nil && old.req.ApplyError != nil {
+		newer.req.ApplyError = old.req.ApplyError
+	}
+}
+
+// retryAfter is the wait a RESOURCE_EXHAUSTED answer asks for (its
+// RetryInfo; one second without one).
+func retryAfter(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().IsValid() {
+			return min(max(ri.GetRetryDelay().AsDuration(), 10*time.Millisecond), time.Minute), true
+		}
+	}
+	return time.Second, true
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -502,6 +547,16 @@ func (b *breaker) failure(now time.Time) bool {
 	}
 	b.openUntil = now.Add(b.openFor)
 	return b.failures == b.threshold
+}
+
+// pause holds every send until until, whatever the breaker's state.
+func (b *breaker) pause(until time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probeOutstanding = false
+	if until.After(b.openUntil) {
+		b.openUntil = until
+	}
 }
 
 // release gives back a probe slot taken by wait without a send.
