@@ -185,7 +185,7 @@ func readClusterList(cmd *cobra.Command, path string) ([]auth.ClusterRef, error)
 }
 
 func newCluster() *cobra.Command {
-	cmd := &cobra.Command{Use: "cluster", Short: "Register clusters, revoke their tokens, list them"}
+	cmd := &cobra.Command{Use: "cluster", Short: "Register clusters, revoke their tokens, remove them, list them"}
 
 	var region, cluster, registerExpires, from string
 	register := &cobra.Command{
@@ -284,6 +284,66 @@ func newCluster() *cobra.Command {
 	revoke.Flags().StringVar(&revokeID, "cluster", "", "cluster id (required)")
 	_ = revoke.MarkFlagRequired("cluster")
 
+	remove := &cobra.Command{
+		Use:   "remove CLUSTER",
+		Short: "Remove a cluster: revoke its tokens, close its streams, delete what it reported; it no longer shows or holds deploys back",
+		Long: "Remove a registered cluster, in one transaction: every token of it is revoked (every ctrl closes its open streams within " +
+			"auth.revocation_poll_interval and refuses it from then on), its reported state (status reports, instances, apply errors) " +
+			"is deleted, and it leaves `ctrl cluster list`, the console and every rule that waits on a region's clusters: a deploy to " +
+			"its region no longer waits for it. The removal is recorded with who did it (`ctrl cluster audit`). " +
+			"Registering the same id again later makes a new cluster. The API call is FleetService.RemoveCluster.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := openStore(cmd, true)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			r, err := st.RemoveCluster(cmd.Context(), args[0], "ctrl cluster remove (database)")
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("no cluster %q is registered (see `ctrl cluster list`)", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed cluster %s of region %s: %d token(s) revoked; %d reports, %d instances, %d apply errors deleted\n",
+				r.ID, r.Region, r.TokensRevoked, r.Reports, r.Instances, r.ApplyErrors)
+			if r.TokensRevoked > 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "Its open streams are closed on every ctrl within auth.revocation_poll_interval (default 250ms).")
+			}
+			return nil
+		},
+	}
+
+	var auditLimit int
+	audit := &cobra.Command{
+		Use:   "audit [CLUSTER]",
+		Short: "List cluster removals, newest first: who removed which cluster, when, and what went with it",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := openStore(cmd, true)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			id := ""
+			if len(args) == 1 {
+				id = args[0]
+			}
+			entries, err := st.ClusterAudit(cmd.Context(), id, auditLimit)
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "WHEN\tCLUSTER\tREGION\tACTION\tBY\tDETAIL")
+			for _, e := range entries {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.ClusterID, e.Region, e.Action, e.Actor, e.Detail)
+			}
+			return w.Flush()
+		},
+	}
+	audit.Flags().IntVar(&auditLimit, "limit", 100, "entries to show at most")
+
 	var listRegion, listOutput string
 	list := &cobra.Command{
 		Use:   "list [--region R] [-o json]",
@@ -308,7 +368,7 @@ func newCluster() *cobra.Command {
 	}
 	list.Flags().StringVar(&listRegion, "region", "", "only this region's clusters")
 	list.Flags().StringVarP(&listOutput, "output", "o", "text", "output format: text (tables) or json (protobuf JSON, as `ctrl fleet list -o json`)")
-	cmd.AddCommand(register, revoke, list)
+	cmd.AddCommand(register, revoke, remove, audit, list)
 	return cmd
 }
 

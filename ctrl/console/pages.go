@@ -21,10 +21,6 @@ func streaming(r *http.Request) bool {
 	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
 }
 
-// silentAfter is when a cluster without a heartbeat counts as silent: the
-// host sends one every 30s, so three were missed.
-const silentAfter = 90 * time.Second
-
 type fleetPage struct {
 	Regions                  []fleetRegion
 	Clusters, Silent, Behind int
@@ -58,8 +54,10 @@ func fleetView(clusters []*ctrlv1.ClusterInfo, now time.Time) fleetPage {
 		fc := fleetCluster{ClusterInfo: ci, Heartbeat: "never"}
 		if hb := ci.GetLastHeartbeatAt(); hb != nil {
 			fc.HeartbeatAt = hb.AsTime()
+			// Live is the aggregation rule's (ctrl/actual): a silent
+			// cluster is one no deploy waits for.
 			fc.Heartbeat = "up"
-			if now.Sub(fc.HeartbeatAt) > silentAfter {
+			if !ci.GetLive() {
 				fc.Heartbeat = "silent"
 			}
 		}

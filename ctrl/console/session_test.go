@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/actual"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/testenv"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -166,7 +167,7 @@ func TestWaveBarsAddUpToTheBar(t *testing.T) {
 func TestFleetViewGroupsByRegionAndFlagsSilentClusters(t *testing.T) {
 	now := time.Now()
 	hb := func(ago time.Duration) *ctrlv1.ClusterInfo {
-		return &ctrlv1.ClusterInfo{LastHeartbeatAt: timestamp(now.Add(-ago))}
+		return &ctrlv1.ClusterInfo{LastHeartbeatAt: timestamp(now.Add(-ago)), Live: ago <= actual.LiveWindow}
 	}
 	a1, a2, b1 := hb(10*time.Second), hb(5*time.Minute), &ctrlv1.ClusterInfo{}
 	a1.Id, a1.Region = "a-1", "a"

@@ -16,6 +16,7 @@ package fleetapi
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -54,6 +56,30 @@ func (s *Server) ListClusters(ctx context.Context, req *ctrlv1.ListClustersReque
 		return nil, s.unavailable(ctx, err, "reading the fleet failed")
 	}
 	return resp, nil
+}
+
+// RemoveCluster removes a cluster (store.RemoveCluster), recording the
+// caller as who removed it.
+func (s *Server) RemoveCluster(ctx context.Context, req *ctrlv1.RemoveClusterRequest) (*ctrlv1.RemoveClusterResponse, error) {
+	if req.GetClusterId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "cluster_id: the cluster to remove is required")
+	}
+	r, err := s.store.RemoveCluster(ctx, req.GetClusterId(), auth.CallerName(ctx))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "no cluster %q is registered (see `ctrl cluster list`)", req.GetClusterId())
+	}
+	if err != nil {
+		return nil, s.unavailable(ctx, err, "removing the cluster failed")
+	}
+	s.log.Info("removed a cluster", "cluster_id", r.ID, "region", r.Region, "by", auth.CallerName(ctx), "tokens_revoked", r.TokensRevoked,
+		"reports", r.Reports, "instances", r.Instances, "apply_errors", r.ApplyErrors)
+	return RemovedResponse(r), nil
+}
+
+// RemovedResponse is the API's answer for a removal.
+func RemovedResponse(r store.RemovedCluster) *ctrlv1.RemoveClusterResponse {
+	return &ctrlv1.RemoveClusterResponse{ClusterId: r.ID, Region: r.Region, TokensRevoked: r.TokensRevoked,
+		ReportsDeleted: r.Reports, InstancesDeleted: r.Instances, ApplyErrorsDeleted: r.ApplyErrors}
 }
 
 // Load reads the fleet view of every cluster (of region, when not empty),
@@ -104,6 +130,7 @@ func clusterInfo(c store.Cluster, heads map[store.HeadKey]uint64, errCounts map[
 	if !c.LastHeartbeatAt.IsZero() {
 		info.LastHeartbeatAt = timestamppb.New(c.LastHeartbeatAt)
 	}
+	info.Live = store.RuleCluster(c.ID, c.Region, c.LastHeartbeatAt, c.Host).Live(time.Now())
 	kinds := map[string]bool{}
 	for k := range heads {
 		if k.Region == c.Region {

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
@@ -223,4 +225,63 @@ func TestLagMetricPerClusterAndKind(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestRemoveClusterThroughTheAPI: FleetService.RemoveCluster removes the
+// cluster with what it reported, records the operator who did it, and the
+// cluster's token stops working; the listing shows the rest, each with
+// whether it is live by the aggregation rule.
+func TestRemoveClusterThroughTheAPI(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{})
+	ctx := context.Background()
+	euTok := env.ClusterToken(t, "eu", "eu-1")
+	env.ClusterToken(t, "eu", "eu-2") // never beats: not live
+	eu := env.Cluster(t, euTok)
+	v := putPolicy(t, env.Store, "pol-1", "eu")
+	if _, err := eu.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eu.ReportStatus(ctx, &clusterv1.ReportStatusRequest{Kind: kinds.CiliumNetworkPolicy, Id: "pol-1", ObservedVersion: v,
+		Status: mustAny(t, &clusterv1.CiliumNetworkPolicyStatus{Applied: true})}); err != nil {
+		t.Fatal(err)
+	}
+	api := ctrlv1.NewFleetServiceClient(env.Dial(t, env.OperatorToken(t, "alice")))
+	list, err := api.ListClusters(ctx, &ctrlv1.ListClustersRequest{})
+	if err != nil || len(list.GetClusters()) != 2 || !list.GetClusters()[0].GetLive() || list.GetClusters()[1].GetLive() {
+		t.Fatalf("clusters before: %v, %v; want eu-1 live, eu-2 not", list, err)
+	}
+	resp, err := api.RemoveCluster(ctx, &ctrlv1.RemoveClusterRequest{ClusterId: "eu-1"})
+	if err != nil || resp.GetRegion() != "eu" || resp.GetTokensRevoked() != 1 || resp.GetReportsDeleted() != 1 {
+		t.Fatalf("RemoveCluster: %v, %v", resp, err)
+	}
+	if _, err := api.RemoveCluster(ctx, &ctrlv1.RemoveClusterRequest{ClusterId: "eu-1"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("removing it again: %v, want NotFound", err)
+	}
+	audit, err := env.Store.ClusterAudit(ctx, "eu-1", 10)
+	if err != nil || len(audit) != 1 || audit[0].Actor != "alice" || audit[0].Action != "remove" {
+		t.Fatalf("audit: %+v, %v", audit, err)
+	}
+	if list, err := api.ListClusters(ctx, &ctrlv1.ListClustersRequest{}); err != nil || len(list.GetClusters()) != 1 || list.GetClusters()[0].GetId() != "eu-2" {
+		t.Fatalf("clusters after: %v, %v", list, err)
+	}
+	waitUnauthenticated := time.Now().Add(30 * time.Second)
+	for {
+		_, err := eu.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "1"})
+		if status.Code(err) == codes.Unauthenticated {
+			break
+		}
+		if time.Now().After(waitUnauthenticated) {
+			t.Fatalf("the removed cluster's heartbeat: %v, want UNAUTHENTICATED", err)
+		}
+		time.Sleep(50 * time.Millisecond) // the token cache trusts a looked-up token for up to auth.cache_ttl
+	}
+}
+
+func mustAny(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -23,6 +23,135 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RemoveClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveClusterRequest) Reset() {
+	*x = RemoveClusterRequest{}
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveClusterRequest) ProtoMessage() {}
+
+func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveClusterRequest.ProtoReflect.Descriptor instead.
+func (*RemoveClusterRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RemoveClusterRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+type RemoveClusterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId     string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	TokensRevoked int64                  `protobuf:"varint,3,opt,name=tokens_revoked,json=tokensRevoked,proto3" json:"tokens_revoked,omitempty"`
+	// Rows of the cluster's reported state deleted with it.
+	ReportsDeleted     int64 `protobuf:"varint,4,opt,name=reports_deleted,json=reportsDeleted,proto3" json:"reports_deleted,omitempty"`
+	InstancesDeleted   int64 `protobuf:"varint,5,opt,name=instances_deleted,json=instancesDeleted,proto3" json:"instances_deleted,omitempty"`
+	ApplyErrorsDeleted int64 `protobuf:"varint,6,opt,name=apply_errors_deleted,json=applyErrorsDeleted,proto3" json:"apply_errors_deleted,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RemoveClusterResponse) Reset() {
+	*x = RemoveClusterResponse{}
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveClusterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveClusterResponse) ProtoMessage() {}
+
+func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveClusterResponse.ProtoReflect.Descriptor instead.
+func (*RemoveClusterResponse) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RemoveClusterResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *RemoveClusterResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RemoveClusterResponse) GetTokensRevoked() int64 {
+	if x != nil {
+		return x.TokensRevoked
+	}
+	return 0
+}
+
+func (x *RemoveClusterResponse) GetReportsDeleted() int64 {
+	if x != nil {
+		return x.ReportsDeleted
+	}
+	return 0
+}
+
+func (x *RemoveClusterResponse) GetInstancesDeleted() int64 {
+	if x != nil {
+		return x.InstancesDeleted
+	}
+	return 0
+}
+
+func (x *RemoveClusterResponse) GetApplyErrorsDeleted() int64 {
+	if x != nil {
+		return x.ApplyErrorsDeleted
+	}
+	return 0
+}
+
 type ListClustersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this region's clusters; empty: every region.
@@ -33,7 +162,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[0]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +174,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[0]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +187,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{0}
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ListClustersRequest) GetRegion() string {
@@ -78,7 +207,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[1]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -90,7 +219,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[1]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -103,7 +232,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListClustersResponse) GetClusters() []*ClusterInfo {
@@ -131,13 +260,17 @@ type ClusterInfo struct {
 	// none run.
 	ControllersReported bool              `protobuf:"varint,8,opt,name=controllers_reported,json=controllersReported,proto3" json:"controllers_reported,omitempty"`
 	Controllers         []*ControllerInfo `protobuf:"bytes,9,rep,name=controllers,proto3" json:"controllers,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Whether the cluster counts for its region by the aggregation rule of
+	// actual state: its last heartbeat is at most two minutes old. A cluster
+	// that is not live holds no deploy or convergence back.
+	Live          bool `protobuf:"varint,10,opt,name=live,proto3" json:"live,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterInfo) Reset() {
 	*x = ClusterInfo{}
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[2]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +282,7 @@ func (x *ClusterInfo) String() string {
 func (*ClusterInfo) ProtoMessage() {}
 
 func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[2]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +295,7 @@ func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInfo.ProtoReflect.Descriptor instead.
 func (*ClusterInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ClusterInfo) GetId() string {
@@ -228,6 +361,13 @@ func (x *ClusterInfo) GetControllers() []*ControllerInfo {
 	return nil
 }
 
+func (x *ClusterInfo) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
 type KindProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
@@ -262,7 +402,7 @@ type KindProgress struct {
 
 func (x *KindProgress) Reset() {
 	*x = KindProgress{}
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[3]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -274,7 +414,7 @@ func (x *KindProgress) String() string {
 func (*KindProgress) ProtoMessage() {}
 
 func (x *KindProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[3]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -287,7 +427,7 @@ func (x *KindProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindProgress.ProtoReflect.Descriptor instead.
 func (*KindProgress) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *KindProgress) GetKind() string {
@@ -361,7 +501,7 @@ type ControllerInfo struct {
 
 func (x *ControllerInfo) Reset() {
 	*x = ControllerInfo{}
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -373,7 +513,7 @@ func (x *ControllerInfo) String() string {
 func (*ControllerInfo) ProtoMessage() {}
 
 func (x *ControllerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -386,7 +526,7 @@ func (x *ControllerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControllerInfo.ProtoReflect.Descriptor instead.
 func (*ControllerInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_krane_ctrl_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ControllerInfo) GetName() string {
@@ -428,11 +568,22 @@ var File_krane_ctrl_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x19krane/ctrl/v1/fleet.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n" +
+	"\x19krane/ctrl/v1/fleet.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n" +
+	"\x14RemoveClusterRequest\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\"\xfd\x01\n" +
+	"\x15RemoveClusterResponse\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12%\n" +
+	"\x0etokens_revoked\x18\x03 \x01(\x03R\rtokensRevoked\x12'\n" +
+	"\x0freports_deleted\x18\x04 \x01(\x03R\x0ereportsDeleted\x12+\n" +
+	"\x11instances_deleted\x18\x05 \x01(\x03R\x10instancesDeleted\x120\n" +
+	"\x14apply_errors_deleted\x18\x06 \x01(\x03R\x12applyErrorsDeleted\"6\n" +
 	"\x13ListClustersRequest\x12\x1f\n" +
 	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\"N\n" +
 	"\x14ListClustersResponse\x126\n" +
-	"\bclusters\x18\x01 \x03(\v2\x1a.krane.ctrl.v1.ClusterInfoR\bclusters\"\xaf\x03\n" +
+	"\bclusters\x18\x01 \x03(\v2\x1a.krane.ctrl.v1.ClusterInfoR\bclusters\"\xc3\x03\n" +
 	"\vClusterInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12?\n" +
@@ -442,7 +593,9 @@ const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\ractive_tokens\x18\x06 \x01(\x05R\factiveTokens\x121\n" +
 	"\x05kinds\x18\a \x03(\v2\x1b.krane.ctrl.v1.KindProgressR\x05kinds\x121\n" +
 	"\x14controllers_reported\x18\b \x01(\bR\x13controllersReported\x12?\n" +
-	"\vcontrollers\x18\t \x03(\v2\x1d.krane.ctrl.v1.ControllerInfoR\vcontrollers\"\xbf\x02\n" +
+	"\vcontrollers\x18\t \x03(\v2\x1d.krane.ctrl.v1.ControllerInfoR\vcontrollers\x12\x12\n" +
+	"\x04live\x18\n" +
+	" \x01(\bR\x04live\"\xbf\x02\n" +
 	"\fKindProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12!\n" +
 	"\fhead_version\x18\x02 \x01(\x04R\vheadVersion\x12\x1b\n" +
@@ -463,9 +616,10 @@ const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\x05kinds\x18\x03 \x03(\tR\x05kinds\x12\x18\n" +
 	"\arunning\x18\x04 \x01(\bR\arunning\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x05 \x01(\tR\tlastError2g\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError2\xc3\x01\n" +
 	"\fFleetService\x12W\n" +
-	"\fListClusters\x12\".krane.ctrl.v1.ListClustersRequest\x1a#.krane.ctrl.v1.ListClustersResponseB&Z$krane.dev/proto/krane/ctrl/v1;ctrlv1b\x06proto3"
+	"\fListClusters\x12\".krane.ctrl.v1.ListClustersRequest\x1a#.krane.ctrl.v1.ListClustersResponse\x12Z\n" +
+	"\rRemoveCluster\x12#.krane.ctrl.v1.RemoveClusterRequest\x1a$.krane.ctrl.v1.RemoveClusterResponseB&Z$krane.dev/proto/krane/ctrl/v1;ctrlv1b\x06proto3"
 
 var (
 	file_krane_ctrl_v1_fleet_proto_rawDescOnce sync.Once
@@ -479,25 +633,29 @@ func file_krane_ctrl_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_krane_ctrl_v1_fleet_proto_rawDescData
 }
 
-var file_krane_ctrl_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_krane_ctrl_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_krane_ctrl_v1_fleet_proto_goTypes = []any{
-	(*ListClustersRequest)(nil),   // 0: krane.ctrl.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),  // 1: krane.ctrl.v1.ListClustersResponse
-	(*ClusterInfo)(nil),           // 2: krane.ctrl.v1.ClusterInfo
-	(*KindProgress)(nil),          // 3: krane.ctrl.v1.KindProgress
-	(*ControllerInfo)(nil),        // 4: krane.ctrl.v1.ControllerInfo
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*RemoveClusterRequest)(nil),  // 0: krane.ctrl.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil), // 1: krane.ctrl.v1.RemoveClusterResponse
+	(*ListClustersRequest)(nil),   // 2: krane.ctrl.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),  // 3: krane.ctrl.v1.ListClustersResponse
+	(*ClusterInfo)(nil),           // 4: krane.ctrl.v1.ClusterInfo
+	(*KindProgress)(nil),          // 5: krane.ctrl.v1.KindProgress
+	(*ControllerInfo)(nil),        // 6: krane.ctrl.v1.ControllerInfo
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
 }
 var file_krane_ctrl_v1_fleet_proto_depIdxs = []int32{
-	2, // 0: krane.ctrl.v1.ListClustersResponse.clusters:type_name -> krane.ctrl.v1.ClusterInfo
-	5, // 1: krane.ctrl.v1.ClusterInfo.registered_at:type_name -> google.protobuf.Timestamp
-	5, // 2: krane.ctrl.v1.ClusterInfo.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	3, // 3: krane.ctrl.v1.ClusterInfo.kinds:type_name -> krane.ctrl.v1.KindProgress
-	4, // 4: krane.ctrl.v1.ClusterInfo.controllers:type_name -> krane.ctrl.v1.ControllerInfo
-	0, // 5: krane.ctrl.v1.FleetService.ListClusters:input_type -> krane.ctrl.v1.ListClustersRequest
-	1, // 6: krane.ctrl.v1.FleetService.ListClusters:output_type -> krane.ctrl.v1.ListClustersResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
+	4, // 0: krane.ctrl.v1.ListClustersResponse.clusters:type_name -> krane.ctrl.v1.ClusterInfo
+	7, // 1: krane.ctrl.v1.ClusterInfo.registered_at:type_name -> google.protobuf.Timestamp
+	7, // 2: krane.ctrl.v1.ClusterInfo.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	5, // 3: krane.ctrl.v1.ClusterInfo.kinds:type_name -> krane.ctrl.v1.KindProgress
+	6, // 4: krane.ctrl.v1.ClusterInfo.controllers:type_name -> krane.ctrl.v1.ControllerInfo
+	2, // 5: krane.ctrl.v1.FleetService.ListClusters:input_type -> krane.ctrl.v1.ListClustersRequest
+	0, // 6: krane.ctrl.v1.FleetService.RemoveCluster:input_type -> krane.ctrl.v1.RemoveClusterRequest
+	3, // 7: krane.ctrl.v1.FleetService.ListClusters:output_type -> krane.ctrl.v1.ListClustersResponse
+	1, // 8: krane.ctrl.v1.FleetService.RemoveCluster:output_type -> krane.ctrl.v1.RemoveClusterResponse
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name
 	5, // [5:5] is the sub-list for extension extendee
 	0, // [0:5] is the sub-list for field type_name
@@ -508,14 +666,14 @@ func file_krane_ctrl_v1_fleet_proto_init() {
 	if File_krane_ctrl_v1_fleet_proto != nil {
 		return
 	}
-	file_krane_ctrl_v1_fleet_proto_msgTypes[3].OneofWrappers = []any{}
+	file_krane_ctrl_v1_fleet_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_fleet_proto_rawDesc), len(file_krane_ctrl_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	FleetService_ListClusters_FullMethodName = "/krane.ctrl.v1.FleetService/ListClusters"
+	FleetService_ListClusters_FullMethodName  = "/krane.ctrl.v1.FleetService/ListClusters"
+	FleetService_RemoveCluster_FullMethodName = "/krane.ctrl.v1.FleetService/RemoveCluster"
 )
 
 // FleetServiceClient is the client API for FleetService service.
@@ -32,6 +33,11 @@ const (
 // it needs an operator token.
 type FleetServiceClient interface {
 	ListClusters(ctx context.Context, in *ListClustersRequest, opts ...grpc.CallOption) (*ListClustersResponse, error)
+	// RemoveCluster removes a registered cluster: its tokens are revoked
+	// (every ctrl closes its open streams), what it reported is deleted, and
+	// no listing shows it or waits for it any more. The removal is recorded
+	// (who, when, what went). NOT_FOUND when no such cluster is registered.
+	RemoveCluster(ctx context.Context, in *RemoveClusterRequest, opts ...grpc.CallOption) (*RemoveClusterResponse, error)
 }
 
 type fleetServiceClient struct {
@@ -52,6 +58,16 @@ func (c *fleetServiceClient) ListClusters(ctx context.Context, in *ListClustersR
 	return out, nil
 }
 
+func (c *fleetServiceClient) RemoveCluster(ctx context.Context, in *RemoveClusterRequest, opts ...grpc.CallOption) (*RemoveClusterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveClusterResponse)
+	err := c.cc.Invoke(ctx, FleetService_RemoveCluster_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FleetServiceServer is the server API for FleetService service.
 // All implementations must embed UnimplementedFleetServiceServer
 // for forward compatibility.
@@ -62,6 +78,11 @@ func (c *fleetServiceClient) ListClusters(ctx context.Context, in *ListClustersR
 // it needs an operator token.
 type FleetServiceServer interface {
 	ListClusters(context.Context, *ListClustersRequest) (*ListClustersResponse, error)
+	// RemoveCluster removes a registered cluster: its tokens are revoked
+	// (every ctrl closes its open streams), what it reported is deleted, and
+	// no listing shows it or waits for it any more. The removal is recorded
+	// (who, when, what went). NOT_FOUND when no such cluster is registered.
+	RemoveCluster(context.Context, *RemoveClusterRequest) (*RemoveClusterResponse, error)
 	mustEmbedUnimplementedFleetServiceServer()
 }
 
@@ -74,6 +95,9 @@ type UnimplementedFleetServiceServer struct{}
 
 func (UnimplementedFleetServiceServer) ListClusters(context.Context, *ListClustersRequest) (*ListClustersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListClusters not implemented")
+}
+func (UnimplementedFleetServiceServer) RemoveCluster(context.Context, *RemoveClusterRequest) (*RemoveClusterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveCluster not implemented")
 }
 func (UnimplementedFleetServiceServer) mustEmbedUnimplementedFleetServiceServer() {}
 func (UnimplementedFleetServiceServer) testEmbeddedByValue()                      {}
@@ -114,6 +138,24 @@ func _FleetService_ListClusters_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FleetService_RemoveCluster_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveClusterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FleetServiceServer).RemoveCluster(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FleetService_RemoveCluster_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FleetServiceServer).RemoveCluster(ctx, req.(*RemoveClusterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FleetService_ServiceDesc is the grpc.ServiceDesc for FleetService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -124,6 +166,10 @@ var FleetService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListClusters",
 			Handler:    _FleetService_ListClusters_Handler,
+		},
+		{
+			MethodName: "RemoveCluster",
+			Handler:    _FleetService_RemoveCluster_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
