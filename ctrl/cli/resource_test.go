@@ -133,12 +133,14 @@ func TestGetShowsRegionsStatusAndParkedErrors(t *testing.T) {
 	}
 	ctx := context.Background()
 	eu := env.FakeCluster(t, "eu", "eu-1")
+	eu.Serve(t, "quota.acme.example")
 	st, _ := structpb.NewStruct(map[string]any{"used": "0"})
 	packed, _ := anypb.New(st)
 	if _, err := eu.Client.ReportStatus(ctx, &clusterv1.ReportStatusRequest{Kind: "quota.acme.example", Id: "team-a", ObservedVersion: versions["eu"], Status: packed}); err != nil {
 		t.Fatal(err)
 	}
 	us := env.FakeCluster(t, "us", "us-1")
+	us.Serve(t, "quota.acme.example")
 	if _, err := us.Client.ReportStatus(ctx, &clusterv1.ReportStatusRequest{Kind: "quota.acme.example", Id: "team-a",
 		ApplyError: &clusterv1.ApplyError{Version: versions["us"], Message: "cpu: \"2\" exceeds this cluster's limit of 1", Field: "cpu", Permanent: true}}); err != nil {
 		t.Fatal(err)

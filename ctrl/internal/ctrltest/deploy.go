@@ -47,6 +47,13 @@ func NewFakeCluster(t testing.TB, region, clusterID string, client clusterv1.Clu
 	return c
 }
 
+// Serve says in the cluster's heartbeats that its host runs a controller
+// of kinds (beside the built-in ones).
+func (c *FakeCluster) Serve(t testing.TB, kinds ...string) {
+	t.Helper()
+	c.Sentinels.Heartbeats.Serve(t, kinds...)
+}
+
 // Version is the deployment's current version in the cluster's region.
 func (c *FakeCluster) Version(t testing.TB, deploymentID string) (uint64, bool) {
 	t.Helper()

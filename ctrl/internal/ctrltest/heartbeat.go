@@ -2,8 +2,12 @@ package ctrltest
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -23,14 +27,42 @@ func BuiltinControllers() []*clusterv1.ControllerStatus {
 // within deploy.live_cluster_within, as a real host's 30s are.
 const heartbeatInterval = 20 * time.Second
 
+// Heartbeater sends a fake cluster's heartbeats (KeepHeartbeating).
+type Heartbeater struct {
+	client clusterv1.ClusterServiceClient
+	mu     sync.Mutex
+	req    *clusterv1.HeartbeatRequest
+}
+
+// Serve adds a running controller of kinds (a plugin author's) to what
+// the heartbeats say, and sends one now: by the aggregation rule of
+// actual state a cluster counts only for the kinds its host serves.
+func (h *Heartbeater) Serve(t testing.TB, kinds ...string) {
+	t.Helper()
+	h.mu.Lock()
+	req := proto.Clone(h.req).(*clusterv1.HeartbeatRequest)
+	req.Controllers = append(req.Controllers, &clusterv1.ControllerStatus{Name: "test-plugin-" + strings.Join(kinds, "-"), PluginVersion: "test", Kinds: kinds, Running: true})
+	h.req = req
+	h.mu.Unlock()
+	if _, err := h.client.Heartbeat(context.Background(), req); err != nil {
+		t.Fatalf("fake cluster heartbeat: %v", err)
+	}
+}
+
+func (h *Heartbeater) request() *clusterv1.HeartbeatRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.req
+}
+
 // KeepHeartbeating sends a heartbeat naming the built-in controllers now
 // (failing the test if ctrl refuses it) and then every heartbeatInterval
 // until the test ends, as a krane host does: deploys to the cluster's
 // region pass ctrl's fail-fast check.
-func KeepHeartbeating(t testing.TB, client clusterv1.ClusterServiceClient) {
+func KeepHeartbeating(t testing.TB, client clusterv1.ClusterServiceClient) *Heartbeater {
 	t.Helper()
-	req := &clusterv1.HeartbeatRequest{AgentVersion: "ctrltest", HostReport: true, Controllers: BuiltinControllers()}
-	if _, err := client.Heartbeat(context.Background(), req); err != nil {
+	h := &Heartbeater{client: client, req: &clusterv1.HeartbeatRequest{AgentVersion: "ctrltest", HostReport: true, Controllers: BuiltinControllers()}}
+	if _, err := client.Heartbeat(context.Background(), h.request()); err != nil {
 		t.Fatalf("fake cluster heartbeat: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -46,9 +78,10 @@ func KeepHeartbeating(t testing.TB, client clusterv1.ClusterServiceClient) {
 			case <-tick.C:
 				// A refused one (ctrl restarting in the test) is retried at
 				// the next tick, as a host would.
-				_, _ = client.Heartbeat(ctx, req)
+				_, _ = client.Heartbeat(ctx, h.request())
 			}
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
+	return h
 }

@@ -39,6 +39,8 @@ func (e *Env) Rollouts(t testing.TB) ctrlv1.RolloutServiceClient {
 type SentinelCluster struct {
 	Region, ID string
 	Client     clusterv1.ClusterServiceClient
+	// Heartbeats are the cluster's heartbeats.
+	Heartbeats *Heartbeater
 
 	mu      sync.Mutex
 	latest  map[string]sentinelChange
@@ -76,7 +78,7 @@ func (e *Env) sentinelCluster(t testing.TB, region, clusterID string, held bool)
 func startSentinelCluster(t testing.TB, region, clusterID string, client clusterv1.ClusterServiceClient, held bool) *SentinelCluster {
 	c := &SentinelCluster{Region: region, ID: clusterID, Client: client, holdAll: held,
 		latest: map[string]sentinelChange{}, held: map[string]bool{}, broken: map[string]breakage{}, seen: make(chan string, 10000)}
-	KeepHeartbeating(t, c.Client)
+	c.Heartbeats = KeepHeartbeating(t, c.Client)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.watch(ctx, t) }()
