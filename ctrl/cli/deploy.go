@@ -380,6 +380,9 @@ func printDeployment(out io.Writer, d *ctrlv1.DeploymentInfo) {
 			}
 			instances = append(instances, []string{r.GetRegion(), in.GetClusterId(), in.GetK8SName(), in.GetStatus(), why})
 		}
+		if n := r.GetInstancesOmitted(); n > 0 {
+			instances = append(instances, []string{r.GetRegion(), "", fmt.Sprintf("(%d more, left out to keep the answer small)", n), "", ""})
+		}
 	}
 	if len(instances) > 0 {
 		fmt.Fprintln(out)

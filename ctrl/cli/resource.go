@@ -458,6 +458,8 @@ func appliedWord(rr *ctrlv1.ResourceRegion) string {
 	switch {
 	case rr.GetApplied():
 		return "yes"
+	case rr.GetClustersCounted() == 0 && len(rr.GetClusters()) > 0:
+		return "no live cluster"
 	case rr.GetObservedVersion() == 0:
 		return "not yet reported"
 	}
@@ -465,6 +467,9 @@ func appliedWord(rr *ctrlv1.ResourceRegion) string {
 }
 
 func statusJSON(rr *ctrlv1.ResourceRegion) string {
+	if n := rr.GetStatusOmittedBytes(); n > 0 {
+		return fmt.Sprintf("(%d bytes, left out to keep the answer small)", n)
+	}
 	if rr.GetStatus() == nil {
 		return "-"
 	}

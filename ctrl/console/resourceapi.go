@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"fmt"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -57,6 +58,9 @@ func resourceFromAPI(info *ctrlv1.ResourceInfo) Resource {
 			if b, err := protojson.Marshal(st); err == nil {
 				v.Status = string(b)
 			}
+		}
+		if n := reg.GetStatusOmittedBytes(); n > 0 {
+			v.Status = fmt.Sprintf("(%d bytes, left out of the list to keep it small)", n)
 		}
 		if ts := reg.GetObservedAt(); ts != nil {
 			v.UpdatedAt = ts.AsTime()

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
@@ -241,7 +242,35 @@ func (s *Server) GetDeployment(ctx context.Context, req *ctrlv1.GetDeploymentReq
 	}
 	out := deployspec.Info(d, states[d.ID], live == d.ID, true)
 	out.History = deployspec.History(events)
+	fitInstances(out, maxDeploymentBytes)
 	return out, nil
+}
+
+// maxDeploymentBytes is GetDeployment's byte budget: what clusters
+// reported (instances, from every cluster of every region) is cut to it,
+// well within ctrl's 16 MiB message limit and a client's default 4 MiB.
+const maxDeploymentBytes = 3 << 20
+
+// fitInstances leaves instances out of info, from the end of the largest
+// region's list, until it encodes in at most limit bytes, and counts what
+// it left out in each region's instances_omitted.
+func fitInstances(info *ctrlv1.DeploymentInfo, limit int) {
+	over := proto.Size(info) - limit
+	for over > 0 {
+		var largest *ctrlv1.RegionStatus
+		for _, r := range info.GetRegions() {
+			if len(r.GetInstances()) > 0 && (largest == nil || len(r.GetInstances()) > len(largest.GetInstances())) {
+				largest = r
+			}
+		}
+		if largest == nil {
+			return
+		}
+		last := largest.Instances[len(largest.Instances)-1]
+		over -= proto.Size(last) + 3 // the field's tag and length
+		largest.Instances = largest.Instances[:len(largest.Instances)-1]
+		largest.InstancesOmitted++
+	}
 }
 
 // ListDeployments lists an environment's deployments, newest first.

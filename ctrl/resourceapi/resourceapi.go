@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/actual"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/paging"
@@ -335,7 +338,9 @@ func (s *Server) GetResource(ctx context.Context, req *ctrlv1.GetResourceRequest
 	if err != nil {
 		return nil, s.storeError(ctx, err, "reading the resource failed")
 	}
-	return resourceInfo(o), nil
+	info := resourceInfo(o)
+	fitResource(info)
+	return info, nil
 }
 
 func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesRequest) (*ctrlv1.ListResourcesResponse, error) {
@@ -360,9 +365,16 @@ func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesReq
 		return nil, s.storeError(ctx, err, "listing resources failed")
 	}
 	resp := &ctrlv1.ListResourcesResponse{}
-	objs, resp.NextPageToken = paging.Next(objs, size, func(o store.Object) string { return o.ID })
+	infos := make(map[string]*ctrlv1.ResourceInfo, len(objs))
+	sizes := make(map[string]int, len(objs))
 	for _, o := range objs {
-		resp.Resources = append(resp.Resources, resourceInfo(o))
+		infos[o.ID] = resourceInfo(o)
+		sizes[o.ID] = fitResource(infos[o.ID])
+	}
+	objs, resp.NextPageToken = paging.NextWithin(objs, size, PageBytes, func(o store.Object) string { return o.ID },
+		func(o store.Object) int { return sizes[o.ID] })
+	for _, o := range objs {
+		resp.Resources = append(resp.Resources, infos[o.ID])
 	}
 	return resp, nil
 }
@@ -388,10 +400,21 @@ func resourceInfo(o store.Object) *ctrlv1.ResourceInfo {
 			info.Resource.Regions = append(info.Resource.Regions, r.Region)
 		}
 		rr := &ctrlv1.ResourceRegion{Region: r.Region, Version: r.Version, Deleted: r.Deleted, ObservedVersion: r.ObservedVersion,
-			Applied: r.ObservedVersion >= r.Version && r.Version > 0, Status: toStruct(r.Status)}
+			Applied: r.Actual.Converged(), Status: toStruct(r.Status),
+			ClustersCounted: int32(len(r.Actual.Counted)), ClustersApplied: int32(r.Actual.Applied)}
 		if !r.ObservedAt.IsZero() {
 			rr.ObservedAt = timestamppb.New(r.ObservedAt)
 		}
+		for _, reps := range []struct {
+			counted bool
+			list    []actual.Report
+		}{{true, r.Actual.Reports}, {false, r.Actual.Ignored}} {
+			for _, rep := range reps.list {
+				rr.Clusters = append(rr.Clusters, &ctrlv1.ClusterReport{ClusterId: rep.ClusterID, ObservedVersion: rep.Version,
+					ObservedAt: timestamppb.New(rep.At), Deleted: rep.Deleted, Status: toStruct(rep.Status), Counted: reps.counted})
+			}
+		}
+		slices.SortFunc(rr.Clusters, func(a, b *ctrlv1.ClusterReport) int { return strings.Compare(a.GetClusterId(), b.GetClusterId()) })
 		for _, e := range r.Errors {
 			rr.Errors = append(rr.Errors, &ctrlv1.ApplyError{ClusterId: e.ClusterID, Version: e.Version, Message: e.Message, Field: e.Field,
 				Permanent: e.Permanent, UpdatedAt: timestamppb.New(e.UpdatedAt)})

@@ -43,3 +43,22 @@ func Next[T any](items []T, size int, id func(T) string) ([]T, string) {
 	items = items[:size]
 	return items, base64.RawURLEncoding.EncodeToString([]byte(id(items[size-1])))
 }
+
+// NextWithin is Next for items that carry what clusters reported: the page
+// also ends before the item that would take it beyond maxBytes (by the
+// sizes bytes gives; the first item always fits, its own size being the
+// caller's to bound), so a response never outgrows its transport however
+// large each item is.
+func NextWithin[T any](items []T, size, maxBytes int, id func(T) string, bytes func(T) int) ([]T, string) {
+	total := 0
+	for i, it := range items {
+		if i == size {
+			break
+		}
+		total += bytes(it)
+		if i > 0 && total > maxBytes {
+			return items[:i], base64.RawURLEncoding.EncodeToString([]byte(id(items[i-1])))
+		}
+	}
+	return Next(items, size, id)
+}

@@ -647,11 +647,15 @@ type RegionStatus struct {
 	Running         int32                  `protobuf:"varint,3,opt,name=running,proto3" json:"running,omitempty"`
 	Pending         int32                  `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`
 	Failed          int32                  `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
-	Instances       []*InstanceInfo        `protobuf:"bytes,6,rep,name=instances,proto3" json:"instances,omitempty"`
+	// The clusters' instances (GetDeployment only), within the answer's
+	// byte budget: instances beyond it are left out and counted in
+	// instances_omitted (running, pending and failed count them all).
+	Instances []*InstanceInfo `protobuf:"bytes,6,rep,name=instances,proto3" json:"instances,omitempty"`
 	// running | stopped
-	DesiredStatus string `protobuf:"bytes,7,opt,name=desired_status,json=desiredStatus,proto3" json:"desired_status,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DesiredStatus    string `protobuf:"bytes,7,opt,name=desired_status,json=desiredStatus,proto3" json:"desired_status,omitempty"`
+	InstancesOmitted int32  `protobuf:"varint,8,opt,name=instances_omitted,json=instancesOmitted,proto3" json:"instances_omitted,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RegionStatus) Reset() {
@@ -731,6 +735,13 @@ func (x *RegionStatus) GetDesiredStatus() string {
 		return x.DesiredStatus
 	}
 	return ""
+}
+
+func (x *RegionStatus) GetInstancesOmitted() int32 {
+	if x != nil {
+		return x.InstancesOmitted
+	}
+	return 0
 }
 
 type InstanceInfo struct {
@@ -3277,15 +3288,29 @@ type ResourceRegion struct {
 	// The desired version.
 	Version uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	Deleted bool   `protobuf:"varint,3,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	// The desired version the clusters' latest status report was observed
-	// at; applied when it is at least version.
-	ObservedVersion uint64                 `protobuf:"varint,4,opt,name=observed_version,json=observedVersion,proto3" json:"observed_version,omitempty"`
-	Applied         bool                   `protobuf:"varint,5,opt,name=applied,proto3" json:"applied,omitempty"`
-	Status          *structpb.Struct       `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
-	ObservedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
-	Errors          []*ApplyError          `protobuf:"bytes,8,rep,name=errors,proto3" json:"errors,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// By the aggregation rule of actual state (the clusters that count: live
+	// and serving the kind): the lowest version a counted cluster reported
+	// (0 while one has not), and whether every counted cluster applied
+	// version (at least one cluster counts).
+	ObservedVersion uint64 `protobuf:"varint,4,opt,name=observed_version,json=observedVersion,proto3" json:"observed_version,omitempty"`
+	Applied         bool   `protobuf:"varint,5,opt,name=applied,proto3" json:"applied,omitempty"`
+	// The status and observation time of the counted cluster furthest
+	// behind; each cluster's own are in clusters.
+	Status     *structpb.Struct       `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
+	ObservedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	Errors     []*ApplyError          `protobuf:"bytes,8,rep,name=errors,proto3" json:"errors,omitempty"`
+	// How many clusters count, and how many of them applied version.
+	ClustersCounted int32 `protobuf:"varint,9,opt,name=clusters_counted,json=clustersCounted,proto3" json:"clusters_counted,omitempty"`
+	ClustersApplied int32 `protobuf:"varint,10,opt,name=clusters_applied,json=clustersApplied,proto3" json:"clusters_applied,omitempty"`
+	// Every cluster's last report, by cluster id (those that do not count
+	// too, marked so).
+	Clusters []*ClusterReport `protobuf:"bytes,11,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	// Set when status was left out to keep the response within its byte
+	// budget (an object is cut to 1 MiB, largest statuses first): its
+	// encoded size in bytes.
+	StatusOmittedBytes uint32 `protobuf:"varint,12,opt,name=status_omitted_bytes,json=statusOmittedBytes,proto3" json:"status_omitted_bytes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ResourceRegion) Reset() {
@@ -3374,6 +3399,132 @@ func (x *ResourceRegion) GetErrors() []*ApplyError {
 	return nil
 }
 
+func (x *ResourceRegion) GetClustersCounted() int32 {
+	if x != nil {
+		return x.ClustersCounted
+	}
+	return 0
+}
+
+func (x *ResourceRegion) GetClustersApplied() int32 {
+	if x != nil {
+		return x.ClustersApplied
+	}
+	return 0
+}
+
+func (x *ResourceRegion) GetClusters() []*ClusterReport {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+func (x *ResourceRegion) GetStatusOmittedBytes() uint32 {
+	if x != nil {
+		return x.StatusOmittedBytes
+	}
+	return 0
+}
+
+// ClusterReport is one cluster's last report on an object.
+type ClusterReport struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId       string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	ObservedVersion uint64                 `protobuf:"varint,2,opt,name=observed_version,json=observedVersion,proto3" json:"observed_version,omitempty"`
+	ObservedAt      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	// The cluster reported the object gone.
+	Deleted bool             `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Status  *structpb.Struct `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	// Whether the cluster counts by the aggregation rule (live, serving the
+	// kind); a cluster that does not count decides nothing.
+	Counted bool `protobuf:"varint,6,opt,name=counted,proto3" json:"counted,omitempty"`
+	// Set when status was left out to keep the response within its byte
+	// budget: its encoded size in bytes.
+	StatusOmittedBytes uint32 `protobuf:"varint,7,opt,name=status_omitted_bytes,json=statusOmittedBytes,proto3" json:"status_omitted_bytes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ClusterReport) Reset() {
+	*x = ClusterReport{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterReport) ProtoMessage() {}
+
+func (x *ClusterReport) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterReport.ProtoReflect.Descriptor instead.
+func (*ClusterReport) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ClusterReport) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *ClusterReport) GetObservedVersion() uint64 {
+	if x != nil {
+		return x.ObservedVersion
+	}
+	return 0
+}
+
+func (x *ClusterReport) GetObservedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ObservedAt
+	}
+	return nil
+}
+
+func (x *ClusterReport) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *ClusterReport) GetStatus() *structpb.Struct {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *ClusterReport) GetCounted() bool {
+	if x != nil {
+		return x.Counted
+	}
+	return false
+}
+
+func (x *ClusterReport) GetStatusOmittedBytes() uint32 {
+	if x != nil {
+		return x.StatusOmittedBytes
+	}
+	return 0
+}
+
 type ApplyError struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	ClusterId string                 `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
@@ -3389,7 +3540,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3552,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3565,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ApplyError) GetClusterId() string {
@@ -3473,7 +3624,7 @@ type ListResourcesRequest struct {
 
 func (x *ListResourcesRequest) Reset() {
 	*x = ListResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3636,7 @@ func (x *ListResourcesRequest) String() string {
 func (*ListResourcesRequest) ProtoMessage() {}
 
 func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3649,7 @@ func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesRequest.ProtoReflect.Descriptor instead.
 func (*ListResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{48}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListResourcesRequest) GetKind() string {
@@ -3537,16 +3688,19 @@ func (x *ListResourcesRequest) GetPageToken() string {
 }
 
 type ListResourcesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Resources     []*ResourceInfo        `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
-	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A page ends at page_size objects or at about 3 MiB, whichever comes
+	// first; an object larger than 1 MiB has its largest statuses left out
+	// (status_omitted_bytes says so) rather than failing the call.
+	Resources     []*ResourceInfo `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
+	NextPageToken string          `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListResourcesResponse) Reset() {
 	*x = ListResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3558,7 +3712,7 @@ func (x *ListResourcesResponse) String() string {
 func (*ListResourcesResponse) ProtoMessage() {}
 
 func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3571,7 +3725,7 @@ func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesResponse.ProtoReflect.Descriptor instead.
 func (*ListResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{49}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListResourcesResponse) GetResources() []*ResourceInfo {
@@ -3662,7 +3816,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x0fDeploymentEvent\x127\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1f.krane.ctrl.v1.DeploymentStatusR\x06status\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12*\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xff\x01\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xac\x02\n" +
 	"\fRegionStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12)\n" +
 	"\x10desired_replicas\x18\x02 \x01(\x05R\x0fdesiredReplicas\x12\x18\n" +
@@ -3670,7 +3824,8 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\apending\x18\x04 \x01(\x05R\apending\x12\x16\n" +
 	"\x06failed\x18\x05 \x01(\x05R\x06failed\x129\n" +
 	"\tinstances\x18\x06 \x03(\v2\x1b.krane.ctrl.v1.InstanceInfoR\tinstances\x12%\n" +
-	"\x0edesired_status\x18\a \x01(\tR\rdesiredStatus\"\xac\x01\n" +
+	"\x0edesired_status\x18\a \x01(\tR\rdesiredStatus\x12+\n" +
+	"\x11instances_omitted\x18\b \x01(\x05R\x10instancesOmitted\"\xac\x01\n" +
 	"\fInstanceInfo\x12\x19\n" +
 	"\bk8s_name\x18\x01 \x01(\tR\ak8sName\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x16\n" +
@@ -3871,7 +4026,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\fResourceInfo\x123\n" +
 	"\bresource\x18\x01 \x01(\v2\x17.krane.ctrl.v1.ResourceR\bresource\x12\x18\n" +
 	"\adeleted\x18\x02 \x01(\bR\adeleted\x127\n" +
-	"\aregions\x18\x03 \x03(\v2\x1d.krane.ctrl.v1.ResourceRegionR\aregions\"\xc2\x02\n" +
+	"\aregions\x18\x03 \x03(\v2\x1d.krane.ctrl.v1.ResourceRegionR\aregions\"\x84\x04\n" +
 	"\x0eResourceRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x18\n" +
@@ -3881,7 +4036,22 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x06status\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06status\x12;\n" +
 	"\vobserved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAt\x121\n" +
-	"\x06errors\x18\b \x03(\v2\x19.krane.ctrl.v1.ApplyErrorR\x06errors\"\xce\x01\n" +
+	"\x06errors\x18\b \x03(\v2\x19.krane.ctrl.v1.ApplyErrorR\x06errors\x12)\n" +
+	"\x10clusters_counted\x18\t \x01(\x05R\x0fclustersCounted\x12)\n" +
+	"\x10clusters_applied\x18\n" +
+	" \x01(\x05R\x0fclustersApplied\x128\n" +
+	"\bclusters\x18\v \x03(\v2\x1c.krane.ctrl.v1.ClusterReportR\bclusters\x120\n" +
+	"\x14status_omitted_bytes\x18\f \x01(\rR\x12statusOmittedBytes\"\xad\x02\n" +
+	"\rClusterReport\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12)\n" +
+	"\x10observed_version\x18\x02 \x01(\x04R\x0fobservedVersion\x12;\n" +
+	"\vobserved_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"observedAt\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\x12/\n" +
+	"\x06status\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06status\x12\x18\n" +
+	"\acounted\x18\x06 \x01(\bR\acounted\x120\n" +
+	"\x14status_omitted_bytes\x18\a \x01(\rR\x12statusOmittedBytes\"\xce\x01\n" +
 	"\n" +
 	"ApplyError\x12\x1d\n" +
 	"\n" +
@@ -3952,7 +4122,7 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
 	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
@@ -4002,109 +4172,113 @@ var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	(*GetResourceRequest)(nil),       // 45: krane.ctrl.v1.GetResourceRequest
 	(*ResourceInfo)(nil),             // 46: krane.ctrl.v1.ResourceInfo
 	(*ResourceRegion)(nil),           // 47: krane.ctrl.v1.ResourceRegion
-	(*ApplyError)(nil),               // 48: krane.ctrl.v1.ApplyError
-	(*ListResourcesRequest)(nil),     // 49: krane.ctrl.v1.ListResourcesRequest
-	(*ListResourcesResponse)(nil),    // 50: krane.ctrl.v1.ListResourcesResponse
-	nil,                              // 51: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 52: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 53: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	nil,                              // 54: krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
-	(*v1.Healthcheck)(nil),           // 55: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 56: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 57: krane.cluster.v1.Health
-	(*structpb.Struct)(nil),          // 58: google.protobuf.Struct
+	(*ClusterReport)(nil),            // 48: krane.ctrl.v1.ClusterReport
+	(*ApplyError)(nil),               // 49: krane.ctrl.v1.ApplyError
+	(*ListResourcesRequest)(nil),     // 50: krane.ctrl.v1.ListResourcesRequest
+	(*ListResourcesResponse)(nil),    // 51: krane.ctrl.v1.ListResourcesResponse
+	nil,                              // 52: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                              // 53: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                              // 54: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	nil,                              // 55: krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
+	(*v1.Healthcheck)(nil),           // 56: krane.cluster.v1.Healthcheck
+	(*timestamppb.Timestamp)(nil),    // 57: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 58: krane.cluster.v1.Health
+	(*structpb.Struct)(nil),          // 59: google.protobuf.Struct
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	51, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	52, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	55, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	52, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	53, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	56, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	53, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	55, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	54, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	56, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	6,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	56, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	56, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	57, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
 	5,  // 9: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
 	0,  // 10: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	56, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
+	57, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
 	7,  // 12: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
 	4,  // 13: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
 	22, // 14: krane.ctrl.v1.StopSentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	54, // 15: krane.ctrl.v1.DeploySentinelRequest.credentials:type_name -> krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
+	55, // 15: krane.ctrl.v1.DeploySentinelRequest.credentials:type_name -> krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
 	22, // 16: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	57, // 17: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	56, // 18: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	58, // 17: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	57, // 18: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
 	22, // 19: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
 	31, // 20: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
 	32, // 21: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	56, // 22: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	56, // 23: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	56, // 24: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
-	56, // 25: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 22: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	57, // 23: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 24: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
+	57, // 25: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
 	35, // 26: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
-	58, // 27: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
+	59, // 27: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
 	38, // 28: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
 	41, // 29: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
 	42, // 30: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
 	42, // 31: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
 	38, // 32: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
 	47, // 33: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
-	58, // 34: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
-	56, // 35: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
-	48, // 36: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
-	56, // 37: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
-	46, // 38: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
-	1,  // 39: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 40: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	8,  // 41: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	10, // 42: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	11, // 43: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	13, // 44: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	15, // 45: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	19, // 46: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	21, // 47: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	23, // 48: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	17, // 49: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
-	25, // 50: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	26, // 51: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	27, // 52: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	28, // 53: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	29, // 54: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	33, // 55: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
-	34, // 56: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
-	36, // 57: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
-	39, // 58: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
-	43, // 59: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
-	45, // 60: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
-	49, // 61: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
-	2,  // 62: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 63: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	9,  // 64: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 65: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	12, // 66: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	14, // 67: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	16, // 68: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	20, // 69: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	22, // 70: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	24, // 71: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	18, // 72: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
-	31, // 73: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 74: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 75: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 76: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	30, // 77: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	35, // 78: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
-	35, // 79: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
-	37, // 80: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
-	40, // 81: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
-	44, // 82: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
-	46, // 83: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
-	50, // 84: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
-	62, // [62:85] is the sub-list for method output_type
-	39, // [39:62] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	59, // 34: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
+	57, // 35: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
+	49, // 36: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
+	48, // 37: krane.ctrl.v1.ResourceRegion.clusters:type_name -> krane.ctrl.v1.ClusterReport
+	57, // 38: krane.ctrl.v1.ClusterReport.observed_at:type_name -> google.protobuf.Timestamp
+	59, // 39: krane.ctrl.v1.ClusterReport.status:type_name -> google.protobuf.Struct
+	57, // 40: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 41: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
+	1,  // 42: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	3,  // 43: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	8,  // 44: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	10, // 45: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	11, // 46: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	13, // 47: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	15, // 48: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	19, // 49: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	21, // 50: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	23, // 51: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	17, // 52: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
+	25, // 53: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	26, // 54: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	27, // 55: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	28, // 56: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	29, // 57: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	33, // 58: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
+	34, // 59: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
+	36, // 60: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
+	39, // 61: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
+	43, // 62: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
+	45, // 63: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
+	50, // 64: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
+	2,  // 65: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 66: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	9,  // 67: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 68: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	12, // 69: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	14, // 70: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	16, // 71: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	20, // 72: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	22, // 73: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	24, // 74: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	18, // 75: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
+	31, // 76: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 77: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 78: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 79: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	30, // 80: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	35, // 81: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
+	35, // 82: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
+	37, // 83: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
+	40, // 84: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
+	44, // 85: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
+	46, // 86: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
+	51, // 87: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
+	65, // [65:88] is the sub-list for method output_type
+	42, // [42:65] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_krane_ctrl_v1_ctrl_proto_init() }
@@ -4118,7 +4292,7 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   54,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
