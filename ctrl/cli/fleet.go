@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"krane.dev/ctrl/fleetapi"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -47,7 +48,7 @@ func newFleet() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			resp, err := ctrlv1.NewFleetServiceClient(conn).ListClusters(cmd.Context(), &ctrlv1.ListClustersRequest{Region: region})
+			resp, err := fleetapi.ListAll(cmd.Context(), ctrlv1.NewFleetServiceClient(conn), region)
 			if err != nil {
 				return apiError("list clusters", err)
 			}

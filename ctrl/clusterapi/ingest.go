@@ -16,7 +16,8 @@ var errQueueFull = errors.New("the queue is full")
 // that under load one transaction carries the items of many clusters,
 // while a lone item after a quiet spell goes at once — and answers each
 // caller when the transaction that carried its items has committed (or
-// failed). The queue is bounded: a caller whose items do not fit is
+// failed). The queue is bounded, in items and in bytes: a caller whose
+// items do not fit is
 // refused at once (errQueueFull) and retries later, so a database that
 // slows down makes the clusters wait instead of ctrl's memory grow.
 type batcher[In, Out any] struct {
@@ -24,16 +25,21 @@ type batcher[In, Out any] struct {
 	linger   time.Duration
 	maxBatch int
 	capacity int
-	observe  func(items int, took time.Duration, err error)
+	// size weighs an item (its bytes): the queue holds at most
+	// capacityBytes, a batch about batchBytes.
+	size          func(In) int
+	capacityBytes int
+	observe       func(items int, took time.Duration, err error)
 	// gauge is told the items queued and in flight whenever they change
 	// (-1: unchanged).
 	gauge func(queued, inFlight int)
 
-	mu     sync.Mutex
-	queue  []*batchJob[In, Out]
-	queued int  // items in queue
-	closed bool // run has returned
-	wake   chan struct{}
+	mu          sync.Mutex
+	queue       []*batchJob[In, Out]
+	queued      int // items in queue
+	queuedBytes int
+	closed      bool // run has returned
+	wake        chan struct{}
 }
 
 // errStopping refuses items once the batcher has stopped.
@@ -43,16 +49,20 @@ var errStopping = errors.New("ctrl is stopping")
 // results.
 type batchJob[In, Out any] struct {
 	items   []In
+	bytes   int
 	results []Out
 	err     error
 	done    chan struct{}
 }
 
 func newBatcher[In, Out any](write func(context.Context, []In) ([]Out, error), linger time.Duration, maxBatch, capacity int,
-	observe func(int, time.Duration, error), gauge func(queued, inFlight int)) *batcher[In, Out] {
-	return &batcher[In, Out]{write: write, linger: linger, maxBatch: maxBatch, capacity: capacity, observe: observe, gauge: gauge,
-		wake: make(chan struct{}, 1)}
+	size func(In) int, capacityBytes int, observe func(int, time.Duration, error), gauge func(queued, inFlight int)) *batcher[In, Out] {
+	return &batcher[In, Out]{write: write, linger: linger, maxBatch: maxBatch, capacity: capacity, size: size, capacityBytes: capacityBytes,
+		observe: observe, gauge: gauge, wake: make(chan struct{}, 1)}
 }
+
+// batchBytes ends a batch early when its items weigh this much.
+const batchBytes = 16 << 20
 
 // add writes items in a shared transaction and returns their results
 // once it committed; errQueueFull when the queue cannot take them.
@@ -61,17 +71,21 @@ func (in *batcher[In, Out]) add(ctx context.Context, items []In) ([]Out, error) 
 		return nil, nil
 	}
 	j := &batchJob[In, Out]{items: items, done: make(chan struct{})}
+	for _, it := range items {
+		j.bytes += in.size(it)
+	}
 	in.mu.Lock()
 	if in.closed {
 		in.mu.Unlock()
 		return nil, errStopping
 	}
-	if in.queued > 0 && in.queued+len(items) > in.capacity {
+	if in.queued > 0 && (in.queued+len(items) > in.capacity || in.queuedBytes+j.bytes > in.capacityBytes) {
 		in.mu.Unlock()
 		return nil, errQueueFull
 	}
 	in.queue = append(in.queue, j)
 	in.queued += len(items)
+	in.queuedBytes += j.bytes
 	in.gauge(in.queued, -1)
 	in.mu.Unlock()
 	select {
@@ -129,18 +143,20 @@ func (in *batcher[In, Out]) run(ctx context.Context) {
 }
 
 // take removes the jobs of the next batch: whole jobs, up to maxBatch
-// items (a larger job goes alone).
+// items and batchBytes (a larger job goes alone).
 func (in *batcher[In, Out]) take() []*batchJob[In, Out] {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	n, size := 0, 0
-	for n < len(in.queue) && (n == 0 || size+len(in.queue[n].items) <= in.maxBatch) {
+	n, size, bytes := 0, 0, 0
+	for n < len(in.queue) && (n == 0 || size+len(in.queue[n].items) <= in.maxBatch && bytes+in.queue[n].bytes <= batchBytes) {
 		size += len(in.queue[n].items)
+		bytes += in.queue[n].bytes
 		n++
 	}
 	jobs := in.queue[:n:n]
 	in.queue = in.queue[n:]
 	in.queued -= size
+	in.queuedBytes -= bytes
 	in.gauge(in.queued, size)
 	return jobs
 }
@@ -171,7 +187,7 @@ func (in *batcher[In, Out]) flush(ctx context.Context, jobs []*batchJob[In, Out]
 func (in *batcher[In, Out]) failAll(err error) {
 	in.mu.Lock()
 	jobs := in.queue
-	in.queue, in.queued, in.closed = nil, 0, true
+	in.queue, in.queued, in.queuedBytes, in.closed = nil, 0, 0, true
 	in.mu.Unlock()
 	for _, j := range jobs {
 		j.err = err

@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
@@ -100,8 +101,36 @@ type Options struct {
 	UnbatchedReports bool
 }
 
-// maxIngestBatch bounds the items of one batch transaction.
-const maxIngestBatch = 2000
+// maxIngestBatch bounds the items of one batch transaction;
+// maxQueueBytes what a queue holds (reports carry statuses of up to
+// MaxGenericStatusBytes each).
+const (
+	maxIngestBatch = 2000
+	maxQueueBytes  = 256 << 20
+)
+
+// reportBytes and heartbeatBytes weigh queued items.
+func reportBytes(r store.Report) int {
+	n := len(r.Status) + 256
+	for _, in := range r.Instances {
+		n += proto.Size(in)
+	}
+	return n
+}
+
+func heartbeatBytes(h store.ClusterHeartbeat) int {
+	n := 256 + 32*len(h.Data.Cursors)
+	if h.Data.Host != nil {
+		for _, c := range h.Data.Host.Controllers {
+			n += len(c.Name) + len(c.PluginVersion) + len(c.LastError) + 64
+			for _, k := range c.Kinds {
+				n += len(k) + 4
+			}
+		}
+		n += 64 * len(h.Data.Host.Parked)
+	}
+	return n
+}
 
 // Server implements clusterv1.ClusterServiceServer.
 type Server struct {
@@ -168,13 +197,15 @@ func New(o Options) (*Server, error) {
 	st := o.Store
 	return &Server{
 		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
-		decrypts:     newPerCluster(o.DecryptPerMinute),
-		poller:       newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
-		feeds:        feeds{window: o.FeedWindow, off: o.UnsharedReads},
-		stopping:     make(chan struct{}),
-		labels:       map[string]bool{},
-		reports:      newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, m.observeBatch("reports"), m.gaugeBatch("reports")),
-		heartbeats:   newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats")),
+		decrypts: newPerCluster(o.DecryptPerMinute),
+		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
+		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
+		stopping: make(chan struct{}),
+		labels:   map[string]bool{},
+		reports: newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, reportBytes, maxQueueBytes,
+			m.observeBatch("reports"), m.gaugeBatch("reports")),
+		heartbeats: newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, heartbeatBytes, maxQueueBytes,
+			m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats")),
 		reportLinger: o.ReportLinger, maxBatch: maxIngestBatch, unbatched: o.UnbatchedReports,
 	}, nil
 }

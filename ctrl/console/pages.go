@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"krane.dev/ctrl/fleetapi"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -41,7 +42,7 @@ type fleetCluster struct {
 }
 
 func (c *Console) loadFleet(ctx context.Context, _ *http.Request) (any, error) {
-	resp, err := c.fleet.ListClusters(ctx, &ctrlv1.ListClustersRequest{})
+	resp, err := fleetapi.ListAll(ctx, c.fleet, "")
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +154,7 @@ func (c *Console) deploymentsIndex(page http.HandlerFunc) http.HandlerFunc {
 
 // regions are the regions of the fleet's clusters.
 func (c *Console) regions(ctx context.Context) ([]string, error) {
-	resp, err := c.fleet.ListClusters(ctx, &ctrlv1.ListClustersRequest{})
+	resp, err := fleetapi.ListAll(ctx, c.fleet, "")
 	if err != nil {
 		return nil, err
 	}

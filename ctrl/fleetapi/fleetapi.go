@@ -17,16 +17,20 @@ package fleetapi
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -49,14 +53,54 @@ func New(st *store.Store, log hclog.Logger) *Server {
 // Register adds the service to gs.
 func (s *Server) Register(gs *grpc.Server) { ctrlv1.RegisterFleetServiceServer(gs, s) }
 
-// ListClusters returns every registered cluster (or one region's).
+// ListClusters returns the registered clusters (or one region's), a page
+// at a time: page_size clusters or about PageBytes, whichever comes first.
 func (s *Server) ListClusters(ctx context.Context, req *ctrlv1.ListClustersRequest) (*ctrlv1.ListClustersResponse, error) {
+	size, after, err := paging.Parse(req.GetPageSize(), req.GetPageToken(), "ListClusters", 1000, 5000)
+	var pe *paging.Error
+	if errors.As(err, &pe) {
+		return nil, status.Errorf(codes.InvalidArgument, "%s", pe)
+	}
 	resp, err := Load(ctx, s.store, req.GetRegion())
 	if err != nil {
 		return nil, s.unavailable(ctx, err, "reading the fleet failed")
 	}
+	// Load orders by region, then id: a page starts after its token's.
+	all, start := resp.GetClusters(), 0
+	if after != "" {
+		var found bool
+		start, found = slices.BinarySearchFunc(all, after, func(c *ctrlv1.ClusterInfo, key string) int { return strings.Compare(pageKey(c), key) })
+		if found {
+			start++
+		}
+	}
+	resp.Clusters, resp.NextPageToken = paging.NextWithin(all[start:], size, PageBytes, pageKey, func(c *ctrlv1.ClusterInfo) int { return proto.Size(c) })
 	return resp, nil
 }
+
+// ListAll reads every page of ListClusters into one answer (the CLI and
+// the console show the whole fleet).
+func ListAll(ctx context.Context, c ctrlv1.FleetServiceClient, region string) (*ctrlv1.ListClustersResponse, error) {
+	all := &ctrlv1.ListClustersResponse{}
+	for token := ""; ; {
+		resp, err := c.ListClusters(ctx, &ctrlv1.ListClustersRequest{Region: region, PageToken: token})
+		if err != nil {
+			return nil, err
+		}
+		all.Clusters = append(all.Clusters, resp.GetClusters()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			return all, nil
+		}
+	}
+}
+
+// PageBytes ends a page of ListClusters: what clusters say in their
+// heartbeats (controllers, errors, kinds) is in it, and a page must stay
+// within a client's default 4 MiB.
+const PageBytes = 3 << 20
+
+// pageKey orders clusters as Load does.
+func pageKey(c *ctrlv1.ClusterInfo) string { return c.GetRegion() + "\x00" + c.GetId() }
 
 // RemoveCluster removes a cluster (store.RemoveCluster), recording the
 // caller as who removed it.

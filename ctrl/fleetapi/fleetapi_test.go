@@ -2,6 +2,10 @@ package fleetapi_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
@@ -284,4 +289,72 @@ func mustAny(t *testing.T, m proto.Message) *anypb.Any {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestListClustersPagesByCountAndBytes: clusters whose heartbeats say the
+// most a heartbeat may (64 controllers with long errors) are listed a
+// page at a time, by count and by bytes, each page within the budget and
+// all pages together every cluster once, in order.
+func TestListClustersPagesByCountAndBytes(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{})
+	ctx := context.Background()
+	const n = 60
+	var controllers []*clusterv1.ControllerStatus
+	for i := range 64 {
+		var kinds []string
+		for k := range 100 {
+			kinds = append(kinds, fmt.Sprintf("kind-%02d-%03d.plugins.example.com", i, k))
+		}
+		controllers = append(controllers, &clusterv1.ControllerStatus{Name: fmt.Sprintf("plugin-%02d-%s", i, strings.Repeat("n", 1000)),
+			PluginVersion: strings.Repeat("v", 1000), Kinds: kinds, LastError: strings.Repeat("e", 1000)})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		region := fmt.Sprintf("r%d", i%3)
+		c := env.Cluster(t, env.ClusterToken(t, region, fmt.Sprintf("c%03d", i)))
+		wg.Go(func() { // one heartbeat batch for them all
+			_, err := c.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "1", HostReport: true, Controllers: controllers})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	api := ctrlv1.NewFleetServiceClient(env.Dial(t, env.OperatorToken(t, "ops")))
+	var got []string
+	pages := 0
+	for token := ""; ; pages++ {
+		resp, err := api.ListClusters(ctx, &ctrlv1.ListClustersRequest{PageToken: token, PageSize: 25})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if size := proto.Size(resp); size > fleetapi.PageBytes+(200<<10) || len(resp.GetClusters()) > 25 {
+			t.Fatalf("page %d: %d clusters, %d bytes", pages, len(resp.GetClusters()), size)
+		}
+		for _, c := range resp.GetClusters() {
+			got = append(got, c.GetRegion()+"/"+c.GetId())
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	all, err := fleetapi.ListAll(ctx, api, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, c := range all.GetClusters() {
+		want = append(want, c.GetRegion()+"/"+c.GetId())
+	}
+	if len(got) != n || !slices.IsSorted(got) || fmt.Sprint(got) != fmt.Sprint(want) || pages+1 <= (n+24)/25 {
+		t.Fatalf("%d clusters in %d pages (want %d, in order, several pages by bytes): %v", len(got), pages+1, n, got)
+	}
+	if _, err := api.ListClusters(ctx, &ctrlv1.ListClustersRequest{PageSize: 6000}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("page_size 6000: %v, want InvalidArgument", err)
+	}
 }

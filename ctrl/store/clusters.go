@@ -474,11 +474,13 @@ type ClusterHeartbeat struct {
 	Data              HeartbeatData
 }
 
-// heartbeatsPerStatement bounds one UPDATE (6 placeholders a heartbeat).
-const heartbeatsPerStatement = 2000
+// heartbeatsPerStatement bounds one UPDATE (a CASE branch per heartbeat
+// and column, evaluated per row: the cost grows with its square);
+// statementBytes bounds what it carries.
+const heartbeatsPerStatement = 500
 
 // Heartbeats records the heartbeats of many clusters with one UPDATE of
-// their rows per 2,000 clusters, whatever each carries. It answers each
+// their rows per 500 clusters (or per 4 MiB of what they carry). It answers each
 // heartbeat with nil or ErrNotFound (the cluster is not registered in its
 // region); the error is the batch's own. A cluster named twice keeps its
 // later heartbeat.
@@ -495,26 +497,57 @@ func (s *Store) Heartbeats(ctx context.Context, hbs []ClusterHeartbeat) ([]error
 			idx = append(idx, i)
 		}
 	}
-	for start := 0; start < len(idx); start += heartbeatsPerStatement {
-		part := idx[start:min(start+heartbeatsPerStatement, len(idx))]
-		var b strings.Builder
-		args := make([]any, 0, 6*len(part)+1)
-		for n, i := range part {
-			hb := hbs[i]
-			cursors, controllers, parked, err := heartbeatColumns(hb.Data)
-			if err != nil {
-				return nil, fmt.Errorf("store: heartbeat of cluster %s: %w", hb.ClusterID, err)
-			}
-			if n == 0 {
-				b.WriteString("SELECT ? AS id, ? AS region, ? AS agent_version, ? AS cursors, ? AS controllers, ? AS parked")
-			} else {
-				b.WriteString(" UNION ALL SELECT ?, ?, ?, ?, ?, ?")
-			}
-			args = append(args, hb.ClusterID, hb.Region, hb.Data.AgentVersion, cursors, controllers, parked)
+	type encoded struct {
+		cursors             string
+		controllers, parked sql.NullString
+	}
+	enc := make(map[int]encoded, len(idx))
+	for _, i := range idx {
+		cursors, controllers, parked, err := heartbeatColumns(hbs[i].Data)
+		if err != nil {
+			return nil, fmt.Errorf("store: heartbeat of cluster %s: %w", hbs[i].ClusterID, err)
 		}
-		res, err := s.db.ExecContext(ctx, `UPDATE clusters c JOIN (`+b.String()+`) v ON c.id = v.id AND c.region = v.region
-SET c.last_heartbeat_at = ?, c.agent_version = v.agent_version, c.cursors = v.cursors, c.controllers = v.controllers, c.parked = v.parked`,
-			append(args, now)...)
+		enc[i] = encoded{cursors, controllers, parked}
+	}
+	size := func(i int) int {
+		e := enc[i]
+		return len(e.cursors) + len(e.controllers.String) + len(e.parked.String) + 256
+	}
+	for _, part := range chunks(idx, heartbeatsPerStatement, size) {
+		// One CASE per column keyed by id: no derived table, so the
+		// server needs no temporary table for the batch's values.
+		cases := func(value func(int) any) (string, []any) {
+			var b strings.Builder
+			var args []any
+			b.WriteString("CASE id")
+			for _, i := range part {
+				b.WriteString(" WHEN ? THEN ?")
+				args = append(args, hbs[i].ClusterID, value(i))
+			}
+			b.WriteString(" END")
+			return b.String(), args
+		}
+		var sets []string
+		args := []any{now}
+		for _, col := range []struct {
+			name  string
+			value func(int) any
+		}{
+			{"agent_version", func(i int) any { return hbs[i].Data.AgentVersion }},
+			{"cursors", func(i int) any { return enc[i].cursors }},
+			{"controllers", func(i int) any { return enc[i].controllers }},
+			{"parked", func(i int) any { return enc[i].parked }},
+		} {
+			c, a := cases(col.value)
+			sets, args = append(sets, col.name+" = "+c), append(args, a...)
+		}
+		for _, i := range part {
+			args = append(args, hbs[i].ClusterID)
+		}
+		region, regionArgs := cases(func(i int) any { return hbs[i].Region })
+		args = append(args, regionArgs...)
+		res, err := s.db.ExecContext(ctx, "UPDATE clusters SET last_heartbeat_at = ?, "+strings.Join(sets, ", ")+
+			" WHERE id IN ("+placeholders(len(part))+") AND region = "+region, args...)
 		if err != nil {
 			return nil, fmt.Errorf("store: record the heartbeats of %d clusters (first %s): %w", len(part), hbs[part[0]].ClusterID, err)
 		}

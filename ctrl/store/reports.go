@@ -531,26 +531,50 @@ FROM object_reports WHERE `+cond+" FOR UPDATE", args...)
 	return out, nil
 }
 
-// writeReports upserts the reports at idx in one statement.
-func writeReports(ctx context.Context, tx *sql.Tx, reps []Report, idx []int, nowNs int64) error {
-	if len(idx) == 0 {
-		return nil
-	}
-	args := make([]any, 0, 10*len(idx))
-	for _, i := range idx {
-		r := &reps[i]
-		var status any
-		if r.Status != nil {
-			status = string(r.Status)
+// statementBytes bounds the data one multi-row statement carries, well
+// under max_allowed_packet (16 MiB by default on MariaDB, 64 MiB on MySQL
+// 8): statuses are up to hundreds of KiB each.
+const statementBytes = 4 << 20
+
+// chunks splits idx into runs of at most rows items and about
+// statementBytes (by size; a larger item goes alone).
+func chunks(idx []int, rows int, size func(int) int) [][]int {
+	var out [][]int
+	start, bytes := 0, 0
+	for n, i := range idx {
+		b := size(i)
+		if n > start && (n-start == rows || bytes+b > statementBytes) {
+			out = append(out, idx[start:n])
+			start, bytes = n, 0
 		}
-		args = append(args, r.Kind, r.Region, r.ID, r.ClusterID, r.Obs.Version, r.Obs.At.UnixNano(), nowNs, r.Deleted, status, r.sum())
+		bytes += b
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO object_reports (kind, region, id, cluster_id, observed_version, observed_at_ns, received_at_ns, deleted, status, status_sum)
-VALUES `+rowGroups(len(idx), 10)+`
+	if start < len(idx) {
+		out = append(out, idx[start:])
+	}
+	return out
+}
+
+// writeReports upserts the reports at idx: one statement per about
+// statementBytes of statuses (usually one).
+func writeReports(ctx context.Context, tx *sql.Tx, reps []Report, idx []int, nowNs int64) error {
+	for _, part := range chunks(idx, 5000, func(i int) int { return len(reps[i].Status) + 128 }) {
+		args := make([]any, 0, 10*len(part))
+		for _, i := range part {
+			r := &reps[i]
+			var status any
+			if r.Status != nil {
+				status = string(r.Status)
+			}
+			args = append(args, r.Kind, r.Region, r.ID, r.ClusterID, r.Obs.Version, r.Obs.At.UnixNano(), nowNs, r.Deleted, status, r.sum())
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO object_reports (kind, region, id, cluster_id, observed_version, observed_at_ns, received_at_ns, deleted, status, status_sum)
+VALUES `+rowGroups(len(part), 10)+`
 ON DUPLICATE KEY UPDATE observed_version = VALUES(observed_version), observed_at_ns = VALUES(observed_at_ns),
   received_at_ns = VALUES(received_at_ns), deleted = VALUES(deleted), status = VALUES(status), status_sum = VALUES(status_sum)`, args...)
-	if err != nil {
-		return fmt.Errorf("store: write %d reports (first: %s %s by cluster %s): %w", len(idx), reps[idx[0]].Kind, reps[idx[0]].ID, reps[idx[0]].ClusterID, err)
+		if err != nil {
+			return fmt.Errorf("store: write %d reports (first: %s %s by cluster %s): %w", len(part), reps[part[0]].Kind, reps[part[0]].ID, reps[part[0]].ClusterID, err)
+		}
 	}
 	return nil
 }

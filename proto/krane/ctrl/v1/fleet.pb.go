@@ -155,7 +155,12 @@ func (x *RemoveClusterResponse) GetApplyErrorsDeleted() int64 {
 type ListClustersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this region's clusters; empty: every region.
-	Region        string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Region string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// At most this many clusters (0: 1,000; at most 5,000). A page also ends
+	// at about 3 MiB: what clusters report in their heartbeats is in it.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,10 +202,26 @@ func (x *ListClustersRequest) GetRegion() string {
 	return ""
 }
 
+func (x *ListClustersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListClustersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListClustersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// By region, then cluster id.
-	Clusters      []*ClusterInfo `protobuf:"bytes,1,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	Clusters []*ClusterInfo `protobuf:"bytes,1,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	// Set when there are more clusters: ask again with it as page_token.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -240,6 +261,13 @@ func (x *ListClustersResponse) GetClusters() []*ClusterInfo {
 		return x.Clusters
 	}
 	return nil
+}
+
+func (x *ListClustersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type ClusterInfo struct {
@@ -568,10 +596,10 @@ var File_krane_ctrl_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x19krane/ctrl/v1/fleet.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"5\n" +
-	"\x14RemoveClusterRequest\x12\x1d\n" +
+	"\x19krane/ctrl/v1/fleet.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"@\n" +
+	"\x14RemoveClusterRequest\x12(\n" +
 	"\n" +
-	"cluster_id\x18\x01 \x01(\tR\tclusterId\"\xfd\x01\n" +
+	"cluster_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01(@R\tclusterId\"\xfd\x01\n" +
 	"\x15RemoveClusterResponse\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
@@ -579,11 +607,16 @@ const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\x0etokens_revoked\x18\x03 \x01(\x03R\rtokensRevoked\x12'\n" +
 	"\x0freports_deleted\x18\x04 \x01(\x03R\x0ereportsDeleted\x12+\n" +
 	"\x11instances_deleted\x18\x05 \x01(\x03R\x10instancesDeleted\x120\n" +
-	"\x14apply_errors_deleted\x18\x06 \x01(\x03R\x12applyErrorsDeleted\"6\n" +
+	"\x14apply_errors_deleted\x18\x06 \x01(\x03R\x12applyErrorsDeleted\"\x88\x01\n" +
 	"\x13ListClustersRequest\x12\x1f\n" +
-	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\"N\n" +
+	"\x06region\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\x88'(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\tpageToken\"v\n" +
 	"\x14ListClustersResponse\x126\n" +
-	"\bclusters\x18\x01 \x03(\v2\x1a.krane.ctrl.v1.ClusterInfoR\bclusters\"\xc3\x03\n" +
+	"\bclusters\x18\x01 \x03(\v2\x1a.krane.ctrl.v1.ClusterInfoR\bclusters\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc3\x03\n" +
 	"\vClusterInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12?\n" +
