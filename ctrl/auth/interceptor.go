@@ -112,7 +112,14 @@ type Authenticator struct {
 type cachedToken struct {
 	tok     store.Token
 	fetched time.Time
+	used    time.Time // the last call that read it
 }
+
+// refreshIdle is how long a cached token stays refreshed in the
+// background after its last use (WatchRevocations re-reads the tokens in
+// use, many in one query, before their cache time runs out, so a fleet's
+// calls do not each read their token again every CacheTTL).
+const refreshIdle = time.Minute
 
 type metrics struct {
 	denied      *prometheus.CounterVec
@@ -129,6 +136,9 @@ const (
 	EndRevoked = "revoked"
 	EndExpired = "expired"
 )
+
+// maxCachedTokens bounds the token cache.
+const maxCachedTokens = 1 << 20
 
 // revokedMemory is how long a revocation is remembered in memory (see
 // Authenticator.revoked); after it, the database answers alone.
@@ -413,7 +423,7 @@ func (a *Authenticator) WatchRevocations(ctx context.Context) {
 	poll := time.NewTicker(a.pollEvery)
 	defer poll.Stop()
 	lastOK := time.Now()
-	lastRecheck := lastOK
+	lastRecheck, lastRefresh := lastOK, lastOK
 	failing := false
 	for {
 		select {
@@ -452,8 +462,62 @@ func (a *Authenticator) WatchRevocations(ctx context.Context) {
 				a.log.Warn("cannot recheck the tokens of open streams; trying again in a recheck interval", "error", err)
 			}
 		}
+		if start.Sub(lastRefresh) >= a.ttl/2 {
+			lastRefresh = start
+			if err := a.refresh(ctx, start); err != nil && ctx.Err() == nil {
+				a.log.Warn("cannot re-read the cached tokens in use; calls read their own until it works again", "error", err)
+			}
+		}
 		a.forgetRevoked(start)
 	}
+}
+
+// refresh re-reads, in one query per 500, the cached tokens used within
+// refreshIdle whose cache time is half gone, and drops those unused for
+// longer: the tokens of a fleet's calls stay cached without a read per
+// call and CacheTTL. A token found revoked or gone leaves the cache (a
+// call reads it again, and is refused).
+func (a *Authenticator) refresh(ctx context.Context, now time.Time) error {
+	a.mu.Lock()
+	var ids []string
+	for id, c := range a.cache {
+		switch {
+		case now.Sub(c.used) > refreshIdle:
+			delete(a.cache, id)
+		case now.Sub(c.fetched) >= a.ttl/2:
+			ids = append(ids, id)
+		}
+	}
+	a.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	toks, err := a.tokens.LookupTokens(ctx, ids)
+	if err != nil {
+		return err
+	}
+	found := make(map[string]store.Token, len(toks))
+	for _, t := range toks {
+		found[t.ID] = t
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, id := range ids {
+		c, ok := a.cache[id]
+		if !ok || c.fetched.After(now) {
+			continue // dropped, or read again by a call meanwhile
+		}
+		t, exists := found[id]
+		if !exists || t.Revoked() {
+			delete(a.cache, id)
+			continue
+		}
+		// LookupTokens reads no hashes; a token's hash never changes.
+		t.SecretHash = c.tok.SecretHash
+		c.tok, c.fetched = t, now
+		a.cache[id] = c
+	}
+	return nil
 }
 
 // recheckOpen reads the tokens of every open stream and closes the streams
@@ -596,19 +660,24 @@ func (a *Authenticator) lookup(ctx context.Context, id string) (store.Token, err
 	now := time.Now()
 	a.mu.Lock()
 	c, ok := a.cache[id]
-	a.mu.Unlock()
 	if ok && now.Sub(c.fetched) < a.ttl {
+		c.used = now
+		a.cache[id] = c
+		a.mu.Unlock()
 		return c.tok, nil
 	}
+	a.mu.Unlock()
 	tok, err := a.tokens.LookupToken(ctx, id)
 	if err != nil {
 		return store.Token{}, err
 	}
 	a.mu.Lock()
-	if len(a.cache) > 10000 { // ids are attacker-chosen: keep the map bounded
+	// Only tokens that exist are cached, so the map is bounded by the
+	// tokens in the database; this bound is a safety net above any fleet.
+	if len(a.cache) > maxCachedTokens {
 		clear(a.cache)
 	}
-	a.cache[id] = cachedToken{tok: tok, fetched: now}
+	a.cache[id] = cachedToken{tok: tok, fetched: now, used: now}
 	a.mu.Unlock()
 	return tok, nil
 }
