@@ -42,7 +42,9 @@ func (c *countingTokens) LookupTokens(_ context.Context, ids []string) ([]store.
 	return out, nil
 }
 
-func (c *countingTokens) RevokedTokensSince(context.Context, time.Time) ([]store.Token, error) { return nil, nil }
+func (c *countingTokens) RevokedTokensSince(context.Context, time.Time) ([]store.Token, error) {
+	return nil, nil
+}
 func (c *countingTokens) RevokeToken(context.Context, string) (store.Token, bool, error) {
 	return store.Token{}, false, nil
 }
