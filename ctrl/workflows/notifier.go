@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,6 +75,14 @@ type Notifier struct {
 	log hclog.Logger
 
 	deploys, sentinels *keyQueue
+
+	// finished are deployments read at ready, failed or stopped: no deploy
+	// of theirs waits any more (a deploy only moves forward), so their
+	// clusters' reports need not be read (at a thousand clusters, every
+	// change's reports would otherwise cost a read each). Bounded: cleared
+	// when full, which only costs reads again.
+	finishedMu sync.Mutex
+	finished   map[string]struct{}
 
 	// overdueLogged: deployments already logged as overdue (logged once,
 	// counted in the gauge every pass). Only the resync pass touches it.
@@ -232,9 +241,27 @@ func (q *keyQueue) taken(key string) {
 	q.mu.Unlock()
 }
 
-// DeploymentReported queues the deployment for evaluation.
+// DeploymentReported queues the deployment for evaluation, unless its
+// deploy is known to be over.
 func (n *Notifier) DeploymentReported(_ context.Context, deploymentID, _ string) {
-	n.deploys.add(deploymentID)
+	n.finishedMu.Lock()
+	_, done := n.finished[deploymentID]
+	n.finishedMu.Unlock()
+	if !done {
+		n.deploys.add(deploymentID)
+	}
+}
+
+// maxFinished bounds Notifier.finished.
+const maxFinished = 100000
+
+func (n *Notifier) markFinished(id string) {
+	n.finishedMu.Lock()
+	defer n.finishedMu.Unlock()
+	if n.finished == nil || len(n.finished) >= maxFinished {
+		n.finished = map[string]struct{}{}
+	}
+	n.finished[id] = struct{}{}
 }
 
 // SentinelReported queues the sentinel for evaluation.
@@ -286,6 +313,9 @@ func (n *Notifier) evaluate(ctx context.Context, id string) {
 		return
 	}
 	if d.Status != store.StatusDeploying && d.Status != store.StatusNetwork {
+		if !slices.Contains(store.InProgress, d.Status) {
+			n.markFinished(id)
+		}
 		return
 	}
 	states, err := n.o.Store.RegionStates(dctx, id)

@@ -104,3 +104,35 @@ func TestResyncRotatesWhenTheQueueIsFull(t *testing.T) {
 		}
 	}
 }
+
+// TestReportsOfFinishedDeploysAreNotRead: once the Notifier read a
+// deployment at ready (or failed, or stopped), its clusters' reports no
+// longer queue it: no deploy of it waits, and at a thousand clusters every
+// change's reports would each cost a read. A deployment still in progress
+// (or pending) keeps being queued.
+func TestReportsOfFinishedDeploysAreNotRead(t *testing.T) {
+	st := openTestStore(t, testenv.SharedMySQL(t).Database(t, t.Name()), store.PoolOptions{})
+	ready := createInStatus(t, st, "dep-ready-", store.StatusReady, time.Now(), 1)[0]
+	pending := createInStatus(t, st, "dep-pend-", store.StatusPending, time.Now(), 1)[0]
+	n := NewNotifier(NotifierOptions{Store: st})
+	ctx := context.Background()
+	take := func() []string {
+		var out []string
+		for len(n.deploys.ch) > 0 {
+			id := <-n.deploys.ch
+			n.deploys.taken(id)
+			out = append(out, id)
+		}
+		return out
+	}
+	for _, id := range []string{ready, pending} {
+		n.DeploymentReported(ctx, id, "eu")
+		n.evaluate(ctx, id)
+	}
+	take()
+	n.DeploymentReported(ctx, ready, "eu")
+	n.DeploymentReported(ctx, pending, "eu")
+	if got := take(); fmt.Sprint(got) != fmt.Sprint([]string{pending}) {
+		t.Fatalf("queued after one evaluation each: %v, want only the pending deployment", got)
+	}
+}
