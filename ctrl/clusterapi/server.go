@@ -87,7 +87,8 @@ type Options struct {
 	DecryptPerMinute int
 	// ReportLinger is how long status reports gather before one
 	// transaction stores those of every cluster (at most one transaction
-	// per linger; a report after a quiet spell goes at once). Default 50ms.
+	// per linger; a report after a quiet spell goes at once). Default
+	// 100ms.
 	ReportLinger time.Duration
 	// ReportQueue bounds the reports waiting for their transaction;
 	// beyond it a report call is refused with RESOURCE_EXHAUSTED and a
@@ -184,7 +185,7 @@ func New(o Options) (*Server, error) {
 		o.DecryptPerMinute = 1000
 	}
 	if o.ReportLinger <= 0 {
-		o.ReportLinger = 50 * time.Millisecond
+		o.ReportLinger = 100 * time.Millisecond
 	}
 	if o.ReportQueue <= 0 {
 		o.ReportQueue = 20000

@@ -201,7 +201,7 @@ var settings = []setting{
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
 	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
-	{"reports.linger", 50 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
+	{"reports.linger", 100 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
 	{"reports.queue", 20000, "status reports waiting for their transaction at most; beyond it clusters are told to retry later (RESOURCE_EXHAUSTED with a hint; 100..1000000)"},
 	{"reports.heartbeat_linger", time.Second, "heartbeats of every cluster gather this long before one statement records them all (1ms..30s)"},
 	{"reports.batched", true, "store reports in shared batches; false: every report call in a transaction of its own (the reference platform's path, to compare with)"},

@@ -200,11 +200,13 @@ func (s *Store) Ingest(ctx context.Context, reps []Report) ([]ReportResult, erro
 	return results, nil
 }
 
-// reportTx runs fn in a READ COMMITTED transaction (no gap locks: reports
-// of different keys never wait on each other), again after a deadlock.
+// reportTx runs fn in a transaction, again after a deadlock. Each ctrl
+// stores its reports one batch at a time, so only batches of different
+// ctrl replicas can meet on a row (or a gap beside one); a deadlock
+// between them is retried.
 func (s *Store) reportTx(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("store: begin a report transaction: %w", err)
 		}
