@@ -139,17 +139,25 @@ func (r Region) Report(clusterID string) (Report, bool) {
 }
 
 // Behind is the counted cluster that is furthest behind: the one with
-// the lowest reported version (a cluster without a report first), ties
-// by id; ok is false when no cluster counts. Readers that show one status
-// for the region show this cluster's.
+// the lowest reported version (one without a report first, unless the
+// object is deleted, where having none left means it applied the delete),
+// ties by id; ok is false when no cluster counts. Readers that show one
+// status for the region show this cluster's.
 func (r Region) Behind() (clusterID string, rep Report, reported bool, ok bool) {
+	rank := func(has bool, rp Report) int64 {
+		switch {
+		case has:
+			return int64(min(rp.Version, 1<<62))
+		case r.Deleted:
+			return 1<<63 - 1
+		}
+		return -1
+	}
+	var best int64
 	for _, id := range r.Counted {
 		rp, has := r.Report(id)
-		better := !ok || // the first
-			!has && reported || // no report is further behind than any
-			has && reported && rp.Version < rep.Version
-		if better {
-			clusterID, rep, reported, ok = id, rp, has, true
+		if k := rank(has, rp); !ok || k < best {
+			clusterID, rep, reported, ok, best = id, rp, has, true, k
 		}
 	}
 	return clusterID, rep, reported, ok
