@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -32,8 +34,9 @@ type FleetOptions struct {
 	// Regions); every cluster of a region follows all of its changes.
 	Regions int
 	// Rate is operator writes per second (ScaleDeployment), round robin
-	// over the regions.
-	Rate float64
+	// over the regions; RateAt overrides it for a fleet size.
+	Rate   float64
+	RateAt map[int]float64
 	// Window is how long each arm is measured, after a warm-up of a tenth
 	// of it (at least 5 s) with the same load.
 	Window time.Duration
@@ -42,23 +45,57 @@ type FleetOptions struct {
 	// reached every cluster, so every write is delivered as itself.
 	DeploymentsPerRegion int
 	// Arms are the designs measured for each size: streaming, polling,
-	// and streaming-unshared (streams reading for themselves, as before
-	// the shared feeds).
-	Arms []string
+	// streaming-unshared (streams reading for themselves, as before the
+	// shared feeds) and streaming-per-report (every report call in a
+	// transaction of its own, the reference platform's report path);
+	// ArmsAt adds designs at a fleet size.
+	Arms   []string
+	ArmsAt map[int][]string
 	// Seed makes the jitter of a run repeatable.
 	Seed uint64
 }
 
-// DefaultFleetOptions are what `make bench-fleet` measures.
+// DefaultFleetOptions are what `make bench-fleet` measures: the growth
+// curve of the streaming design up to 10,000 clusters (30,000 streams),
+// and at 1,000 clusters both designs with the same report path, plus the
+// reference platform's one-transaction-per-report path. The 1,000 row
+// runs 20 changes/s, the larger ones 5. A size this machine cannot hold
+// is replaced by the largest that fits (see FleetRow.Wanted).
 func DefaultFleetOptions() FleetOptions {
-	return FleetOptions{Clusters: []int{100, 300, 1000, 3000}, Regions: 20, Rate: 20, Window: 30 * time.Second,
-		DeploymentsPerRegion: 20, Arms: []string{"streaming", "polling"}, Seed: 1}
+	return FleetOptions{Clusters: []int{100, 300, 1000, 3000, 10000}, Regions: 20, Rate: 20, RateAt: map[int]float64{3000: 5, 10000: 5},
+		Window: 30 * time.Second, DeploymentsPerRegion: 20, Arms: []string{"streaming"},
+		ArmsAt: map[int][]string{1000: {"polling", "streaming-per-report"}}, Seed: 1}
+}
+
+// rate is the write rate at fleet size n.
+func (o FleetOptions) rate(n int) float64 {
+	if r, ok := o.RateAt[n]; ok {
+		return r
+	}
+	return o.Rate
+}
+
+// arms are the designs measured at fleet size n.
+func (o FleetOptions) arms(n int) []string {
+	out := slices.Clone(o.Arms)
+	for _, a := range o.ArmsAt[n] {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // FleetRow is one measured arm.
 type FleetRow struct {
 	Arm      string `json:"arm"`
 	Clusters int    `json:"clusters"`
+	// Wanted is the size this row stands in for when the machine could not
+	// hold it (RanOut says what ran out); 0 otherwise.
+	Wanted int    `json:"wanted_clusters,omitempty"`
+	RanOut string `json:"ran_out,omitempty"`
+	// Rate is the operators' writes per second.
+	Rate float64 `json:"changes_per_s"`
 	// Writes in the window, deliveries expected (each write times the
 	// clusters of its region) and missing after the drain.
 	Writes     int `json:"writes"`
@@ -79,14 +116,21 @@ type FleetRow struct {
 	CPU    float64 `json:"ctrl_cpu_cores"`
 	RSS    float64 `json:"ctrl_rss_mib"` // the most sampled in the window
 	DBQ    float64 `json:"db_statements_per_s"`
-	Read   float64 `json:"ctrl_reads_per_s"` // change queries and head polls
+	// DBByCommand splits them by command (select, insert, update, delete,
+	// begin, commit, set_option ...), per second.
+	DBByCommand map[string]float64 `json:"db_statements_by_command_per_s"`
+	Read        float64            `json:"ctrl_reads_per_s"` // change queries and head polls
 	// Streams is the mean number of open desired-state streams.
 	Streams      float64 `json:"open_streams"`
 	Polls        int64   `json:"polls,omitempty"`
 	Reports      int64   `json:"reports"`
 	StreamErrors int64   `json:"stream_errors"`
 	ReportErrors int64   `json:"report_errors"`
-	Load         Load    `json:"load"`
+	// Throttled are report calls ctrl refused with RESOURCE_EXHAUSTED (sent
+	// again after its hint); Heartbeats those sent in the window.
+	Throttled  int64 `json:"reports_throttled"`
+	Heartbeats int64 `json:"heartbeats"`
+	Load       Load  `json:"load"`
 }
 
 // Load is what else used the machine while an arm was measured: the
@@ -112,32 +156,56 @@ var fleetArms = map[string]struct {
 	// The reference platform's server: a query per poll, pages of 100.
 	"polling":            {polling, []string{"CTRL_WATCH_SHARED_READS=false", "CTRL_WATCH_PAGE_SIZE=100"}},
 	"streaming-unshared": {streaming, []string{"CTRL_WATCH_SHARED_READS=false"}},
+	// The reference platform's report path: a transaction per report call.
+	"streaming-per-report": {streaming, []string{"CTRL_REPORTS_BATCHED=false"}},
 }
 
 // Fleet runs the fleet benchmark. It restarts ctrl for every arm (so each
 // starts with a fresh process and its memory), and returns the figures
 // and the table's rows.
 func Fleet(ctx context.Context, e *Env, o FleetOptions) ([]Figure, []FleetRow, error) {
-	for _, a := range o.Arms {
-		if _, ok := fleetArms[a]; !ok {
-			return nil, nil, fmt.Errorf("fleet: unknown arm %q (streaming, polling, streaming-unshared)", a)
+	for _, n := range o.Clusters {
+		for _, a := range o.arms(n) {
+			if _, ok := fleetArms[a]; !ok {
+				return nil, nil, fmt.Errorf("fleet: unknown arm %q (streaming, polling, streaming-unshared, streaming-per-report)", a)
+			}
 		}
 	}
-	maxN := slices.Max(o.Clusters)
-	f, err := prepareFleet(ctx, e, o, maxN)
+	// Each size that this machine cannot hold is replaced by the largest
+	// that fits; the fleet is registered once, for the largest size run.
+	sizes := make([]int, len(o.Clusters))
+	ranOut := make([]string, len(o.Clusters))
+	for i, n := range o.Clusters {
+		sizes[i], ranOut[i] = n, ""
+		if fit, why := largestFleet(n); fit < n {
+			sizes[i], ranOut[i] = fit, why
+			e.logf("fleet: %d clusters do not fit on this machine (%s): measuring %d instead", n, why, fit)
+		}
+	}
+	f, err := prepareFleet(ctx, e, o, slices.Max(sizes))
 	if err != nil {
 		return nil, nil, err
 	}
 	var rows []FleetRow
-	for _, n := range o.Clusters {
-		if need := memoryForClusters(n); need > availableMiB() {
-			e.logf("fleet: skipping %d clusters: about %.0f MiB needed, %.0f MiB available", n, need, availableMiB())
+	done := map[string]bool{}
+	for i, want := range o.Clusters {
+		n := sizes[i]
+		if n <= 0 {
+			e.logf("fleet: skipping %d clusters: %s", want, ranOut[i])
 			continue
 		}
-		for _, arm := range o.Arms {
-			row, err := f.runArm(ctx, n, arm)
+		for _, arm := range o.arms(want) {
+			if k := fmt.Sprintf("%s/%d/%g", arm, n, o.rate(want)); done[k] {
+				continue // a smaller size already measured it
+			} else {
+				done[k] = true
+			}
+			row, err := f.runArm(ctx, n, arm, o.rate(want))
 			if err != nil {
 				return nil, rows, fmt.Errorf("fleet: %d clusters, %s: %w", n, arm, err)
+			}
+			if n != want {
+				row.Wanted, row.RanOut = want, ranOut[i]
 			}
 			e.logf("fleet: %s", row.line())
 			rows = append(rows, row)
@@ -196,8 +264,8 @@ func prepareFleet(ctx context.Context, e *Env, o FleetOptions, n int) (*fleet, e
 	return f, nil
 }
 
-// runArm measures one design at one fleet size.
-func (f *fleet) runArm(ctx context.Context, n int, arm string) (FleetRow, error) {
+// runArm measures one design at one fleet size and write rate.
+func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (FleetRow, error) {
 	e, o := f.e, f.o
 	spec := fleetArms[arm]
 	e.St.SetCtrlEnv(spec.ctrlEnv)
@@ -269,7 +337,7 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string) (FleetRow, error)
 	defer stopWrites()
 	go func() {
 		defer close(writerDone)
-		tick := time.NewTicker(time.Duration(float64(time.Second) / o.Rate))
+		tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
 		defer tick.Stop()
 		for i := 0; ; i++ {
 			select {
@@ -304,6 +372,7 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string) (FleetRow, error)
 	}()
 	sleepCtxBench(ctx, warmup)
 	windowOn.Store(true)
+	reports0, heartbeats0 := run.reports.Load(), run.heartbeats.Load()
 	s0, err := f.sample(ctx)
 	if err != nil {
 		return FleetRow{}, err
@@ -366,8 +435,9 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string) (FleetRow, error)
 	}
 	expected, miss := missing()
 
-	row := FleetRow{Arm: arm, Clusters: n, Writes: len(recs), FailedWrites: failedWrites, Deliveries: expected, Missing: miss,
-		Polls: run.polls.Load(), Reports: run.reports.Load(), StreamErrors: run.streamErrors.Load(), ReportErrors: run.reportErrors.Load()}
+	row := FleetRow{Arm: arm, Clusters: n, Rate: rate, Writes: len(recs), FailedWrites: failedWrites, Deliveries: expected, Missing: miss,
+		Polls: run.polls.Load(), Reports: run.reports.Load() - reports0, StreamErrors: run.streamErrors.Load(), ReportErrors: run.reportErrors.Load(),
+		Throttled: run.throttled.Load(), Heartbeats: run.heartbeats.Load() - heartbeats0}
 	var lat, fromAck []time.Duration
 	for _, w := range recs {
 		acked := time.Unix(0, w.acked.Load())
@@ -390,6 +460,12 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string) (FleetRow, error)
 	row.CPU = (s1.ctrlCPU - s0.ctrlCPU) / secs
 	row.RSS = slices.Max(append(rss, 0))
 	row.DBQ = (s1.db["Questions"] - s0.db["Questions"]) / secs
+	row.DBByCommand = map[string]float64{}
+	for k, v := range s1.db {
+		if name, ok := strings.CutPrefix(k, "Com_"); ok {
+			row.DBByCommand[name] = (v - s0.db[k]) / secs
+		}
+	}
 	row.Read = (s1.reads - s0.reads) / secs
 	if len(streams) > 0 {
 		var t float64
@@ -420,7 +496,8 @@ func (f *fleet) sample(ctx context.Context) (fleetSample, error) {
 	s := fleetSample{at: time.Now(), ctrlCPU: procCPU(e.St.CtrlPid()), mariaCPU: procCPU(e.St.MySQL.Pid()),
 		restCPU: procCPU(e.St.Restate.Pid()), selfCPU: procCPU(os.Getpid()), busy: machineBusy(), db: map[string]float64{}}
 	s.loadavg = loadavg1()
-	rows, err := e.Store.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select', 'Com_insert', 'Com_update', 'Com_commit')")
+	rows, err := e.Store.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', "+
+		"'Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_commit', 'Com_begin', 'Com_set_option', 'Com_rollback', 'Com_show_status')")
 	if err != nil {
 		return s, fmt.Errorf("read MariaDB's counters: %w", err)
 	}
@@ -496,8 +573,37 @@ func machineBusy() float64 {
 }
 
 // memoryForClusters is a rough need of one arm: the simulated clusters
-// (about 0.4 MiB each with their connection) and ctrl.
-func memoryForClusters(n int) float64 { return float64(n)*0.4 + 1024 }
+// (about 0.4 MiB each with their connection), ctrl (about 0.15 MiB per
+// cluster over 200 MiB) and room for MariaDB and Restate.
+func memoryForClusters(n int) float64 { return float64(n)*0.55 + 1024 }
+
+// fdsForClusters is the file descriptors the simulator needs: one
+// connection per cluster, and room for the rest (ctrl needs as many).
+func fdsForClusters(n int) uint64 { return uint64(n) + 1024 }
+
+// largestFleet is n when this machine can hold n simulated clusters and
+// ctrl, else the largest size that fits (a multiple of 500; 0 when none)
+// and what ran out.
+func largestFleet(n int) (int, string) {
+	mem := availableMiB()
+	var lim syscall.Rlimit
+	fds := uint64(1 << 20)
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		fds = lim.Cur
+	}
+	fit, why := n, ""
+	if need := memoryForClusters(n); need > mem {
+		fit = int((mem-1024)/0.55) / 500 * 500
+		why = fmt.Sprintf("memory: about %.0f MiB needed, %.0f MiB available", need, mem)
+	}
+	if need := fdsForClusters(n); need > fds {
+		if byFds := int(fds-min(fds, 1024)) / 500 * 500; byFds < fit {
+			fit = byFds
+			why = fmt.Sprintf("file descriptors: %d needed (a connection per cluster), the limit is %d", need, fds)
+		}
+	}
+	return max(fit, 0), why
+}
 
 // availableMiB is MemAvailable.
 func availableMiB() float64 {
@@ -515,7 +621,11 @@ func availableMiB() float64 {
 }
 
 func (r FleetRow) line() string {
-	return fmt.Sprintf("%s, %d clusters: delivery p50 %.1f p99 %.1f max %.1f ms, p99 from the answer %.1f ms, API call p50 %.1f p99 %.1f ms (%d of %d missing); ctrl %.2f cores, %.0f MiB; MariaDB %.0f statements/s; ctrl reads %.1f/s; %.0f streams open; load %.1f, machine busy %.2f cores, others %.2f",
+	var by []string
+	for _, k := range slices.Sorted(maps.Keys(r.DBByCommand)) {
+		by = append(by, fmt.Sprintf("%s %.0f", k, r.DBByCommand[k]))
+	}
+	return fmt.Sprintf("(statements/s by command: %s) ", strings.Join(by, ", ")) + fmt.Sprintf("%s, %d clusters: delivery p50 %.1f p99 %.1f max %.1f ms, p99 from the answer %.1f ms, API call p50 %.1f p99 %.1f ms (%d of %d missing); ctrl %.2f cores, %.0f MiB; MariaDB %.0f statements/s; ctrl reads %.1f/s; %.0f streams open; load %.1f, machine busy %.2f cores, others %.2f",
 		r.Arm, r.Clusters, r.P50, r.P99, r.Max, r.P99Acked, r.API, r.APIp99, r.Missing, r.Deliveries, r.CPU, r.RSS, r.DBQ, r.Read, r.Streams, r.Load.LoadAvg1, r.Load.Busy, r.Load.OtherCores)
 }
 
@@ -572,18 +682,84 @@ func PrintFleet(w io.Writer, rows []FleetRow) {
 			prev, ok = r, true
 		}
 	}
-	if s, ok := byKey["streaming/1000"]; ok {
-		fmt.Fprintln(w, "\nTargets at 1,000 clusters and 20 changes/s (streaming):")
-		fmt.Fprintf(w, "  delivery p99 %.0f ms < 100 ms: %s\n", s.P99, holds(s.P99 < 100))
-		fmt.Fprintf(w, "  ctrl CPU %.2f cores < 0.5: %s\n", s.CPU, holds(s.CPU < 0.5))
-		fmt.Fprintf(w, "  ctrl RSS %.0f MiB < 600 MiB: %s\n", s.RSS, holds(s.RSS < 600))
-		if p, ok := byKey["polling/1000"]; ok {
-			fmt.Fprintf(w, "  ctrl's delivery reads %.1f/s <= 1/10 of polling's %.1f/s: %s\n", s.Read, p.Read, holds(s.Read <= p.Read/10))
-			fmt.Fprintf(w, "  all MariaDB statements %.0f/s <= 1/10 of polling's %.0f/s: %s (writes, reports and heartbeats are the same in both)\n",
-				s.DBQ, p.DBQ, holds(s.DBQ <= p.DBQ/10))
+	if len(rows) > 0 {
+		fmt.Fprintln(w, "\nTargets:")
+		for _, t := range fleetTargets(rows) {
+			fmt.Fprintf(w, "  %s: %s %s %s %s: %s\n", t.row, t.name, num(t.value), t.op, num(t.limit), holds(t.holds))
+		}
+	}
+	s, sok := byKey["streaming/1000"]
+	if p, ok := byKey["streaming-per-report/1000"]; ok && sok {
+		fmt.Fprintf(w, "\nThe reference platform's report path (a transaction per report call) at 1,000 clusters: %.0f MariaDB statements/s against %.0f batched (x%s), API call p99 %.0f against %.0f ms, ctrl %.2f against %.2f cores\n",
+			p.DBQ, s.DBQ, ratio(p.DBQ, s.DBQ), p.APIp99, s.APIp99, p.CPU, s.CPU)
+	}
+	for _, r := range rows {
+		if r.Wanted > 0 {
+			fmt.Fprintf(w, "\n%d clusters did not fit on this machine (%s): the %s row is the largest that did, %d clusters.\n", r.Wanted, r.RanOut, r.Arm, r.Clusters)
 		}
 	}
 }
+
+// fleetTarget is one target of a fleet row and whether it holds.
+type fleetTarget struct {
+	row, name, op string
+	value, limit  float64
+	holds         bool
+	// figure is the fleetFigures key suffix of the figure it is about.
+	figure string
+}
+
+// fleetTargets are the targets of the rows that have them: streaming at
+// 1,000 clusters and 20 changes/s (against polling's delivery reads in the
+// same run), and streaming at 10,000 clusters and 5 changes/s (or the
+// largest size that fit, standing in for it).
+func fleetTargets(rows []FleetRow) []fleetTarget {
+	var out []fleetTarget
+	check := func(r FleetRow, name, figure string, v float64, op string, limit float64) {
+		ok := v < limit
+		if op == "<=" {
+			ok = v <= limit
+		}
+		if op == "==" {
+			ok = v == limit
+		}
+		row := fmt.Sprintf("%s, %d clusters, %g changes/s", r.Arm, r.Clusters, r.Rate)
+		if r.Wanted > 0 {
+			row += fmt.Sprintf(" (for %d)", r.Wanted)
+		}
+		out = append(out, fleetTarget{row: row, name: name, op: op, value: v, limit: limit, holds: ok, figure: figure})
+	}
+	var polling *FleetRow
+	for i, r := range rows {
+		if r.Arm == "polling" && r.Clusters == 1000 {
+			polling = &rows[i]
+		}
+	}
+	for _, r := range rows {
+		if r.Arm != "streaming" {
+			continue
+		}
+		switch {
+		case r.Clusters == 1000 && r.Wanted == 0:
+			check(r, "delivery p99 ms", "p99", r.P99, "<", 100)
+			check(r, "operator API call p99 ms", "api-p99", r.APIp99, "<", 100)
+			check(r, "ctrl CPU cores", "cpu", r.CPU, "<", 0.5)
+			check(r, "MariaDB statements/s", "statements", r.DBQ, "<=", 400)
+			if polling != nil {
+				check(r, fmt.Sprintf("delivery reads/s (polling: %.0f/s, a tenth)", polling.Read), "reads", r.Read, "<=", polling.Read/10)
+			}
+		case r.Clusters == 10000 || r.Wanted == 10000:
+			check(r, "deliveries missing", "missing", float64(r.Missing), "==", 0)
+			check(r, "delivery p99 ms", "p99", r.P99, "<", 1000)
+			check(r, "ctrl CPU cores", "cpu", r.CPU, "<=", 1.5)
+			check(r, "ctrl RSS MiB", "rss", r.RSS, "<=", 2048)
+			check(r, "MariaDB statements/s", "statements", r.DBQ, "<=", 4000)
+		}
+	}
+	return out
+}
+
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 func ratio(a, b float64) string {
 	if b == 0 {
@@ -600,29 +776,48 @@ func holds(ok bool) string {
 }
 
 // fleetFigures are the rows as figures, keyed ARM/CLUSTERS/COLUMN (the
-// documentation shows them as a grid).
+// documentation shows them as a grid), with the targets of fleetTargets.
 func fleetFigures(rows []FleetRow) []Figure {
+	targets := map[string]fleetTarget{}
+	for _, t := range fleetTargets(rows) {
+		targets[t.row+"/"+t.figure] = t
+	}
 	var out []Figure
 	for _, r := range rows {
-		name := fmt.Sprintf("%s, %d clusters", r.Arm, r.Clusters)
+		name := fmt.Sprintf("%s, %d clusters, %g changes/s", r.Arm, r.Clusters, r.Rate)
+		row := name
+		if r.Wanted > 0 {
+			row += fmt.Sprintf(" (for %d)", r.Wanted)
+			name += fmt.Sprintf(" (the largest that fit for %d: %s ran out)", r.Wanted, strings.SplitN(r.RanOut, ":", 2)[0])
+		}
 		key := fmt.Sprintf("%s/%d/", r.Arm, r.Clusters)
 		note := fmt.Sprintf("load %.1f, other processes %.2f cores", r.Load.LoadAvg1, r.Load.OtherCores)
-		var p99Target, cpuTarget, rssTarget *Target
-		if r.Arm == "streaming" && r.Clusters == 1000 {
-			p99Target, cpuTarget, rssTarget = Below(100), Below(0.5), Below(600)
+		fig := func(col, label string, v float64, unit, note string) Figure {
+			f := Figure{Key: key + col, Name: name + ": " + label, Value: v, Unit: unit, Note: note}
+			if t, ok := targets[row+"/"+col]; ok {
+				switch t.op {
+				case "<":
+					f.Target = Below(t.limit)
+				case "<=":
+					f.Target = AtMost(t.limit)
+				default:
+					f.Target = Exactly(t.limit)
+				}
+			}
+			return f
 		}
 		out = append(out,
-			Figure{Key: key + "p50", Name: name + ": delivery p50", Value: r.P50, Unit: "ms"},
-			Figure{Key: key + "p99", Name: name + ": delivery p99", Value: r.P99, Unit: "ms", Target: p99Target},
-			Figure{Key: key + "missing", Name: name + ": deliveries missing", Value: float64(r.Missing), Unit: "", Note: fmt.Sprintf("of %d", r.Deliveries)},
-			Figure{Key: key + "api-p50", Name: name + ": API call p50", Value: r.API, Unit: "ms"},
-			Figure{Key: key + "api-p99", Name: name + ": API call p99", Value: r.APIp99, Unit: "ms"},
-			Figure{Key: key + "cpu", Name: name + ": ctrl CPU", Value: r.CPU, Unit: "cores", Target: cpuTarget, Note: note},
-			Figure{Key: key + "rss", Name: name + ": ctrl RSS", Value: r.RSS, Unit: "MiB", Target: rssTarget},
-			Figure{Key: key + "reads", Name: name + ": ctrl delivery reads", Value: r.Read, Unit: "/s"},
-			Figure{Key: key + "statements", Name: name + ": MariaDB statements", Value: r.DBQ, Unit: "/s"},
-			Figure{Key: key + "streams", Name: name + ": open streams", Value: r.Streams, Unit: ""},
-			Figure{Key: key + "other-cores", Name: name + ": other processes' CPU", Value: r.Load.OtherCores, Unit: "cores", Note: fmt.Sprintf("load %.1f", r.Load.LoadAvg1)},
+			fig("p50", "delivery p50", r.P50, "ms", ""),
+			fig("p99", "delivery p99", r.P99, "ms", ""),
+			fig("missing", "deliveries missing", float64(r.Missing), "", fmt.Sprintf("of %d", r.Deliveries)),
+			fig("api-p50", "API call p50", r.API, "ms", ""),
+			fig("api-p99", "API call p99", r.APIp99, "ms", ""),
+			fig("cpu", "ctrl CPU", r.CPU, "cores", note),
+			fig("rss", "ctrl RSS", r.RSS, "MiB", ""),
+			fig("reads", "ctrl delivery reads", r.Read, "/s", ""),
+			fig("statements", "MariaDB statements", r.DBQ, "/s", ""),
+			fig("streams", "open streams", r.Streams, "", ""),
+			fig("other-cores", "other processes' CPU", r.Load.OtherCores, "cores", fmt.Sprintf("load %.1f", r.Load.LoadAvg1)),
 		)
 	}
 	return out

@@ -9,8 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -79,7 +82,7 @@ type fleetRun struct {
 	writesMu sync.Mutex
 	writes   map[writeKey]*writeRec
 
-	streamErrors, polls, reports, reportErrors, heartbeats, heartbeatErrors atomic.Int64
+	streamErrors, polls, reports, reportErrors, throttled, heartbeats, heartbeatErrors atomic.Int64
 }
 
 func (r *fleetRun) jitter(lo, hi time.Duration) time.Duration {
@@ -251,14 +254,47 @@ func (c *simCluster) received(ch *clusterv1.ResourceChange) {
 func (c *simCluster) flush() {
 	c.reportMu.Lock()
 	batch := c.pending
-	c.pending, c.flushing = nil, false
+	c.pending = nil
 	c.reportMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c.run.reports.Add(int64(len(batch)))
-	if _, err := c.cli.ReportStatuses(ctx, &clusterv1.ReportStatusesRequest{Reports: batch}); err != nil {
+	_, err := c.cli.ReportStatuses(ctx, &clusterv1.ReportStatusesRequest{Reports: batch})
+	if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
+		// As krane's reporter: wait the hint, then send what is newest of
+		// each object (the refused batch merged under what queued since).
+		c.run.throttled.Add(1)
+		wait := time.Second
+		for _, d := range st.Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				wait = ri.GetRetryDelay().AsDuration()
+			}
+		}
+		c.reportMu.Lock()
+		newer := map[string]bool{}
+		for _, r := range c.pending {
+			newer[r.GetId()] = true
+		}
+		for _, r := range batch {
+			if !newer[r.GetId()] {
+				c.pending = append(c.pending, r)
+			}
+		}
+		c.reportMu.Unlock()
+		time.AfterFunc(wait+c.run.jitter(0, wait/2), c.flush)
+		return
+	}
+	if err != nil {
 		c.run.reportErrors.Add(1)
 	}
+	c.reportMu.Lock()
+	if len(c.pending) > 0 {
+		// Reports queued while this call was out: their own call.
+		time.AfterFunc(c.run.jitter(50*time.Millisecond, 150*time.Millisecond), c.flush)
+	} else {
+		c.flushing = false
+	}
+	c.reportMu.Unlock()
 }
 
 func (c *simCluster) heartbeat(ctx context.Context) {
