@@ -22,6 +22,13 @@
 // object; the next write of the row gives it a new version that is streamed
 // normally.
 //
+// What clusters send back is stored in shared batches (ingest.go): the
+// status reports of every calling cluster in one transaction per
+// ReportLinger, their heartbeats in one statement per HeartbeatLinger.
+// Each caller is answered once its batch committed; a call that does not
+// fit in the bounded queue is refused with RESOURCE_EXHAUSTED and a
+// RetryInfo, and krane's reporter waits that long.
+//
 // Every call must carry an authenticated cluster identity (ctrl/auth puts it
 // in the context); requests naming another region than the token's are
 // refused with PERMISSION_DENIED.

@@ -131,6 +131,22 @@
 // errors (RegionStates), and each environment's live deployment
 // (environments).
 //
+// # Actual state
+//
+// What clusters report lives apart from the desired state: one row per
+// (object, cluster) in object_reports (version, observation time, deleted,
+// status as JSON), instances per (deployment, region, cluster) in
+// instances, apply errors per (object, cluster) in apply_errors. Ingest
+// stores the reports of many clusters in one transaction (reports.go): it
+// reads the desired versions without locks, takes the
+// reporting clusters' rows in share mode (RemoveCluster takes them
+// exclusively, so a removal and a batch are ordered), locks only the
+// reports' own rows, and writes multi-row statements of at most 4 MiB. A
+// report older than its cluster's stored one is dropped, one equal to it
+// writes nothing, and one that applies an object's delete prunes the
+// cluster's rows of it. Readers get a region's view through rollUp
+// (actualstate.go), the one place that applies ctrl/actual's rule.
+//
 // # Kinds
 //
 // A registry maps each kind to its table, key columns and row conversion:
