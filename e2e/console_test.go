@@ -205,13 +205,28 @@ func waitTrue(js, never string, interval time.Duration) do {
 	}
 }
 
+// press clicks the element sel once it is shown. The click runs in the
+// page's own event loop, which finds the element and clicks it in one
+// step: a live region may replace its elements between a CDP query and a
+// mouse click on the node it found ("Could not find node with given id"),
+// and a page just navigated to may still answer for the old document.
+func press(sel string) do {
+	js := fmt.Sprintf(`(() => {
+		const e = document.querySelector(%q);
+		if (!e || !e.getClientRects().length || getComputedStyle(e).visibility === "hidden") return false;
+		e.click();
+		return true;
+	})()`, sel)
+	return waitTrue(js, fmt.Sprintf("%q was never shown to click", sel), 50*time.Millisecond)
+}
+
 // confirmed clicks an action's button, checks its confirmation page asks
 // the question, confirms, and waits for the outcome's message.
 func confirmed(button, question, outcome string) do {
 	return chromedp.Steps(
-		chromedp.Click(chromedp.CSS(button)),
+		press(button),
 		waitText("#confirm-q", question, 0),
-		chromedp.Click(chromedp.CSS("#confirm")),
+		press("#confirm"),
 		waitText("#flash", outcome, 0),
 	)
 }
@@ -397,7 +412,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			chromedp.Navigate(base+"/fleet"),
 			chromedp.WaitVisible(chromedp.CSS("#token")),
 			chromedp.SendKeys(chromedp.CSS("#token"), tc.token),
-			chromedp.Click(chromedp.CSS("#signin")),
+			press("#signin"),
 			waitText("#signin-error", tc.says, 0),
 		)
 	}
@@ -433,7 +448,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SetValue(chromedp.CSS("#d-environment"), env),
 		chromedp.SetValue(chromedp.CSS("#d-image"), "registry.local/acme/web:console-1"),
 		chromedp.SetValue(chromedp.CSS("#d-replicas"), "1"),
-		chromedp.Click(chromedp.CSS("#deploy")),
+		press("#deploy"),
 		chromedp.WaitVisible(chromedp.CSS("#timeline")),
 	)
 	path := value(p, "location", chromedp.Evaluate[string](`location.pathname`))
@@ -536,12 +551,12 @@ func TestConsoleInBrowser(t *testing.T) {
 		waitText("#rollout-message", "wave 2/2", 200*time.Millisecond),
 	)
 	p.run("cancel", step,
-		chromedp.Click(chromedp.CSS("#cancel")),
+		press("#cancel"),
 		waitText("#confirm-q", "Cancel the rollout", 0),
 	)
 	p.checkAccessible("Confirm")
 	p.run("cancelled", step,
-		chromedp.Click(chromedp.CSS("#confirm")),
+		press("#confirm"),
 		waitText("#flash", "cancelled", 0),
 		waitText("#rollout-state", "cancelled", 200*time.Millisecond),
 	)
@@ -594,9 +609,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	)
 	live := value(noJS, "script ran?", chromedp.Evaluate[bool](`document.documentElement.classList.contains('live')`))
 	noJS.run("a form without the script", step,
-		chromedp.Click(chromedp.CSS("#rollback-env")),
+		press("#rollback-env"),
 		waitText("#confirm-q", "Roll environment "+env+" back", 0),
-		chromedp.Click(chromedp.CSS(".confirm a.secondary")),
+		press(".confirm a.secondary"),
 		chromedp.WaitVisible(chromedp.CSS("#dep-"+depID)),
 	)
 	if live {
@@ -611,13 +626,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	second := strings.TrimSpace(string(out))
 	p.run("sign out and in again", step,
-		chromedp.Click(chromedp.CSS("form.signout button")),
+		press("form.signout button"),
 		waitText("main", "You are signed out", 0),
 		chromedp.SendKeys(chromedp.CSS("#token"), second),
-		chromedp.Click(chromedp.CSS("#signin")),
+		press("#signin"),
 		chromedp.WaitVisible(chromedp.CSS("#fleet-summary")),
 		chromedp.Navigate(base+"/deployments?environment="+env),
-		chromedp.Click(chromedp.CSS("#rollback-env")),
+		press("#rollback-env"),
 		waitText("#confirm-q", "Roll environment", 0),
 	)
 	parsed, err := auth.Parse(second)
@@ -636,7 +651,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		return nil
 	})
 	p.run("the confirmed action is refused", step,
-		chromedp.Click(chromedp.CSS("#confirm")),
+		press("#confirm"),
 		waitText("#message", "revoked", 0),
 	)
 	p.checkAccessible("Refused")
