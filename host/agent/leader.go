@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -48,7 +49,8 @@ func (a *Agent) RunElected(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("leader election needs the API server: %w", err)
 	}
-	client, err := kube.NewClientset(rc)
+	// client-go's lease lock takes its typed coordination client.
+	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}

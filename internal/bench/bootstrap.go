@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"krane.dev/internal/testenv/kubeenv"
@@ -77,7 +78,9 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 	cfg.QPS, cfg.Burst = 5000, 10000
 	// The baseline applies as the plugin does, with client-go at its
 	// fastest: a typed client answered in protobuf.
-	cs, err := kube.NewClientset(cfg)
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -9,14 +9,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -38,51 +30,16 @@ type Informers struct {
 	shutdowns []func()
 }
 
-// NewInformers returns an empty set; add informers with Typed, Metadata
-// and Dynamic, then Start.
+// NewInformers returns an empty set; add informers with Informer (typed,
+// typed.go) or Add (NewDynamicInformer, NewMetadataInformer), then Start.
 func NewInformers() *Informers { return &Informers{stop: make(chan struct{})} }
 
-// Typed returns a factory of typed informers over the objects selector
-// selects (a label selector, e.g. ManagedSelector(component); "" for all).
-// opts add to the defaults (e.g. informers.WithNamespace); an
-// informers.WithTransform among them replaces StripManagedFields, so give
-// it Chain(StripManagedFields, ...) (transform.go).
-func (i *Informers) Typed(client kubernetes.Interface, selector string, opts ...informers.SharedInformerOption) informers.SharedInformerFactory {
-	base := []informers.SharedInformerOption{informers.WithTransform(StripManagedFields)}
-	if selector != "" {
-		base = append(base, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, append(base, opts...)...)
-	i.add(f.Start, func(stop <-chan struct{}) []string {
-		var bad []string
-		for typ, ok := range f.WaitForCacheSync(stop) {
-			if !ok {
-				bad = append(bad, resourceOf(typ.String()))
-			}
-		}
-		return bad
-	}, f.Shutdown)
-	return f
-}
-
-// Metadata returns a factory of metadata-only informers (names, labels,
-// annotations), e.g. of nodes for their zone labels.
-func (i *Informers) Metadata(client metadata.Interface, opts ...metadatainformer.SharedInformerOption) metadatainformer.SharedInformerFactory {
-	f := metadatainformer.NewSharedInformerFactoryWithOptions(client, 0, append([]metadatainformer.SharedInformerOption{metadatainformer.WithTransform(StripManagedFields)}, opts...)...)
-	i.add(f.Start, func(stop <-chan struct{}) []string { return unsyncedGVRs(f.WaitForCacheSync(stop)) }, f.Shutdown)
-	return f
-}
-
-// Dynamic returns one informer over gvr (a custom resource, typically) in
-// namespace ("" for all) selected by selector.
-func (i *Informers) Dynamic(client dynamic.Interface, gvr schema.GroupVersionResource, namespace, selector string) informers.GenericInformer {
-	inf := dynamicinformer.NewFilteredDynamicInformer(client, gvr, namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
-		o.LabelSelector = selector
-	})
-	_ = inf.Informer().SetTransform(StripManagedFields) // cannot fail before the informer runs
-	i.add(func(stop <-chan struct{}) { go inf.Informer().Run(stop) }, func(stop <-chan struct{}) []string {
-		if !cache.WaitForCacheSync(stop, inf.Informer().HasSynced) {
-			return []string{gvr.GroupResource().String()}
+// Add adds an informer of resource (named so in errors) to the set, to
+// start with it, and returns it.
+func (i *Informers) Add(inf cache.SharedIndexInformer, resource string) cache.SharedIndexInformer {
+	i.add(func(stop <-chan struct{}) { go inf.Run(stop) }, func(stop <-chan struct{}) []string {
+		if !cache.WaitForCacheSync(stop, inf.HasSynced) {
+			return []string{resource}
 		}
 		return nil
 	}, nil)
@@ -164,25 +121,6 @@ func StripManagedFields(obj any) (any, error) {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
-}
-
-func unsyncedGVRs(m map[schema.GroupVersionResource]bool) []string {
-	var bad []string
-	for gvr, ok := range m {
-		if !ok {
-			bad = append(bad, gvr.GroupResource().String())
-		}
-	}
-	return bad
-}
-
-// resourceOf turns a Go type name (*v1.ConfigMap) into something an
-// operator recognises (ConfigMap).
-func resourceOf(typeName string) string {
-	if i := strings.LastIndex(typeName, "."); i >= 0 {
-		return typeName[i+1:] + "s"
-	}
-	return typeName
 }
 
 // Changer is told which object may have a new status (a sdk.StatusFeed).

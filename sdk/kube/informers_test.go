@@ -44,7 +44,8 @@ func TestInformersSyncOnlyManagedObjects(t *testing.T) {
 	inf := kube.NewInformers()
 	defer inf.Stop()
 	events := make(changes, 16)
-	store, err := kube.Track[*corev1.ConfigMap](inf.Typed(k.Client, kube.ManagedSelector("informer-test")).Core().V1().ConfigMaps().Informer(), kube.IDLabel, events)
+	cms := kube.Informer[corev1.ConfigMap, corev1.ConfigMapList](inf, k, "configmaps", kube.InformerOptions{LabelSelector: kube.ManagedSelector("informer-test")})
+	store, err := kube.Track[*corev1.ConfigMap](cms, kube.IDLabel, events)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +84,11 @@ func TestInformersNameWhatDidNotSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	inf := kube.NewInformers()
-	inf.Typed(k.Client, kube.ManagedSelector("x")).Core().V1().Secrets().Informer()
+	kube.Informer[corev1.Secret, corev1.SecretList](inf, k, "secrets", kube.InformerOptions{LabelSelector: kube.ManagedSelector("x")})
 	begin := time.Now()
 	err = inf.Start(context.Background(), 3*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "Secrets") || !strings.Contains(err.Error(), "rbac.yaml") {
-		t.Fatalf("Start = %v; want an error naming Secrets and the RBAC fix", err)
+	if err == nil || !strings.Contains(err.Error(), "secrets") || !strings.Contains(err.Error(), "rbac.yaml") {
+		t.Fatalf("Start = %v; want an error naming secrets and the RBAC fix", err)
 	}
 	if took := time.Since(begin); took > time.Minute {
 		t.Errorf("Start took %s with a 3s bound", took)

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -74,19 +73,6 @@ func RESTConfig(src sdk.KubeSource) (*rest.Config, error) {
 	}
 	cfg.UserAgent = "krane-plugin"
 	return cfg, nil
-}
-
-// NewClientset returns a clientset for the built-in types that speaks
-// protobuf to the API server (JSON stays the fallback). Informers decode
-// every object they watch: protobuf is several times cheaper than JSON to
-// encode on the API server and to decode here, which matters when thousands
-// of objects arrive at once. CRDs have no protobuf form, so the dynamic
-// client keeps cfg's JSON; cfg itself is not changed.
-func NewClientset(cfg *rest.Config) (*kubernetes.Clientset, error) {
-	pb := rest.CopyConfig(cfg)
-	pb.ContentType = "application/vnd.kubernetes.protobuf"
-	pb.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	return kubernetes.NewForConfig(pb)
 }
 
 // SpecHash is a stable hash of v's JSON encoding (maps are encoded with

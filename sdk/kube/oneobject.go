@@ -10,8 +10,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk"
@@ -32,9 +30,10 @@ type OneObject[T Cached, S, C any] struct {
 	Component string
 	// Resource is T's API resource, e.g. configmaps in core/v1.
 	Resource schema.GroupVersionResource
-	// Informer picks T's informer from a factory already narrowed to the
-	// plugin's objects, e.g. f.Core().V1().ConfigMaps().Informer().
-	Informer func(f informers.SharedInformerFactory) cache.SharedIndexInformer
+	// Informer adds T's informer to i, narrowed to the objects selector
+	// selects (the plugin's own), e.g.
+	// kube.InformerOf[corev1.ConfigMap, corev1.ConfigMapList]("configmaps").
+	Informer func(i *Informers, c *Clients, selector string) cache.SharedIndexInformer
 	// Validate refuses a spec that cannot work (sdk.InvalidField names the
 	// field); nil accepts every spec that decodes.
 	Validate func(spec S, cfg C) error
@@ -104,7 +103,7 @@ func (c *OneObjectController[T, S, C]) Configure(ctx context.Context, req sdk.Co
 		return err
 	}
 	inf := NewInformers()
-	objs, err := Track[T](c.def.Informer(inf.Typed(k.Client, ManagedSelector(c.def.Component))), IDLabel, c)
+	objs, err := Track[T](c.def.Informer(inf, k, ManagedSelector(c.def.Component)), IDLabel, c)
 	if err != nil {
 		return err
 	}
@@ -165,9 +164,9 @@ func (c *OneObjectController[T, S, C]) build(req *sdk.ApplyRequest, spec S, cfg 
 	maps.Copy(ann, VersionAnnotations(req.Version, SpecHash(spec)))
 	obj.SetAnnotations(ann)
 	if obj.GetObjectKind().GroupVersionKind().Empty() {
-		gvks, _, err := scheme.Scheme.ObjectKinds(obj)
+		gvks, _, err := Scheme.ObjectKinds(obj)
 		if err != nil || len(gvks) == 0 {
-			return obj, fmt.Errorf("kube.OneObject: %T has no apiVersion and kind, and client-go's scheme does not know it: set its TypeMeta in Build: %v", obj, err)
+			return obj, fmt.Errorf("kube.OneObject: %T has no apiVersion and kind, and kube.Scheme does not know it: set its TypeMeta in Build: %v", obj, err)
 		}
 		obj.GetObjectKind().SetGroupVersionKind(gvks[0])
 	}

@@ -7,8 +7,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk"
 )
@@ -23,9 +21,7 @@ func cmDef() OneObject[*corev1.ConfigMap, cmSpec, struct{}] {
 		Info:      sdk.Info{Name: "cm", Kinds: []sdk.KindInfo{{Kind: "cm.test"}}},
 		Component: "cm-test",
 		Resource:  corev1.SchemeGroupVersion.WithResource("configmaps"),
-		Informer: func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Core().V1().ConfigMaps().Informer()
-		},
+		Informer:  InformerOf[corev1.ConfigMap, corev1.ConfigMapList]("configmaps"),
 		Build: func(s cmSpec, _ struct{}) *corev1.ConfigMap {
 			// An author's own label stays; one that claims Krane's labels
 			// is overwritten, or GC and the cache would lose the object.

@@ -11,8 +11,6 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"krane.dev/sdk"
@@ -79,7 +77,8 @@ const reviewsInFlight = 16
 // may do everything perms name. It returns a [*MissingPermissionsError]
 // naming each verb and resource that is missing, in perms' order, so a
 // plugin fails at Configure instead of with an informer that never syncs.
-func CheckPermissions(ctx context.Context, client kubernetes.Interface, perms []sdk.Permission) error {
+func CheckPermissions(ctx context.Context, c *Clients, perms []sdk.Permission) error {
+	reviews := TypedCreate[authorizationv1.SelfSubjectAccessReview](c, "selfsubjectaccessreviews")
 	type check struct {
 		p    sdk.Permission
 		verb string
@@ -94,31 +93,32 @@ func CheckPermissions(ctx context.Context, client kubernetes.Interface, perms []
 	errs := make([]error, len(checks))
 	slots := make(chan struct{}, reviewsInFlight)
 	var wg sync.WaitGroup
-	for i, c := range checks {
+	for i, ch := range checks {
 		wg.Go(func() {
 			slots <- struct{}{}
 			defer func() { <-slots }()
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
-				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: c.p.Namespace, Verb: c.verb, Group: c.p.Group, Resource: c.p.Resource, Name: c.p.Name},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ch.p.Namespace, Verb: ch.verb, Group: ch.p.Group, Resource: ch.p.Resource, Name: ch.p.Name},
 			}}
-			answers[i], errs[i] = client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			answers[i], errs[i] = reviews.Create(ctx, review, metav1.CreateOptions{})
 		})
 	}
 	wg.Wait()
 	var missing []Missing
-	for i, c := range checks {
+	for i, ch := range checks {
 		if errs[i] != nil {
-			return fmt.Errorf("ask the API server whether this plugin may %s %s (SelfSubjectAccessReview): %w", c.verb, c.p.Resource, errs[i])
+			return fmt.Errorf("ask the API server whether this plugin may %s %s (SelfSubjectAccessReview): %w", ch.verb, ch.p.Resource, errs[i])
 		}
 		if !answers[i].Status.Allowed {
-			missing = append(missing, Missing{Verb: c.verb, Group: c.p.Group, Resource: c.p.Resource, Namespace: c.p.Namespace, Name: c.p.Name, Reason: answers[i].Status.Reason})
+			missing = append(missing, Missing{Verb: ch.verb, Group: ch.p.Group, Resource: ch.p.Resource, Namespace: ch.p.Namespace, Name: ch.p.Name, Reason: answers[i].Status.Reason})
 		}
 	}
 	if len(missing) == 0 {
 		return nil
 	}
 	e := &MissingPermissionsError{Missing: missing}
-	if r, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, selfReview(), metav1.CreateOptions{}); err == nil {
+	self := TypedCreate[authenticationv1.SelfSubjectReview](c, "selfsubjectreviews")
+	if r, err := self.Create(ctx, selfReview(), metav1.CreateOptions{}); err == nil {
 		e.User = r.Status.UserInfo.Username
 	}
 	return e
@@ -148,14 +148,6 @@ func grants(r rbacv1.PolicyRule, p sdk.Permission, verb string) bool {
 		(len(r.ResourceNames) == 0 || p.Name != "" && slices.Contains(r.ResourceNames, p.Name))
 }
 
-// Clients are a plugin's connection to its cluster.
-type Clients struct {
-	Config *rest.Config
-	// Client speaks protobuf to the API server (see NewClientset).
-	Client  kubernetes.Interface
-	Dynamic dynamic.Interface
-}
-
 // Connect builds the clients of a Configure: the client config from the
 // host's KubeSource (hooks may wrap it, e.g. CallCounter.Wrap), then checks
 // perms with CheckPermissions, so a missing RBAC permission fails
@@ -168,14 +160,11 @@ func Connect(ctx context.Context, src sdk.KubeSource, perms []sdk.Permission, ho
 	for _, h := range hooks {
 		h(rc)
 	}
-	c := &Clients{Config: rc}
-	if c.Client, err = NewClientset(rc); err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+	c, err := NewClients(rc)
+	if err != nil {
+		return nil, err
 	}
-	if c.Dynamic, err = dynamic.NewForConfig(rc); err != nil {
-		return nil, fmt.Errorf("dynamic client: %w", err)
-	}
-	if err := CheckPermissions(ctx, c.Client, perms); err != nil {
+	if err := CheckPermissions(ctx, c, perms); err != nil {
 		return nil, err
 	}
 	return c, nil

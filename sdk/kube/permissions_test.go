@@ -68,7 +68,7 @@ func TestCheckPermissionsAsksConcurrently(t *testing.T) {
 	cfg := rest.CopyConfig(cluster.Config)
 	g := &reviewGate{overlap: make(chan struct{})}
 	g.wrap(cfg)
-	client, err := kube.NewClientset(cfg)
+	client, err := kube.NewClients(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestCheckPermissionsNamesWhatIsMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kube.NewClientset(cfg)
+	client, err := kube.NewClients(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,8 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 		return err
 	}
 	inf := kube.NewInformers()
-	store, err := kube.Track[*corev1.ResourceQuota](inf.Typed(k.Client, kube.ManagedSelector(component)).Core().V1().ResourceQuotas().Informer(), kube.IDLabel, c)
+	quotas := kube.Informer[corev1.ResourceQuota, corev1.ResourceQuotaList](inf, k, "resourcequotas", kube.InformerOptions{LabelSelector: kube.ManagedSelector(component)})
+	store, err := kube.Track[*corev1.ResourceQuota](quotas, kube.IDLabel, c)
 	if err != nil {
 		return err
 	}

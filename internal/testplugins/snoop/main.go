@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"krane.dev/sdk"
@@ -36,7 +37,7 @@ func (snoop) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
 	if err != nil {
 		return err
 	}
-	secrets, err := c.Client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{Limit: 1})
+	secrets, err := kube.Typed[corev1.Secret, corev1.SecretList](c, "secrets", "").List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
 		return fmt.Errorf("snoop refused: %w", err)
 	}

@@ -9,9 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk/kube"
@@ -28,8 +26,9 @@ const byIDIndex = "krane-id"
 // use once the CRD is served, so a cluster without Cilium neither blocks
 // Configure nor floods the log with failing list calls.
 type cluster struct {
-	dyn     dynamic.Interface
-	disco   discovery.DiscoveryInterface
+	dyn dynamic.Interface
+	// served asks discovery whether the CRD is served.
+	served  func(context.Context) (bool, error)
 	changes kube.Changer
 	// repair is told of the plugin's own writes and deletes, and watches
 	// the policies for everyone else's.
@@ -40,13 +39,14 @@ type cluster struct {
 	stop     chan struct{}
 }
 
-func newCluster(dyn dynamic.Interface, disco discovery.DiscoveryInterface, changes kube.Changer, repair *kube.Repairer) *cluster {
-	return &cluster{dyn: dyn, disco: disco, changes: changes, repair: repair, stop: make(chan struct{})}
+func newCluster(k *kube.Clients, changes kube.Changer, repair *kube.Repairer) *cluster {
+	served := func(ctx context.Context) (bool, error) { return kube.Served(ctx, k, GVR) }
+	return &cluster{dyn: k.Dynamic, served: served, changes: changes, repair: repair, stop: make(chan struct{})}
 }
 
 // policies returns the synced informer, starting it when the CRD is served.
 func (c *cluster) policies(ctx context.Context) (cache.SharedIndexInformer, error) {
-	inf, err := c.start()
+	inf, err := c.start(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -56,13 +56,13 @@ func (c *cluster) policies(ctx context.Context) (cache.SharedIndexInformer, erro
 	return inf, nil
 }
 
-func (c *cluster) start() (cache.SharedIndexInformer, error) {
+func (c *cluster) start(ctx context.Context) (cache.SharedIndexInformer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.informer != nil {
 		return c.informer, nil
 	}
-	served, err := crdServed(c.disco)
+	served, err := c.served(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -71,13 +71,7 @@ func (c *cluster) start() (cache.SharedIndexInformer, error) {
 	}
 	// Only Krane's own policies of this component: the cache stays small
 	// and other controllers' policies are never seen, let alone touched.
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, 0, metav1.NamespaceAll, func(o *metav1.ListOptions) {
-		o.LabelSelector = kube.ManagedSelector(Component) + "," + IDLabel
-	})
-	inf := factory.ForResource(GVR).Informer()
-	if err := inf.SetTransform(kube.StripManagedFields); err != nil {
-		return nil, err
-	}
+	inf := kube.NewDynamicInformer(c.dyn, GVR, kube.InformerOptions{LabelSelector: kube.ManagedSelector(Component) + "," + IDLabel})
 	if err := inf.AddIndexers(cache.Indexers{byIDIndex: func(obj any) ([]string, error) {
 		if u, ok := obj.(*unstructured.Unstructured); ok {
 			return []string{u.GetLabels()[IDLabel]}, nil
@@ -92,26 +86,9 @@ func (c *cluster) start() (cache.SharedIndexInformer, error) {
 	if _, err := inf.AddEventHandler(c.repair.Handler(IDLabel)); err != nil {
 		return nil, err
 	}
-	factory.Start(c.stop)
+	go inf.Run(c.stop)
 	c.informer = inf
 	return inf, nil
-}
-
-// crdServed asks discovery whether cilium.io/v2 serves the policies.
-func crdServed(disco discovery.DiscoveryInterface) (bool, error) {
-	list, err := disco.ServerResourcesForGroupVersion(GVR.GroupVersion().String())
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("discover %s: %w", GVR.GroupVersion(), err)
-	}
-	for _, r := range list.APIResources {
-		if r.Name == GVR.Resource {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // byID returns the cached policies carrying id (normally one; more when a

@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/discovery"
 
 	"krane.dev/internal/kinds"
 	"krane.dev/internal/version"
@@ -89,12 +88,8 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return err
 	}
-	disco, err := discovery.NewDiscoveryClientForConfig(k.Config)
-	if err != nil {
-		return fmt.Errorf("discovery client: %w", err)
-	}
 	c.repair.SetHost(req.Host)
-	cl := newCluster(k.Dynamic, disco, c, c.repair)
+	cl := newCluster(k, c, c.repair)
 	c.mu.Lock()
 	old := c.cl
 	c.cfg, c.cl, c.memo = cfg, cl, newMemo()

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,8 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/gentype"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/metadata"
@@ -75,7 +75,7 @@ type Controller struct {
 
 // kubeState is what one Configure built: clients and informer caches.
 type kubeState struct {
-	client      kubernetes.Interface
+	clients     *kube.Clients
 	dynamic     dynamic.Interface
 	metadata    metadata.Interface
 	replicaSets appslisters.ReplicaSetLister
@@ -90,6 +90,17 @@ type kubeState struct {
 	secretIndex     cache.Indexer
 	pdbIndex        cache.Indexer
 	informers       *kube.Informers
+}
+
+// nodesGVR: nodes are cached as metadata only, for their zone label.
+var nodesGVR = corev1.SchemeGroupVersion.WithResource("nodes")
+
+func (k *kubeState) replicaSetClient(ns string) *gentype.ClientWithList[*appsv1.ReplicaSet, *appsv1.ReplicaSetList] {
+	return kube.Typed[appsv1.ReplicaSet, appsv1.ReplicaSetList](k.clients, "replicasets", ns)
+}
+
+func (k *kubeState) namespaceClient() *gentype.ClientWithList[*corev1.Namespace, *corev1.NamespaceList] {
+	return kube.Typed[corev1.Namespace, corev1.NamespaceList](k.clients, "namespaces", "")
 }
 
 // Option configures a Controller.
@@ -169,14 +180,14 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	if err != nil {
 		return err
 	}
-	k := &kubeState{client: clients.Client, dynamic: clients.Dynamic}
+	k := &kubeState{clients: clients, dynamic: clients.Dynamic}
 	if k.metadata, err = metadata.NewForConfig(clients.Config); err != nil {
 		return err
 	}
 	if cfg.RuntimeClass != "" {
 		// Without its RuntimeClass every pod is refused at creation; say so
 		// now, naming the key, rather than as pods that never appear.
-		_, err := k.client.NodeV1().RuntimeClasses().Get(ctx, cfg.RuntimeClass, metav1.GetOptions{})
+		_, err := kube.Typed[nodev1.RuntimeClass, nodev1.RuntimeClassList](k.clients, "runtimeclasses", "").Get(ctx, cfg.RuntimeClass, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return &sdk.ConfigError{Key: "runtime_class", Reason: fmt.Sprintf("RuntimeClass %q does not exist in this cluster: install it, or set runtime_class to one that does (\"\" for none)", cfg.RuntimeClass)}
 		}
@@ -214,41 +225,43 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 	// keeps every field instanceOf reads), PodDisruptionBudgets without
 	// their status (only compared with what is applied). ReplicaSets keep
 	// theirs (rolls and status read it); Secrets have none.
-	ours := k.informers.Typed(k.client, kube.ManagedSelector(Component), informers.WithTransform(kube.Chain(
-		kube.StripManagedFields, kube.Slim(kube.SlimPod), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())))
-	namespaces := k.informers.Typed(k.client, kube.ManagedByLabel+"="+kube.ManagedBy)
-	nodes := k.informers.Metadata(k.metadata)
+	ours := kube.InformerOptions{LabelSelector: kube.ManagedSelector(Component), Transform: kube.Chain(
+		kube.StripManagedFields, kube.Slim(kube.SlimPod), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())}
+	rsInf := kube.Informer[appsv1.ReplicaSet, appsv1.ReplicaSetList](k.informers, k.clients, "replicasets", ours)
+	podInf := kube.Informer[corev1.Pod, corev1.PodList](k.informers, k.clients, "pods", ours)
+	secretInf := kube.Informer[corev1.Secret, corev1.SecretList](k.informers, k.clients, "secrets", ours)
+	pdbInf := kube.Informer[policyv1.PodDisruptionBudget, policyv1.PodDisruptionBudgetList](k.informers, k.clients, "poddisruptionbudgets", ours)
+	nsInf := kube.Informer[corev1.Namespace, corev1.NamespaceList](k.informers, k.clients, "namespaces",
+		kube.InformerOptions{LabelSelector: kube.ManagedByLabel + "=" + kube.ManagedBy})
+	nodes := k.informers.Add(kube.NewMetadataInformer(k.metadata, nodesGVR, kube.InformerOptions{}), "nodes")
 
-	rsInf, podInf, secretInf := ours.Apps().V1().ReplicaSets(), ours.Core().V1().Pods(), ours.Core().V1().Secrets()
-	pdbInf := ours.Policy().V1().PodDisruptionBudgets()
-	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer(), secretInf.Informer(), pdbInf.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{rsInf, podInf, secretInf, pdbInf} {
 		if err := inf.AddIndexers(deploymentIndexers); err != nil {
 			return err
 		}
 	}
-	for _, inf := range []cache.SharedIndexInformer{rsInf.Informer(), podInf.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{rsInf, podInf} {
 		if _, err := inf.AddEventHandler(kube.OnChange(c, LabelDeployment)); err != nil {
 			return err
 		}
 	}
-	if _, err := rsInf.Informer().AddEventHandler(c.rollEvents()); err != nil {
+	if _, err := rsInf.AddEventHandler(c.rollEvents()); err != nil {
 		return err
 	}
-	if _, err := rsInf.Informer().AddEventHandler(c.repair.Handler(LabelDeployment)); err != nil {
+	if _, err := rsInf.AddEventHandler(c.repair.Handler(LabelDeployment)); err != nil {
 		return err
 	}
-	k.replicaSets, k.pods = rsInf.Lister(), podInf.Lister()
-	k.replicaSetIndex, k.podIndex = rsInf.Informer().GetIndexer(), podInf.Informer().GetIndexer()
+	if _, err := nsInf.AddEventHandler(c.namespaces.forgetDeleted()); err != nil {
+		return err
+	}
+	k.replicaSets, k.pods = appslisters.NewReplicaSetLister(rsInf.GetIndexer()), corelisters.NewPodLister(podInf.GetIndexer())
+	k.replicaSetIndex, k.podIndex = rsInf.GetIndexer(), podInf.GetIndexer()
 	// Secrets need no event handler: they are only compared at Apply.
-	k.secrets, k.secretIndex = secretInf.Lister(), secretInf.Informer().GetIndexer()
+	k.secrets, k.secretIndex = corelisters.NewSecretLister(secretInf.GetIndexer()), secretInf.GetIndexer()
 	// PodDisruptionBudgets too: compared at Apply, no handler.
-	k.pdbIndex = pdbInf.Informer().GetIndexer()
-	nsInf := namespaces.Core().V1().Namespaces()
-	if _, err := nsInf.Informer().AddEventHandler(c.namespaces.forgetDeleted()); err != nil {
-		return err
-	}
-	k.namespaces = nsInf.Lister()
-	k.nodes = nodes.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Lister()
+	k.pdbIndex = pdbInf.GetIndexer()
+	k.namespaces = corelisters.NewNamespaceLister(nsInf.GetIndexer())
+	k.nodes = cache.NewGenericLister(nodes.GetIndexer(), nodesGVR.GroupResource())
 	return k.informers.Start(ctx, cacheSyncTimeout)
 }
 
@@ -509,7 +522,7 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 // paths it names change, so a concurrent write elsewhere is kept and
 // nothing is retried here.
 func (c *Controller) applyReplicaSet(ctx context.Context, k *kubeState, id string, desired *unstructured.Unstructured) (metav1.Object, error) {
-	rsClient := k.client.AppsV1().ReplicaSets(desired.GetNamespace())
+	rsClient := k.replicaSetClient(desired.GetNamespace())
 	applied, err := kube.ApplyTyped(ctx, rsClient.Patch, desired)
 	if err != nil {
 		return nil, err
@@ -569,7 +582,7 @@ func (c *Controller) remove(ctx context.Context, k *kubeState, id string, versio
 	c.Deleted(id, version)
 	// A live list, not the cache: a ReplicaSet created a moment ago must
 	// not be missed and left running.
-	all, err := k.client.AppsV1().ReplicaSets("").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
+	all, err := k.replicaSetClient("").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
 	if err != nil {
 		return 0, fmt.Errorf("deployment %s: list its ReplicaSets: %w", id, err)
 	}
@@ -606,7 +619,7 @@ func (c *Controller) deleteReplicaSets(ctx context.Context, k *kubeState, id str
 			continue
 		}
 		c.repair.Deleting(rs.UID)
-		err := k.client.AppsV1().ReplicaSets(rs.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
+		err := k.replicaSetClient(rs.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
 			PropagationPolicy: ptr(metav1.DeletePropagationForeground),
 			Preconditions:     &metav1.Preconditions{UID: &rs.UID},
 		})

@@ -123,7 +123,7 @@ func (c *Controller) ensureNamespace(ctx context.Context, k *kubeState, ns strin
 		return nil
 	}
 	_, err, _ := c.namespaces.creates.Do(ns, func() (any, error) {
-		_, err := k.client.CoreV1().Namespaces().Create(ctx, buildNamespace(ns), metav1.CreateOptions{FieldManager: kube.FieldManager})
+		_, err := k.namespaceClient().Create(ctx, buildNamespace(ns), metav1.CreateOptions{FieldManager: kube.FieldManager})
 		if err == nil || apierrors.IsAlreadyExists(err) {
 			c.namespaces.remember(ns)
 			return nil, nil
@@ -142,7 +142,7 @@ func (c *Controller) ensureNamespace(ctx context.Context, k *kubeState, ns strin
 // removeNamespaceIfUnused deletes ns when Krane created it and nothing in
 // namespaceGuard is left in it. Call with the namespace locked.
 func (c *Controller) removeNamespaceIfUnused(ctx context.Context, k *kubeState, ns string) error {
-	live, err := k.client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	live, err := k.namespaceClient().Get(ctx, ns, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -159,7 +159,7 @@ func (c *Controller) removeNamespaceIfUnused(ctx context.Context, k *kubeState, 
 		}
 		return err
 	}
-	err = k.client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &live.UID}})
+	err = k.namespaceClient().Delete(ctx, ns, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &live.UID}})
 	if err == nil || apierrors.IsNotFound(err) {
 		c.namespaces.forget(ns)
 	}

@@ -68,7 +68,7 @@ func (c *Controller) syncPDB(ctx context.Context, k *kubeState, id string, d *cl
 // deletePDBs deletes every PodDisruptionBudget of the deployment, listed
 // live so one written a moment ago is not missed.
 func (c *Controller) deletePDBs(ctx context.Context, k *kubeState, id string) error {
-	list, err := k.client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
+	list, err := kube.Typed[policyv1.PodDisruptionBudget, policyv1.PodDisruptionBudgetList](k.clients, "poddisruptionbudgets", "").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
 	if err != nil {
 		return fmt.Errorf("deployment %s: list its PodDisruptionBudgets: %w", id, err)
 	}

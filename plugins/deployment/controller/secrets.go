@@ -228,7 +228,7 @@ func (c *Controller) deleteSecretObjects(ctx context.Context, k *kubeState, id s
 		if s.DeletionTimestamp != nil {
 			continue
 		}
-		err := k.client.CoreV1().Secrets(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		err := kube.Typed[corev1.Secret, corev1.SecretList](k.clients, "secrets", s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return classify(fmt.Errorf("delete Secret %s/%s: %w", s.Namespace, s.Name, err), id)
 		}

@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -21,11 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk"
@@ -42,9 +37,9 @@ type cluster struct {
 	p   params
 	log hclog.Logger
 
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-	meta   metadata.Interface
+	clients *kube.Clients
+	dyn     dynamic.Interface
+	meta    metadata.Interface
 	// host opens sentinels' credentials (through ctrl); nil without host
 	// services.
 	host sdk.Host
@@ -95,7 +90,7 @@ type clusterDeps struct {
 // (the plugin's permissions were checked by kube.Connect).
 func startCluster(ctx context.Context, d clusterDeps) (*cluster, error) {
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{p: d.params, log: d.log, client: d.clients.Client, dyn: d.clients.Dynamic, host: d.host, feed: d.feed, repair: d.repair, ctx: cctx, cancel: cancel}
+	c := &cluster{p: d.params, log: d.log, clients: d.clients, dyn: d.clients.Dynamic, host: d.host, feed: d.feed, repair: d.repair, ctx: cctx, cancel: cancel}
 	md, err := metadata.NewForConfig(d.clients.Config)
 	if err != nil {
 		cancel()
@@ -140,25 +135,21 @@ func (c *cluster) close() {
 func (c *cluster) startInformers(ctx context.Context) error {
 	ns := c.p.Namespace
 	selector := kube.ManagedSelector(Component)
-	objects := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
-		informers.WithNamespace(ns),
+	objects := kube.InformerOptions{
+		Namespace: ns,
 		// Only Krane's sentinel objects: the cache stays small and the
 		// plugin never sees anything it does not manage. Pods and
 		// ReplicaSets carry the pod template's labels.
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		LabelSelector: selector,
 		// What status and drift never read is not kept: pods are slimmed
 		// (SlimPod keeps what sentinelStatus reads), and the status of
 		// ReplicaSets, Services and PodDisruptionBudgets is dropped (the
 		// Deployment's is read; status is never applied, so drift does not
 		// look at it).
-		informers.WithTransform(kube.Chain(kube.StripManagedFields, kube.Slim(kube.SlimPod),
-			kube.StripStatusOf[*appsv1.ReplicaSet](), kube.StripStatusOf[*corev1.Service](), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())))
-	namespaces := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
-		}),
-		informers.WithTransform(kube.StripManagedFields))
-
+		Transform: kube.Chain(kube.StripManagedFields, kube.Slim(kube.SlimPod),
+			kube.StripStatusOf[*appsv1.ReplicaSet](), kube.StripStatusOf[*corev1.Service](), kube.StripStatusOf[*policyv1.PodDisruptionBudget]()),
+	}
+	inf := kube.NewInformers()
 	for _, x := range []struct {
 		into *cache.Indexer
 		inf  cache.SharedIndexInformer
@@ -166,11 +157,11 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		// someone else is repaired at once.
 		written bool
 	}{
-		{&c.deployments, objects.Apps().V1().Deployments().Informer(), true},
-		{&c.replicaSets, objects.Apps().V1().ReplicaSets().Informer(), false},
-		{&c.pods, objects.Core().V1().Pods().Informer(), false},
-		{&c.services, objects.Core().V1().Services().Informer(), true},
-		{&c.pdbs, objects.Policy().V1().PodDisruptionBudgets().Informer(), true},
+		{&c.deployments, kube.Informer[appsv1.Deployment, appsv1.DeploymentList](inf, c.clients, "deployments", objects), true},
+		{&c.replicaSets, kube.Informer[appsv1.ReplicaSet, appsv1.ReplicaSetList](inf, c.clients, "replicasets", objects), false},
+		{&c.pods, kube.Informer[corev1.Pod, corev1.PodList](inf, c.clients, "pods", objects), false},
+		{&c.services, kube.Informer[corev1.Service, corev1.ServiceList](inf, c.clients, "services", objects), true},
+		{&c.pdbs, kube.Informer[policyv1.PodDisruptionBudget, policyv1.PodDisruptionBudgetList](inf, c.clients, "poddisruptionbudgets", objects), true},
 	} {
 		if err := x.inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
 			return err
@@ -185,33 +176,20 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		}
 		*x.into = x.inf.GetIndexer()
 	}
-	c.namespaces = namespaces.Core().V1().Namespaces().Informer().GetIndexer()
+	c.namespaces = kube.Informer[corev1.Namespace, corev1.NamespaceList](inf, c.clients, "namespaces",
+		kube.InformerOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", ns).String()}).GetIndexer()
 	// Credentials Secrets as metadata: their data never crosses the wire
 	// into the cache.
-	secrets := metadatainformer.NewFilteredSharedInformerFactory(c.meta, 0, ns, func(o *metav1.ListOptions) { o.LabelSelector = selector })
-	secretInformer := secrets.ForResource(secretsGVR).Informer()
-	if err := secretInformer.SetTransform(kube.StripManagedFields); err != nil {
-		return err
-	}
+	secretInformer := inf.Add(kube.NewMetadataInformer(c.meta, secretsGVR, kube.InformerOptions{Namespace: ns, LabelSelector: selector}), "secrets")
 	if err := secretInformer.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
 		return err
 	}
 	c.secrets = secretInformer.GetIndexer()
-
-	objects.Start(c.ctx.Done())
-	namespaces.Start(c.ctx.Done())
-	secrets.Start(c.ctx.Done())
-	for _, f := range []informers.SharedInformerFactory{objects, namespaces} {
-		for typ, synced := range f.WaitForCacheSync(ctx.Done()) {
-			if !synced {
-				return fmt.Errorf("informer cache of %v in namespace %q did not sync: %w", typ, ns, context.Cause(ctx))
-			}
-		}
-	}
-	for gvr, synced := range secrets.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("informer cache of %s in namespace %q did not sync (may the plugin list and watch secrets?): %w", gvr.Resource, ns, context.Cause(ctx))
-		}
+	// The informers live as long as this configuration: they stop with
+	// c.ctx (close), or at once when they do not sync.
+	context.AfterFunc(c.ctx, inf.Stop)
+	if err := inf.Start(ctx, 0); err != nil {
+		return fmt.Errorf("namespace %q: %w", ns, err)
 	}
 	return nil
 }
@@ -237,29 +215,11 @@ func sentinelIndex(obj any) ([]string, error) {
 // policyServed asks discovery whether cilium.io/v2 serves
 // ciliumnetworkpolicies (one GET, no write).
 func (c *cluster) policyServed() (bool, error) {
-	list, err := c.client.Discovery().ServerResourcesForGroupVersion(PolicyGVR.GroupVersion().String())
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	for _, r := range list.APIResources {
-		if r.Name == PolicyGVR.Resource {
-			return true, nil
-		}
-	}
-	return false, nil
+	return kube.Served(c.ctx, c.clients, PolicyGVR)
 }
 
 func (c *cluster) startPolicyInformer(ctx context.Context) error {
-	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, 0, c.p.Namespace, func(o *metav1.ListOptions) {
-		o.LabelSelector = kube.ManagedSelector(Component)
-	})
-	inf := f.ForResource(PolicyGVR).Informer()
-	if err := inf.SetTransform(compactPolicy); err != nil {
-		return err
-	}
+	inf := kube.NewDynamicInformer(c.dyn, PolicyGVR, kube.InformerOptions{Namespace: c.p.Namespace, LabelSelector: kube.ManagedSelector(Component), Transform: compactPolicy})
 	if err := inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
 		return err
 	}
@@ -270,12 +230,10 @@ func (c *cluster) startPolicyInformer(ctx context.Context) error {
 		return err
 	}
 	stop := make(chan struct{})
-	f.Start(stop)
-	for _, synced := range f.WaitForCacheSync(mergeDone(ctx, c.ctx)) {
-		if !synced {
-			close(stop)
-			return fmt.Errorf("informer cache of CiliumNetworkPolicies in namespace %q did not sync (may the plugin list and watch ciliumnetworkpolicies.cilium.io?)", c.p.Namespace)
-		}
+	go inf.Run(stop)
+	if !cache.WaitForCacheSync(mergeDone(ctx, c.ctx), inf.HasSynced) {
+		close(stop)
+		return fmt.Errorf("informer cache of CiliumNetworkPolicies in namespace %q did not sync (may the plugin list and watch ciliumnetworkpolicies.cilium.io?)", c.p.Namespace)
 	}
 	c.policies.Store(&policyCache{indexer: inf.GetIndexer(), stop: stop})
 	return nil

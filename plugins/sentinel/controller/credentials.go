@@ -222,7 +222,7 @@ func (cl *cluster) deleteCredentials(ctx context.Context, id, keep string) error
 			continue
 		}
 		uid := s.UID
-		err := cl.client.CoreV1().Secrets(ns).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		err := kube.Typed[corev1.Secret, corev1.SecretList](cl.clients, "secrets", ns).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 		// NotFound: already gone. Conflict: replaced by a newer object
 		// with another UID, which is not ours to delete.
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {

@@ -7,8 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
@@ -48,10 +46,8 @@ func NewController(log hclog.Logger) sdk.Controller {
 		},
 		Component: "configmap-example",
 		Resource:  corev1.SchemeGroupVersion.WithResource("configmaps"),
-		Informer: func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Core().V1().ConfigMaps().Informer()
-		},
-		Validate: validate,
+		Informer:  kube.InformerOf[corev1.ConfigMap, corev1.ConfigMapList]("configmaps"),
+		Validate:  validate,
 		Build: func(s Spec, _ Config) *corev1.ConfigMap {
 			return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace}, Data: s.Data}
 		},
