@@ -5,9 +5,10 @@
 // The path of one policy:
 //
 //   - policy.go decodes the JSON strictly into cilium's own types
-//     (github.com/cilium/cilium/pkg/k8s/apis/cilium.io/v2), validates it with
-//     cilium's validator (the CRD schema and its unknown-field check) and
-//     with the agent's own entry point (CiliumNetworkPolicy.Parse, which
+//     (github.com/cilium/cilium/pkg/k8s/apis/cilium.io/v2), validates it
+//     against the CRD's schema (unknown fields, and every value validation,
+//     as the API server would), as cilium's validator does, and with the
+//     agent's own entry point (CiliumNetworkPolicy.Parse, which
 //     runs Rule.Sanitize on every rule), then builds the object with Krane's
 //     name, namespace, labels and annotations. It is pure, and fuzzed.
 //   - scope.go keeps a policy inside its namespace (see the comment there).

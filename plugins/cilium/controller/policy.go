@@ -2,6 +2,7 @@ package controller
 
 import (
 	"bytes"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,9 +13,8 @@ import (
 
 	"github.com/cilium/cilium/pkg/defaults"
 	"github.com/cilium/cilium/pkg/fqdn/re"
-	"github.com/cilium/cilium/pkg/k8s/apis/cilium.io/client"
 	ciliumv2 "github.com/cilium/cilium/pkg/k8s/apis/cilium.io/v2"
-	"github.com/cilium/cilium/pkg/k8s/apis/cilium.io/v2/validator"
+	"github.com/cilium/cilium/pkg/labels"
 	"github.com/cilium/cilium/pkg/logging"
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -25,7 +25,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/kube-openapi/pkg/validation/strfmt"
+	"k8s.io/kube-openapi/pkg/validation/validate"
 	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
@@ -121,11 +124,11 @@ func Parse(raw []byte, ns, name string, cfg Config) (_ *ciliumv2.CiliumNetworkPo
 	if len(raw) > limit {
 		return nil, sdk.InvalidField("policy", "%d bytes, more than max_policy_bytes (%d): split it into several policies or raise the limit in the plugin's config", len(raw), limit)
 	}
-	v, err := npValidator()
+	schema, err := cnpSchemas()
 	if err != nil {
-		// The validator is built from the CRD compiled into this binary:
-		// failing here is a bug, not the policy's fault, so retry.
-		return nil, fmt.Errorf("cilium policy validator: %w", err)
+		// The schemas come from the CRD compiled into this binary: failing
+		// here is a bug, not the policy's fault, so retry.
+		return nil, fmt.Errorf("CiliumNetworkPolicy schema: %w", err)
 	}
 	object, err := canonical(raw, ns, name)
 	if err != nil {
@@ -154,25 +157,18 @@ func Parse(raw []byte, ns, name string, cfg Config) (_ *ciliumv2.CiliumNetworkPo
 	if err := u.UnmarshalJSON(object); err != nil {
 		return nil, invalidPolicy("%v", err)
 	}
-	if unknown, err := unknownFields(u.Object); err != nil {
-		return nil, err
-	} else if len(unknown) > 0 {
+	if unknown := schema.unknownFields(u.Object); len(unknown) > 0 {
 		return nil, sdk.InvalidField("policy."+unknown[0], "unknown field (the API server would drop it silently); all unknown fields: %s", strings.Join(unknown, ", "))
 	}
 
-	// cilium's validator: the CRD's OpenAPI schema (what the API server
-	// enforces), its own unknown-field check and its reserved:init rule.
-	err = v.ValidateCNP(u)
-	if onlyAddedFields(err) {
-		// cilium's round trip filled in fields the JSON leaves out (a rule
-		// label's "source"): nothing is unknown. The checks after that one
-		// run on the round-tripped object.
-		if u, err = roundTrip(cnp); err != nil {
-			return nil, invalidPolicy("re-encode: %v", err)
-		}
-		err = v.ValidateCNP(u)
+	// What cilium's validator (pkg/k8s/apis/cilium.io/v2/validator) checks
+	// besides unknown fields, which the checks above cover more strictly:
+	// the CRD's OpenAPI schema (what the API server enforces), and that no
+	// rule selects reserved:init, which only clusterwide policies may.
+	if res := schema.validator.Validate(u.Object); !res.IsValid() {
+		return nil, invalidPolicy("rejected by the CiliumNetworkPolicy schema: %v", errors.Join(res.Errors...))
 	}
-	if err != nil {
+	if err := noInitSelector(cnp); err != nil {
 		return nil, invalidPolicy("rejected by cilium's validator: %v", err)
 	}
 
@@ -301,23 +297,6 @@ func build(id string, version uint64, cnp *ciliumv2.CiliumNetworkPolicy) (*Desir
 	return &Desired{Object: u, SpecHash: hash}, nil
 }
 
-// onlyAddedFields reports whether err is cilium's unknown-field error
-// listing no extra field, which it returns when its own round trip added
-// fields rather than dropped any.
-func onlyAddedFields(err error) bool {
-	var uf validator.ErrUnknownFields
-	return errors.As(err, &uf) && err.Error() == (validator.ErrUnknownFields{}).Error()
-}
-
-func roundTrip(cnp *ciliumv2.CiliumNetworkPolicy) (*unstructured.Unstructured, error) {
-	data, err := json.Marshal(cnp)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{}
-	return u, u.UnmarshalJSON(data)
-}
-
 func invalidPolicy(format string, args ...any) error {
 	return sdk.InvalidField("policy", format, args...)
 }
@@ -329,33 +308,52 @@ func errOrNull(err error) error {
 	return err
 }
 
-// unknownFields returns the paths of the fields of obj that the
-// CiliumNetworkPolicy CRD's structural schema does not know.
-func unknownFields(obj map[string]any) ([]string, error) {
-	s, err := cnpSchema()
-	if err != nil {
-		return nil, fmt.Errorf("CiliumNetworkPolicy schema: %w", err) // a bug: retry
+// noInitSelector refuses a rule that selects endpoints by reserved:init,
+// as cilium's validator does: only a CiliumClusterwideNetworkPolicy may
+// (cilium's message says why).
+func noInitSelector(cnp *ciliumv2.CiliumNetworkPolicy) error {
+	init := labels.LabelSourceReservedKeyPrefix + labels.IDNameInit
+	for _, r := range append(slices.Clone(cnp.Specs), cnp.Spec) {
+		if r == nil {
+			continue
+		}
+		sel := r.EndpointSelector.DeepCopy()
+		if err := sel.Sanitize(); err != nil {
+			return err
+		}
+		if sel.HasKey(init) {
+			return errors.New("CiliumNetworkPolicy incorrectly matches reserved:init label: a policy for endpoints before they receive their identity must be a CiliumClusterwideNetworkPolicy")
+		}
 	}
-	opts := structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: true}
-	return pruning.PruneWithOptions(runtime.DeepCopyJSON(obj), s, true, opts), nil
+	return nil
 }
 
-// cnpSchema is the structural schema of the CRD compiled into the cilium
-// module, the one the test clusters install and cilium's validator uses.
-var cnpSchema = sync.OnceValues(func() (*structuralschema.Structural, error) {
-	crd := client.GetPregeneratedCRD(discardLogger, client.CNPCRDName)
-	var internal apiextensions.JSONSchemaProps
-	if err := apiextensionsv1.Convert_v1_JSONSchemaProps_To_apiextensions_JSONSchemaProps(crd.Spec.Versions[0].Schema.OpenAPIV3Schema, &internal, nil); err != nil {
-		return nil, err
-	}
-	return structuralschema.NewStructural(&internal)
-})
+// crdYAML is the CiliumNetworkPolicy CRD of the cilium module this plugin
+// builds against (cilium's pkg/k8s/apis/cilium.io/client/crds, Apache 2.0;
+// TestEmbeddedCRDIsCiliums keeps the copy current). Reading it here rather
+// than through cilium's client package keeps that package, and the
+// clientsets, CRD client and CEL libraries it links, out of the plugin.
+//
+//go:embed crd/ciliumnetworkpolicies.yaml
+var crdYAML []byte
 
-// npValidator is cilium's policy validator, built once from the CRD
-// compiled into the cilium module. Building it also sets up, once per
-// process, what the cilium agent sets up at start and its policy code
-// relies on.
-var npValidator = sync.OnceValues(func() (*validator.NPValidator, error) {
+// schemas are what the CRD's schema checks a policy with.
+type schemas struct {
+	structural *structuralschema.Structural
+	validator  *validate.SchemaValidator
+}
+
+// unknownFields returns the paths of the fields of obj that the schema
+// does not know.
+func (s *schemas) unknownFields(obj map[string]any) []string {
+	opts := structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: true}
+	return pruning.PruneWithOptions(runtime.DeepCopyJSON(obj), s.structural, true, opts)
+}
+
+// cnpSchemas are built once from crdYAML. Building them also sets up,
+// once per process, what the cilium agent sets up at start and its policy
+// code relies on.
+var cnpSchemas = sync.OnceValues(func() (*schemas, error) {
 	// cilium's package-level logger repeats at error level problems that
 	// its functions also return; they reach the operator as Apply errors.
 	logging.DefaultSlogLogger = discardLogger
@@ -363,7 +361,23 @@ var npValidator = sync.OnceValues(func() (*validator.NPValidator, error) {
 	if err := re.InitRegexCompileLRU(discardLogger, defaults.FQDNRegexCompileLRUSize); err != nil {
 		return nil, err
 	}
-	return validator.NewNPValidator(discardLogger)
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.UnmarshalStrict(crdYAML, &crd); err != nil {
+		return nil, err
+	}
+	var internal apiextensions.CustomResourceValidation
+	if err := apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(crd.Spec.Versions[0].Schema, &internal, nil); err != nil {
+		return nil, err
+	}
+	structural, err := structuralschema.NewStructural(internal.OpenAPIV3Schema)
+	if err != nil {
+		return nil, err
+	}
+	// The structural schema keeps every value validation of the CRD
+	// (types, formats, enums, patterns, bounds); kube-openapi checks them
+	// as the API server does, without the CEL rules this CRD has none of.
+	validator := validate.NewSchemaValidator(structural.ToKubeOpenAPI(), nil, "", strfmt.Default)
+	return &schemas{structural: structural, validator: validator}, nil
 })
 
 // discardLogger silences cilium's own warnings: every problem it finds is
