@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -19,10 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -118,10 +119,23 @@ func (c *Clients) restFor(gv schema.GroupVersion) (rest.Interface, error) {
 	return rc, nil
 }
 
+// Client is a typed client of one resource, T its type and L its list
+// type (see Typed). It makes the calls client-go's generated typed clients
+// make; client-go's generic one (k8s.io/client-go/gentype) would do, but
+// it links client-go's test fakes, and through them the managed-fields and
+// OpenAPI model packages, into every plugin.
+type Client[T Object, L runtime.Object] struct {
+	rest      rest.Interface
+	resource  string
+	namespace string
+	newT      func() T
+	newL      func() L
+}
+
 // Typed returns a client of one resource of the built-in types (e.g.
 // "replicasets"), whose type is O (e.g. appsv1.ReplicaSet, registered in
 // Scheme) and list type LO, in namespace ("" for every namespace, and for
-// cluster-scoped resources): client-go's typed client, built on Scheme.
+// cluster-scoped resources).
 //
 //	rss := kube.Typed[appsv1.ReplicaSet, appsv1.ReplicaSetList](k, "replicasets", ns)
 //
@@ -132,18 +146,77 @@ func Typed[O, LO any, T interface {
 }, L interface {
 	*LO
 	runtime.Object
-}](c *Clients, resource, namespace string) *gentype.ClientWithList[T, L] {
-	return gentype.NewClientWithList[T, L](resource, c.restOf(T(new(O))), parameterCodec, namespace,
-		func() T { return T(new(O)) }, func() L { return L(new(LO)) })
+}](c *Clients, resource, namespace string) *Client[T, L] {
+	return &Client[T, L]{rest: c.restOf(T(new(O))), resource: resource, namespace: namespace,
+		newT: func() T { return T(new(O)) }, newL: func() L { return L(new(LO)) }}
 }
 
 // TypedCreate is Typed for the resources that are only ever created and
-// have no list type (SelfSubjectAccessReview, TokenReview...).
+// have no list type (SelfSubjectAccessReview, TokenReview...): only its
+// Create may be called.
 func TypedCreate[O any, T interface {
 	*O
 	Object
-}](c *Clients, resource string) *gentype.Client[T] {
-	return gentype.NewClient[T](resource, c.restOf(T(new(O))), parameterCodec, "", func() T { return T(new(O)) })
+}](c *Clients, resource string) *Client[T, T] {
+	return &Client[T, T]{rest: c.restOf(T(new(O))), resource: resource,
+		newT: func() T { return T(new(O)) }, newL: func() T { return T(new(O)) }}
+}
+
+func (c *Client[T, L]) request(r *rest.Request) *rest.Request {
+	return r.NamespaceIfScoped(c.namespace, c.namespace != "").Resource(c.resource)
+}
+
+func timeoutOf(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
+
+// Get reads one object.
+func (c *Client[T, L]) Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error) {
+	out := c.newT()
+	err := c.request(c.rest.Get()).Name(name).VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
+	return out, err
+}
+
+// List lists objects.
+func (c *Client[T, L]) List(ctx context.Context, opts metav1.ListOptions) (L, error) {
+	out := c.newL()
+	err := c.request(c.rest.Get()).VersionedParams(&opts, parameterCodec).Timeout(timeoutOf(opts)).Do(ctx).Into(out)
+	return out, err
+}
+
+// Watch watches objects.
+func (c *Client[T, L]) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return c.request(c.rest.Get()).VersionedParams(&opts, parameterCodec).Timeout(timeoutOf(opts)).Watch(ctx)
+}
+
+// Create creates obj.
+func (c *Client[T, L]) Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error) {
+	out := c.newT()
+	err := c.request(c.rest.Post()).VersionedParams(&opts, parameterCodec).Body(obj).Do(ctx).Into(out)
+	return out, err
+}
+
+// Update replaces obj.
+func (c *Client[T, L]) Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error) {
+	out := c.newT()
+	err := c.request(c.rest.Put()).Name(obj.GetName()).VersionedParams(&opts, parameterCodec).Body(obj).Do(ctx).Into(out)
+	return out, err
+}
+
+// Delete deletes one object.
+func (c *Client[T, L]) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	return c.request(c.rest.Delete()).Name(name).Body(&opts).Do(ctx).Error()
+}
+
+// Patch patches one object (or a subresource of it).
+func (c *Client[T, L]) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (T, error) {
+	out := c.newT()
+	err := c.request(c.rest.Patch(pt)).Name(name).SubResource(subresources...).VersionedParams(&opts, parameterCodec).Body(data).Do(ctx).Into(out)
+	return out, err
 }
 
 // restOf is the REST client of obj's group and version.

@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/gentype"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/metadata"
@@ -95,11 +94,11 @@ type kubeState struct {
 // nodesGVR: nodes are cached as metadata only, for their zone label.
 var nodesGVR = corev1.SchemeGroupVersion.WithResource("nodes")
 
-func (k *kubeState) replicaSetClient(ns string) *gentype.ClientWithList[*appsv1.ReplicaSet, *appsv1.ReplicaSetList] {
+func (k *kubeState) replicaSetClient(ns string) *kube.Client[*appsv1.ReplicaSet, *appsv1.ReplicaSetList] {
 	return kube.Typed[appsv1.ReplicaSet, appsv1.ReplicaSetList](k.clients, "replicasets", ns)
 }
 
-func (k *kubeState) namespaceClient() *gentype.ClientWithList[*corev1.Namespace, *corev1.NamespaceList] {
+func (k *kubeState) namespaceClient() *kube.Client[*corev1.Namespace, *corev1.NamespaceList] {
 	return kube.Typed[corev1.Namespace, corev1.NamespaceList](k.clients, "namespaces", "")
 }
 
