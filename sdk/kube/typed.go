@@ -248,7 +248,7 @@ type InformerOptions struct {
 
 // NewInformer returns an informer (not started) of one resource of the
 // built-in types (see Typed for O, LO and resource), over the objects o
-// selects, with a namespace index. Every informer of this package drops
+// selects, with a namespace index when it spans every namespace. Every informer of this package drops
 // managedFields (unless o.Transform says otherwise), which are most of an
 // object's size and never read.
 func NewInformer[O, LO any, T interface {
@@ -311,9 +311,13 @@ func newInformer(example runtime.Object, o InformerOptions, list func(context.Co
 			return watchFn(ctx, narrow(opts))
 		},
 	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
-		Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-	})
+	// The namespace index serves listers' per-namespace lists; over one
+	// namespace it would hold every key a second time for nothing.
+	indexers := cache.Indexers{}
+	if o.Namespace == "" {
+		indexers[cache.NamespaceIndex] = cache.MetaNamespaceIndexFunc
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{Indexers: indexers})
 	transform := o.Transform
 	if transform == nil {
 		transform = StripManagedFields
