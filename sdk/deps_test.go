@@ -46,3 +46,26 @@ func TestSDKModuleStaysLight(t *testing.T) {
 		}
 	}
 }
+
+// heavy are client-go packages a plugin built on the sdk must not link:
+// the clientset and the informer factory register every built-in API
+// group (and link their code), and client-go's test fakes pull the
+// managed-fields machinery and the OpenAPI models in with them. sdk/kube
+// builds what plugins need without them (typed.go).
+var heavy = []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers", "k8s.io/client-go/testing", "k8s.io/client-go/gentype"}
+
+// TestKubeLinksNoClientset: sdk/kube and the example plugin link none of
+// heavy.
+func TestKubeLinksNoClientset(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "krane.dev/sdk/kube", "krane.dev/sdk/examples/configmap").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, h := range heavy {
+			if dep == h || strings.HasPrefix(dep, h+"/") {
+				t.Errorf("sdk/kube or the example plugin links %s", dep)
+			}
+		}
+	}
+}
