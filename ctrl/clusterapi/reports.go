@@ -225,6 +225,9 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 		case errors.Is(err, store.ErrNotFound):
 			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "not_found").Inc()
 			return d, false, errorf(codes.NotFound, "no %s %q in region %q: a cluster reports apply errors only on its region's objects", d.kind, d.id, who.Region)
+		case errors.Is(err, store.ErrClusterNotRegistered):
+			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "not_found").Inc()
+			return d, false, errorf(codes.NotFound, "cluster %q is not registered in region %q (it was removed): its apply errors are not kept", who.ClusterID, who.Region)
 		case err != nil:
 			return d, false, storeError(ctx, err, "recording the apply error failed")
 		}

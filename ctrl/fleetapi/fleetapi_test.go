@@ -2,6 +2,7 @@ package fleetapi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -268,6 +269,19 @@ func TestRemoveClusterThroughTheAPI(t *testing.T) {
 	}
 	if list, err := api.ListClusters(ctx, &ctrlv1.ListClustersRequest{}); err != nil || len(list.GetClusters()) != 1 || list.GetClusters()[0].GetId() != "eu-2" {
 		t.Fatalf("clusters after: %v, %v", list, err)
+	}
+	// What the removed cluster had in flight (authenticated before its
+	// token was revoked) is refused, not stored again.
+	if err := env.Store.ReportApplyError(ctx, kinds.CiliumNetworkPolicy, "eu", "eu-1", "pol-1",
+		&clusterv1.ApplyError{Version: v, Message: "late", Permanent: true}, v); !errors.Is(err, store.ErrClusterNotRegistered) {
+		t.Fatalf("a late apply error of the removed cluster: %v, want ErrClusterNotRegistered", err)
+	}
+	if res, err := env.Store.Ingest(ctx, []store.Report{{Kind: kinds.CiliumNetworkPolicy, Region: "eu", ClusterID: "eu-1", ID: "pol-1",
+		Obs: store.Observation{Version: v, At: time.Now()}, Status: []byte(`{"applied":true}`)}}); err != nil || !errors.Is(res[0].Err, store.ErrClusterNotRegistered) {
+		t.Fatalf("a late report of the removed cluster: %+v, %v; want ErrClusterNotRegistered", res, err)
+	}
+	if rows, err := env.Store.ActualStateRows(ctx); err != nil || rows["object_reports"]+rows["apply_errors"] != 0 {
+		t.Fatalf("actual-state rows after the removal and its late reports: %v, %v", rows, err)
 	}
 	waitUnauthenticated := time.Now().Add(30 * time.Second)
 	for {

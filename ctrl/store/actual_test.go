@@ -167,6 +167,22 @@ func TestActualStateMigrationMovesTodaysRows(t *testing.T) {
 	if err != nil || sn.RunningImage != "sen:2" || sn.Health != "healthy" || sn.ReportObservedVersion != 7 || !sn.Actual.Converged() {
 		t.Fatalf("sentinel s1 after the migration: %+v, %v", sn, err)
 	}
+
+	// Down and up again: the guards come back (statuses are reported
+	// again by the clusters), and the migration runs on them again.
+	if err := s.MigrateDownTo(ctx, 12); err != nil {
+		t.Fatal(err)
+	}
+	var guards int
+	if err := s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM report_guards").Scan(&guards); err != nil || guards != 5 {
+		t.Fatalf("report_guards after migrating down: %d rows, %v; want the 5 reports", guards, err)
+	}
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if reps, err := s.ObjectReports(ctx, "deployment", "eu", "d1"); err != nil || len(reps) != 2 {
+		t.Fatalf("d1's reports after down and up: %+v, %v", reps, err)
+	}
 }
 
 // TestScaleCompletesWhileAReportBatchIsOpen holds a report batch of two

@@ -26,8 +26,20 @@ type ApplyError struct {
 // not exist in region: a cluster reports only on what its region runs. A
 // *VersionAheadError when the error's version, or observed (the report's
 // observed version), is above the object's: ctrl never issued it.
+// ErrClusterNotRegistered when the cluster is not (or no longer)
+// registered in region: its row is read in share mode, so a removal
+// (RemoveCluster) and an apply error of the same cluster are ordered, and
+// no apply error of a removed cluster is stored after its rows went.
 func (s *Store) ReportApplyError(ctx context.Context, kind, region, clusterID, id string, ae *clusterv1.ApplyError, observed uint64) error {
 	_, err := s.WriteTxAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		var registered string
+		err := tx.QueryRow(ctx, "SELECT region FROM clusters WHERE id = ? LOCK IN SHARE MODE", clusterID).Scan(&registered)
+		if errors.Is(err, sql.ErrNoRows) || err == nil && registered != region {
+			return fmt.Errorf("store: cluster %s is not registered in region %s: %w", clusterID, region, ErrClusterNotRegistered)
+		}
+		if err != nil {
+			return fmt.Errorf("store: read cluster %s: %w", clusterID, err)
+		}
 		ref := Ref{Kind: kind, Region: region, ID: id}
 		cur, err := tx.objectVersion(ctx, ref)
 		if err != nil {

@@ -23,3 +23,13 @@ func (s *Store) MigrateTo(ctx context.Context, v int64) error {
 	_, err = p.UpTo(ctx, v)
 	return err
 }
+
+// MigrateDownTo rolls the migrations back to version v.
+func (s *Store) MigrateDownTo(ctx context.Context, v int64) error {
+	p, err := s.provider()
+	if err != nil {
+		return err
+	}
+	_, err = p.DownTo(ctx, v)
+	return err
+}
