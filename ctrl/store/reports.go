@@ -705,19 +705,6 @@ type DeploymentReport struct {
 	Status *clusterv1.DeploymentStatus
 }
 
-// ReportDeployment records a cluster's report on one deployment in region:
-// its instances (a full snapshot for that cluster: instances it no longer
-// lists are removed) and the replica summary. It returns accepted=false,
-// and changes nothing, when the report is older than the cluster's last
-// accepted one; ErrNotFound when the deployment has no topology in region.
-func (s *Store) ReportDeployment(ctx context.Context, region, clusterID string, obs Observation, st *clusterv1.DeploymentStatus) (bool, error) {
-	res, err := s.ReportDeployments(ctx, region, clusterID, []DeploymentReport{{Obs: obs, Status: st}})
-	if err != nil {
-		return false, err
-	}
-	return res[0].Accepted, res[0].Err
-}
-
 // ReportDeployments is Ingest for reports of one cluster on deployments.
 func (s *Store) ReportDeployments(ctx context.Context, region, clusterID string, reps []DeploymentReport) ([]ReportResult, error) {
 	all := make([]Report, len(reps))

@@ -138,19 +138,6 @@ ON DUPLICATE KEY UPDATE workspace_id = VALUES(workspace_id), project_id = VALUES
 	return nil
 }
 
-// SetDeploymentStatus records a deployment's lifecycle status (not part of
-// the desired state agents see, so no new version).
-func (t *Tx) SetDeploymentStatus(ctx context.Context, id, status, errMsg string) error {
-	res, err := t.Exec(ctx, "UPDATE deployments SET status = ?, error = ?, updated_at = ? WHERE id = ?", status, nullString(errMsg), nowMillis(), id)
-	if err != nil {
-		return fmt.Errorf("store: set status of deployment %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("store: set status of deployment %s: %w", id, ErrNotFound)
-	}
-	return nil
-}
-
 // Topology is a deployment's desired state in one region.
 type Topology struct {
 	DeploymentID    string
@@ -250,19 +237,6 @@ ON DUPLICATE KEY UPDATE workspace_id = VALUES(workspace_id), project_id = VALUES
 		return fmt.Errorf("store: write sentinel %s: %w", s.ID, err)
 	}
 	t.Touch(kinds.Sentinel, s.Region, s.ID)
-	return nil
-}
-
-// SetSentinelDeployStatus records where a sentinel's deploy stands (idle,
-// progressing, ready, failed). Not desired state: no new version.
-func (t *Tx) SetSentinelDeployStatus(ctx context.Context, id, status string) error {
-	res, err := t.Exec(ctx, "UPDATE sentinels SET deploy_status = ?, updated_at = ? WHERE id = ?", status, nowMillis(), id)
-	if err != nil {
-		return fmt.Errorf("store: set deploy status of sentinel %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("store: set deploy status of sentinel %s: %w", id, ErrNotFound)
-	}
 	return nil
 }
 
