@@ -290,7 +290,7 @@ controller "sentinel" {
 	// host -> ctrl (token check, MySQL read, audit insert) and back.
 	probe := &hostProbe{}
 	pc := plugintest.New(t, probe, plugintest.WithHost(a.HostFor("deployment")))
-	if err := pc.Configure(ctx, sdk.ConfigureRequest{Region: region, Config: []byte("{}")}); err != nil {
+	if _, err := pc.Configure(ctx, &sdk.ConfigureRequest{Region: region, Config: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
 	var blob []byte
@@ -372,12 +372,12 @@ controller "sentinel" {
 // hostProbe is a plugin that only keeps its Host.
 type hostProbe struct{ host sdk.Host }
 
-func (p *hostProbe) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: "probe", Version: "0.0.1", Kinds: []sdk.KindInfo{{Kind: "probe", SpecType: "google.protobuf.Struct"}}}, nil
+func (p *hostProbe) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{Name: "probe", Version: "0.0.1", Kinds: []sdk.KindInfo{{Kind: "probe", SpecType: "google.protobuf.Struct"}}}}, nil
 }
-func (p *hostProbe) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+func (p *hostProbe) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	p.host = req.Host
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 func (p *hostProbe) Apply(context.Context, *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
 	return sdk.Done(sdk.Unchanged, nil)

@@ -34,28 +34,31 @@ func NewGRPCController(doneCtx context.Context, conn grpc.ClientConnInterface) P
 	return &grpcController{client: pluginv1.NewControllerClient(conn), doneCtx: doneCtx}
 }
 
-func (c *grpcController) Describe(ctx context.Context) (Info, error) {
+func (c *grpcController) Describe(ctx context.Context, _ *DescribeRequest) (*DescribeResponse, error) {
 	resp, err := c.client.Describe(ctx, &pluginv1.DescribeRequest{HostProtocolVersions: []uint32{ProtocolVersion}})
 	if err != nil {
-		return Info{}, c.wrap("describe", err)
+		return nil, c.wrap("describe", err)
 	}
 	info := infoFromProto(resp)
 	if !speaks(resp.GetProtocolVersions(), ProtocolVersion) {
-		return info, fmt.Errorf("plugin %q speaks plugin protocol versions %v, this host speaks %d: upgrade the plugin or the host", info.Name, resp.GetProtocolVersions(), ProtocolVersion)
+		return &DescribeResponse{Info: info}, fmt.Errorf("plugin %q speaks plugin protocol versions %v, this host speaks %d: upgrade the plugin or the host", info.Name, resp.GetProtocolVersions(), ProtocolVersion)
 	}
-	return info, nil
+	return &DescribeResponse{Info: info}, nil
 }
 
-func (c *grpcController) Configure(ctx context.Context, req ConfigureRequest) error {
+func (c *grpcController) Configure(ctx context.Context, req *ConfigureRequest) (*ConfigureResponse, error) {
 	var hostID uint32
 	if req.Host != nil && c.host != nil {
 		hostID = c.host.serve(req.Host)
 	}
-	_, err := c.client.Configure(ctx, configureToProto(req, hostID))
+	_, err := c.client.Configure(ctx, configureToProto(*req, hostID))
 	if st, ok := status.FromError(err); ok && st.Code() == codes.InvalidArgument {
-		return &ConfigError{Reason: st.Message()}
+		return nil, &ConfigError{Reason: st.Message()}
 	}
-	return c.wrap("configure", err)
+	if err != nil {
+		return nil, c.wrap("configure", err)
+	}
+	return &ConfigureResponse{}, nil
 }
 
 func (c *grpcController) Apply(ctx context.Context, req *ApplyRequest) (*ApplyResponse, error) {

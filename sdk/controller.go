@@ -30,17 +30,18 @@ import (
 //     managed-by label), each with the version last applied to it: the host
 //     garbage-collects every item desired state no longer names.
 //
-// Requests and responses are structs so that fields can be added without
-// breaking plugins built against an older SDK.
+// Every method takes a request struct and returns a response struct, so
+// that fields can be added without breaking plugins built against an older
+// SDK.
 type Controller interface {
 	// Describe returns the plugin's name, version, kinds, config schema and
 	// the permissions it needs in the cluster.
-	Describe(ctx context.Context) (Info, error)
+	Describe(ctx context.Context, req *DescribeRequest) (*DescribeResponse, error)
 
 	// Configure hands the plugin its cluster and its config block. Return
 	// a [*ConfigError] for a bad config so the operator sees which key is
 	// wrong.
-	Configure(ctx context.Context, req ConfigureRequest) error
+	Configure(ctx context.Context, req *ConfigureRequest) (*ConfigureResponse, error)
 
 	// Apply makes the cluster match one object's desired state.
 	Apply(ctx context.Context, req *ApplyRequest) (*ApplyResponse, error)
@@ -74,6 +75,18 @@ type Plugin interface {
 	StatusWatcher
 	Shutdowner
 }
+
+// DescribeRequest asks a plugin what it is. It carries nothing yet.
+type DescribeRequest struct{}
+
+// DescribeResponse is a plugin's description. Its fields are the Info's
+// (resp.Name, resp.Kinds, ...).
+type DescribeResponse struct {
+	Info
+}
+
+// ConfigureResponse answers a Configure. It carries nothing yet.
+type ConfigureResponse struct{}
 
 // Info describes a plugin.
 type Info struct {

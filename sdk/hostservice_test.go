@@ -25,15 +25,15 @@ type hostUser struct {
 	host sdk.Host
 }
 
-func (p *hostUser) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: "hostuser", Version: "0.0.1", Kinds: []sdk.KindInfo{{Kind: "thing", SpecType: "google.protobuf.Struct"}}}, nil
+func (p *hostUser) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{Name: "hostuser", Version: "0.0.1", Kinds: []sdk.KindInfo{{Kind: "thing", SpecType: "google.protobuf.Struct"}}}}, nil
 }
 
-func (p *hostUser) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+func (p *hostUser) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.host = req.Host
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 
 func (p *hostUser) Host() sdk.Host {
@@ -72,7 +72,7 @@ func (h *testHost) DecryptEnv(_ context.Context, id string, sealed []byte) (map[
 
 func configure(t *testing.T, ctl sdk.Controller, host sdk.Host) {
 	t.Helper()
-	if err := ctl.Configure(context.Background(), sdk.ConfigureRequest{Region: "eu", ClusterID: "eu-1", Config: []byte("{}"), Host: host}); err != nil {
+	if _, err := ctl.Configure(context.Background(), &sdk.ConfigureRequest{Region: "eu", ClusterID: "eu-1", Config: []byte("{}"), Host: host}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -105,12 +105,12 @@ func ServeConfig(impl Controller, log hclog.Logger) *plugin.ServeConfig {
 func mustDescribe(impl Controller) Info {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	info, err := impl.Describe(ctx)
-	if err != nil {
+	resp, err := impl.Describe(ctx, &DescribeRequest{})
+	if err != nil || resp == nil {
 		fmt.Fprintln(os.Stderr, "describe:", err)
 		os.Exit(1)
 	}
-	return info
+	return resp.Info
 }
 
 // exitWithParent ends the plugin when the host dies. The host also sets

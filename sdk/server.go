@@ -25,11 +25,14 @@ type server struct {
 }
 
 func (s *server) Describe(ctx context.Context, _ *pluginv1.DescribeRequest) (*pluginv1.DescribeResponse, error) {
-	info, err := s.impl.Describe(ctx)
+	resp, err := s.impl.Describe(ctx, &DescribeRequest{})
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "describe: %v", err)
 	}
-	return infoToProto(info), nil
+	if resp == nil {
+		return nil, status.Error(codes.Internal, "describe: the plugin returned no description")
+	}
+	return infoToProto(resp.Info), nil
 }
 
 func (s *server) Configure(ctx context.Context, req *pluginv1.ConfigureRequest) (*pluginv1.ConfigureResponse, error) {
@@ -45,7 +48,7 @@ func (s *server) Configure(ctx context.Context, req *pluginv1.ConfigureRequest) 
 		}
 		creq.Host = h
 	}
-	if err := s.impl.Configure(ctx, creq); err != nil {
+	if _, err := s.impl.Configure(ctx, &creq); err != nil {
 		var cfgErr *ConfigError
 		if errors.As(err, &cfgErr) {
 			return nil, status.Error(codes.InvalidArgument, cfgErr.Error())

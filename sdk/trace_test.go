@@ -22,10 +22,12 @@ type spanSeer struct {
 	tps  []string
 }
 
-func (p *spanSeer) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: "spanseer", Version: "0.0.1", Kinds: []sdk.KindInfo{{Kind: "thing", SpecType: "google.protobuf.Struct"}}}, nil
+func (p *spanSeer) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{Name: "spanseer", Version: "0.0.1", Kinds: []sdk.KindInfo{{Kind: "thing", SpecType: "google.protobuf.Struct"}}}}, nil
 }
-func (p *spanSeer) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
+func (p *spanSeer) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	return &sdk.ConfigureResponse{}, nil
+}
 func (p *spanSeer) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

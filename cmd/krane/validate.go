@@ -104,7 +104,11 @@ func describe(ctx context.Context, ctl config.Controller, level string) (sdk.Inf
 	}
 	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return c.Describe(dctx)
+	resp, err := c.Describe(dctx, &sdk.DescribeRequest{})
+	if err != nil {
+		return sdk.Info{}, err
+	}
+	return resp.Info, nil
 }
 
 // checkRBAC runs the check a plugin's Configure runs (kube.Connect), as

@@ -399,10 +399,11 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	info, err := ctl.Describe(cctx)
+	desc, err := ctl.Describe(cctx, &sdk.DescribeRequest{})
 	if err != nil {
 		return fail(fmt.Errorf("controller %q: describe: %w", p.ctl.Name, err))
 	}
+	info := desc.Info
 	if len(info.Kinds) == 0 {
 		return fail(fmt.Errorf("controller %q: plugin %s reconciles no kinds", p.ctl.Name, info.Name))
 	}
@@ -418,7 +419,7 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 			return fail(fmt.Errorf("controller %q: %w", p.ctl.Name, err))
 		}
 	}
-	err = ctl.Configure(cctx, sdk.ConfigureRequest{Region: p.host.Region, ClusterID: p.host.ClusterID, Kube: kubeSrc, Config: cfgJSON, Host: p.host.Services})
+	_, err = ctl.Configure(cctx, &sdk.ConfigureRequest{Region: p.host.Region, ClusterID: p.host.ClusterID, Kube: kubeSrc, Config: cfgJSON, Host: p.host.Services})
 	if err != nil {
 		return fail(fmt.Errorf("controller %q: configure: %w", p.ctl.Name, err))
 	}

@@ -198,11 +198,13 @@ func (i *fakeInstance) alive() error {
 	}
 }
 
-func (i *fakeInstance) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: "fake", Version: "1", Kinds: []sdk.KindInfo{{Kind: testKind}}}, nil
+func (i *fakeInstance) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{Name: "fake", Version: "1", Kinds: []sdk.KindInfo{{Kind: testKind}}}}, nil
 }
 
-func (i *fakeInstance) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
+func (i *fakeInstance) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	return &sdk.ConfigureResponse{}, nil
+}
 
 func (i *fakeInstance) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
 	return sdk.Done(i.apply(ctx, req.Change))

@@ -33,7 +33,7 @@ func PluginHop(ctx context.Context, e *Env) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := remote.Configure(ctx, sdk.ConfigureRequest{Config: []byte("{}")}); err != nil {
+	if _, err := remote.Configure(ctx, &sdk.ConfigureRequest{Config: []byte("{}")}); err != nil {
 		return nil, err
 	}
 	local := noop.New("noop-bench")

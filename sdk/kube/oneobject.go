@@ -87,33 +87,33 @@ func NewOneObjectController[T Cached, S, C any](log hclog.Logger, def OneObject[
 func (c *OneObjectController[T, S, C]) kind() string { return c.def.Info.Kinds[0].Kind }
 
 // Describe returns def.Info.
-func (c *OneObjectController[T, S, C]) Describe(context.Context) (sdk.Info, error) {
-	return c.def.Info, nil
+func (c *OneObjectController[T, S, C]) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: c.def.Info}, nil
 }
 
 // Configure decodes the config block strictly, connects, and replaces the
 // previous configuration (and its informer) as a whole.
-func (c *OneObjectController[T, S, C]) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (c *OneObjectController[T, S, C]) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	var cfg C
 	if err := sdk.DecodeConfig(req.Config, &cfg); err != nil {
-		return err
+		return nil, err
 	}
 	k, err := Connect(ctx, req.Kube, c.def.Info.Permissions)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	inf := NewInformers()
 	objs, err := Track[T](c.def.Informer(inf, k, ManagedSelector(c.def.Component)), IDLabel, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := inf.Start(ctx, 0); err != nil {
-		return err
+		return nil, err
 	}
 	c.cur.Swap(&oneObjectState[T, C]{cfg: cfg, client: k.Dynamic, objs: objs, informers: inf}).informers.Stop()
 	c.ChangedAll()
 	c.log.Info("configured", "kind", c.kind(), "region", req.Region, "cluster", req.ClusterID)
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 
 // Apply makes the resource's one object match its spec, or deletes it.

@@ -54,11 +54,11 @@ func Conformance(t *testing.T, ctl sdk.Plugin, s Suite) {
 	var info sdk.Info
 
 	t.Run("Describe", func(t *testing.T) {
-		var err error
-		info, err = ctl.Describe(ctx)
+		resp, err := ctl.Describe(ctx, &sdk.DescribeRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		info = resp.Info
 		if !nameRE.MatchString(info.Name) {
 			t.Errorf("name %q: want lowercase letters, digits and dashes", info.Name)
 		}
@@ -118,7 +118,7 @@ func Conformance(t *testing.T, ctl sdk.Plugin, s Suite) {
 			schemaErr := sdk.ValidateConfig(info.ConfigSchema, json.RawMessage(bad.Config))
 			req := s.Configure
 			req.Config = json.RawMessage(bad.Config)
-			cfgErr := ctl.Configure(ctx, req)
+			_, cfgErr := ctl.Configure(ctx, &req)
 			var ce *sdk.ConfigError
 			if !errors.As(cfgErr, &ce) {
 				t.Errorf("Configure(%s) = %v, want a ConfigError", bad.Config, cfgErr)
@@ -131,7 +131,7 @@ func Conformance(t *testing.T, ctl sdk.Plugin, s Suite) {
 	})
 
 	t.Run("Configure", func(t *testing.T) {
-		if err := ctl.Configure(ctx, s.Configure); err != nil {
+		if _, err := ctl.Configure(ctx, &s.Configure); err != nil {
 			t.Fatalf("valid config rejected: %v", err)
 		}
 	})

@@ -103,9 +103,11 @@ type defaultHost struct {
 	host sdk.Host
 }
 
-func (d defaultHost) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (d defaultHost) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	if req.Host == nil {
-		req.Host = d.host
+		r := *req
+		r.Host = d.host
+		req = &r
 	}
 	return d.Plugin.Configure(ctx, req)
 }
@@ -117,9 +119,10 @@ type overrideHost struct {
 	host sdk.Host
 }
 
-func (o overrideHost) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
-	req.Host = o.host
-	return o.Controller.Configure(ctx, req)
+func (o overrideHost) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	r := *req
+	r.Host = o.host
+	return o.Controller.Configure(ctx, &r)
 }
 
 func (o overrideHost) WatchStatus(ctx context.Context, send func(sdk.StatusReport) error) error {

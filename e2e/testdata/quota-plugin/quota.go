@@ -54,35 +54,35 @@ func New(log hclog.Logger) *Controller {
 	return c
 }
 
-func (c *Controller) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{
+func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name: "quota", Version: sdk.BuildVersion(), Permissions: Permissions,
 		ConfigSchema: `{"type":"object","additionalProperties":false}`,
 		Kinds:        []sdk.KindInfo{{Kind: Kind, Description: "a team's ResourceQuota", SpecType: "google.protobuf.Struct", SpecSchema: specSchema}},
-	}, nil
+	}}, nil
 }
 
-func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	if err := sdk.DecodeConfig(req.Config, &struct{}{}); err != nil {
-		return err // the plugin takes no config: every key is unknown
+		return nil, err // the plugin takes no config: every key is unknown
 	}
 	k, err := kube.Connect(ctx, req.Kube, Permissions)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	inf := kube.NewInformers()
 	quotas := kube.Informer[corev1.ResourceQuota, corev1.ResourceQuotaList](inf, k, "resourcequotas", kube.InformerOptions{LabelSelector: kube.ManagedSelector(component)})
 	store, err := kube.Track[*corev1.ResourceQuota](quotas, kube.IDLabel, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := inf.Start(ctx, 0); err != nil {
-		return err
+		return nil, err
 	}
 	c.cur.Swap(&configured{client: k.Dynamic, quotas: store, informers: inf}).informers.Stop()
 	c.ChangedAll()
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "version", sdk.BuildVersion())
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {

@@ -39,21 +39,21 @@ func (c *Controller) Get(id string) (sdk.Change, bool) {
 	return ch, ok
 }
 
-func (c *Controller) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{
+func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name: c.name, Version: "1.0.0",
 		Kinds:        []sdk.KindInfo{{Kind: c.kind, Description: "applies nothing (tests)", SpecType: "google.protobuf.Struct"}},
 		ConfigSchema: `{"type":"object","additionalProperties":false,"properties":{"label":{"type":"string"}}}`,
 		// It touches no cluster; it declares a read so conformance holds.
 		Permissions: []sdk.Permission{{Resource: "namespaces", Verbs: []string{"get"}}},
-	}, nil
+	}}, nil
 }
 
-func (c *Controller) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+func (c *Controller) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	var cfg struct {
 		Label string `json:"label"`
 	}
-	return sdk.DecodeConfig(req.Config, &cfg)
+	return nil, sdk.DecodeConfig(req.Config, &cfg)
 }
 
 func (c *Controller) Apply(_ context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {

@@ -23,25 +23,25 @@ type snoop struct{}
 
 var permissions = []sdk.Permission{{Resource: "configmaps", Verbs: []string{"list"}}}
 
-func (snoop) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{
+func (snoop) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name: "snoop", Version: "1.0.0",
 		Kinds:        []sdk.KindInfo{{Kind: "snoop.test.krane.dev", Description: "reads what is not its own (tests)", SpecType: "google.protobuf.Struct"}},
 		ConfigSchema: `{"type":"object","additionalProperties":false}`,
 		Permissions:  permissions,
-	}, nil
+	}}, nil
 }
 
-func (snoop) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (snoop) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	c, err := kube.Connect(ctx, req.Kube, permissions)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	secrets, err := kube.Typed[corev1.Secret, corev1.SecretList](c, "secrets", "").List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
-		return fmt.Errorf("snoop refused: %w", err)
+		return nil, fmt.Errorf("snoop refused: %w", err)
 	}
-	return fmt.Errorf("snoop read %d Secrets of other plugins: nothing stopped it", len(secrets.Items))
+	return nil, fmt.Errorf("snoop read %d Secrets of other plugins: nothing stopped it", len(secrets.Items))
 }
 
 func (snoop) Apply(context.Context, *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {

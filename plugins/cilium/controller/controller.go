@@ -65,8 +65,8 @@ var Permissions = []sdk.Permission{{Group: GVR.Group, Resource: GVR.Resource, Ve
 // Calls counts the API calls the controller made (reads and writes).
 func (c *Controller) Calls() *kube.CallCounter { return &c.calls }
 
-func (c *Controller) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{
+func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name:    Name,
 		Version: version.Version,
 		Kinds: []sdk.KindInfo{{
@@ -76,17 +76,17 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 		}},
 		ConfigSchema: ConfigSchema,
 		Permissions:  Permissions,
-	}, nil
+	}}, nil
 }
 
-func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	cfg, err := ParseConfig(req.Config)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	k, err := kube.Connect(ctx, req.Kube, Permissions, c.calls.Wrap)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.repair.SetHost(req.Host)
 	cl := newCluster(k, c, c.repair)
@@ -102,7 +102,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID,
 		"allowed_namespaces", cfg.AllowedNamespaces, "allowed_namespace_prefixes", cfg.AllowedNamespacePrefixes,
 		"allowed_peer_namespaces", cfg.AllowedPeerNamespaces, "max_policy_bytes", cfg.MaxPolicyBytes)
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {

@@ -72,7 +72,7 @@ func start(t *testing.T, kubeconfig, config string) (*controller.Controller, sdk
 	t.Helper()
 	impl := controller.New(hclog.New(&hclog.LoggerOptions{Name: "cilium", Level: hclog.Warn}))
 	ctl := plugintest.New(t, impl)
-	err := ctl.Configure(context.Background(), sdk.ConfigureRequest{
+	_, err := ctl.Configure(context.Background(), &sdk.ConfigureRequest{
 		Region: "local-a", ClusterID: "c1",
 		Kube:   sdk.KubeSource{Path: kubeconfig},
 		Config: json.RawMessage(config),
@@ -542,7 +542,7 @@ func TestReconfigureAppliesTheNewRules(t *testing.T) {
 		t.Fatalf("Apply = %s, %v", r, err)
 	}
 	narrower := `{"allowed_namespaces":["team-a","team-b"]}` // sentinel no longer a peer
-	if err := ctl.Configure(ctx, sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kc}, Config: json.RawMessage(narrower)}); err != nil {
+	if _, err := ctl.Configure(ctx, &sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kc}, Config: json.RawMessage(narrower)}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := plugintest.Apply(ctx, ctl, ch)
@@ -550,7 +550,7 @@ func TestReconfigureAppliesTheNewRules(t *testing.T) {
 	if !errors.As(err, &pe) || !strings.Contains(pe.Field, "fromEndpoints") || !strings.Contains(err.Error(), `"sentinel"`) {
 		t.Fatalf("Apply after the peer was removed = %v, want a permanent error on the sentinel peer", err)
 	}
-	if err := ctl.Configure(ctx, sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kc}, Config: json.RawMessage(testConfig)}); err != nil {
+	if _, err := ctl.Configure(ctx, &sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kc}, Config: json.RawMessage(testConfig)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := plugintest.Apply(ctx, ctl, deletion("pol-reconf", 2)); err != nil {

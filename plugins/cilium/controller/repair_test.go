@@ -61,7 +61,7 @@ func TestHandEditRepairedWithoutResync(t *testing.T) {
 	host := &desiredHost{changes: map[string]sdk.Change{}}
 	ctl := plugintest.New(t, controller.New(hclog.New(&hclog.LoggerOptions{Name: "cilium", Level: hclog.Warn})), plugintest.WithHost(host))
 	ctx := context.Background()
-	if err := ctl.Configure(ctx, sdk.ConfigureRequest{Region: "local-a", ClusterID: "c1", Kube: sdk.KubeSource{Path: pluginKubeconfig(t, cluster)}, Config: json.RawMessage(testConfig)}); err != nil {
+	if _, err := ctl.Configure(ctx, &sdk.ConfigureRequest{Region: "local-a", ClusterID: "c1", Kube: sdk.KubeSource{Path: pluginKubeconfig(t, cluster)}, Config: json.RawMessage(testConfig)}); err != nil {
 		t.Fatal(err)
 	}
 	const id = "pol-repair"

@@ -152,8 +152,8 @@ var Permissions = []sdk.Permission{
 	{Group: "cilium.io", Resource: "ciliumnetworkpolicies", Verbs: []string{"list"}},
 }
 
-func (c *Controller) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{
+func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name:    Name,
 		Version: version.Version,
 		Kinds: []sdk.KindInfo{{
@@ -163,13 +163,13 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 		}},
 		ConfigSchema: configSchema,
 		Permissions:  Permissions,
-	}, nil
+	}}, nil
 }
 
-func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	cfg, err := ParseConfig(req.Config)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var hooks []func(*rest.Config)
 	if c.counter != nil {
@@ -177,25 +177,25 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	}
 	clients, err := kube.Connect(ctx, req.Kube, Permissions, hooks...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	k := &kubeState{clients: clients, dynamic: clients.Dynamic}
 	if k.metadata, err = metadata.NewForConfig(clients.Config); err != nil {
-		return err
+		return nil, err
 	}
 	if cfg.RuntimeClass != "" {
 		// Without its RuntimeClass every pod is refused at creation; say so
 		// now, naming the key, rather than as pods that never appear.
 		_, err := kube.Typed[nodev1.RuntimeClass, nodev1.RuntimeClassList](k.clients, "runtimeclasses", "").Get(ctx, cfg.RuntimeClass, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return &sdk.ConfigError{Key: "runtime_class", Reason: fmt.Sprintf("RuntimeClass %q does not exist in this cluster: install it, or set runtime_class to one that does (\"\" for none)", cfg.RuntimeClass)}
+			return nil, &sdk.ConfigError{Key: "runtime_class", Reason: fmt.Sprintf("RuntimeClass %q does not exist in this cluster: install it, or set runtime_class to one that does (\"\" for none)", cfg.RuntimeClass)}
 		}
 		if err != nil {
-			return fmt.Errorf("read RuntimeClass %q: %w", cfg.RuntimeClass, err)
+			return nil, fmt.Errorf("read RuntimeClass %q: %w", cfg.RuntimeClass, err)
 		}
 	}
 	if err := c.startInformers(ctx, k); err != nil {
-		return err
+		return nil, err
 	}
 	c.mu.Lock()
 	old := c.kube
@@ -211,7 +211,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	c.adoptRolls(k)
 	c.startAdmitted(c.bg, c.rolls.resize(cfg.MaxConcurrentRolls, cfg.rollDeadline))
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "runtime_class", cfg.RuntimeClass, "status_resync_interval", cfg.resync)
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 
 // startInformers fills k's caches. Only Krane's own ReplicaSets, pods,

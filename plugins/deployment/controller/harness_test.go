@@ -105,7 +105,7 @@ func startPlugin(t *testing.T, config string) plugin {
 	ctl := plugintest.New(t, controller.New(testLogger(), controller.WithCallCounter(counter)))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := ctl.Configure(ctx, sdk.ConfigureRequest{
+	_, err := ctl.Configure(ctx, &sdk.ConfigureRequest{
 		Region: "local", ClusterID: "test",
 		Kube:   sdk.KubeSource{Path: kubeconfig},
 		Config: []byte(config),

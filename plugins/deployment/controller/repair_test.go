@@ -58,7 +58,7 @@ func TestDriftIsRepairedWithoutResync(t *testing.T) {
 	ctx := context.Background()
 	host := &desiredHost{changes: map[string]sdk.Change{}}
 	p := plugintest.New(t, controller.New(testLogger()), plugintest.WithHost(host))
-	if err := p.Configure(ctx, sdk.ConfigureRequest{Region: "local", ClusterID: "test", Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(`{}`)}); err != nil {
+	if _, err := p.Configure(ctx, &sdk.ConfigureRequest{Region: "local", ClusterID: "test", Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

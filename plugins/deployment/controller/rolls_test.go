@@ -288,7 +288,7 @@ func TestTemplateChangesRollBounded(t *testing.T) {
 	defer cancel()
 	w.arm()
 	start = time.Now()
-	if err := p.Configure(ctx, sdk.ConfigureRequest{
+	if _, err := p.Configure(ctx, &sdk.ConfigureRequest{
 		Region: "local", ClusterID: "test",
 		Kube:   sdk.KubeSource{Path: identity.kubeconfig},
 		Config: []byte(fmt.Sprintf(`{"max_concurrent_rolls": %d, "runtime_class": ""}`, bound)),

@@ -124,7 +124,7 @@ func startSecretPlugin(t *testing.T, config string, v *fakeVault) (plugin, *cont
 	ctl := plugintest.New(t, impl, plugintest.WithHost(v))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := ctl.Configure(ctx, sdk.ConfigureRequest{Region: "local", ClusterID: "test", Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(config)}); err != nil {
+	if _, err := ctl.Configure(ctx, &sdk.ConfigureRequest{Region: "local", ClusterID: "test", Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(config)}); err != nil {
 		t.Fatalf("Configure: %v", err)
 	}
 	t.Cleanup(func() {

@@ -120,7 +120,7 @@ func startWith(t *testing.T, c *kubeenv.Cluster, config string, level hclog.Leve
 	// RBAC bindings reach the authorizer's cache a moment after they are
 	// written: retry while the error is "forbidden".
 	for {
-		err := h.ctl.Configure(ctx, req)
+		_, err := h.ctl.Configure(ctx, &req)
 		if err == nil {
 			break
 		}

@@ -116,8 +116,8 @@ func permissions(ns string) []sdk.Permission {
 	}
 }
 
-func (c *Controller) Describe(context.Context) (sdk.Info, error) {
-	return sdk.Info{
+func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name:    Name,
 		Version: version.Version,
 		Kinds: []sdk.KindInfo{{
@@ -127,17 +127,17 @@ func (c *Controller) Describe(context.Context) (sdk.Info, error) {
 		}},
 		ConfigSchema: ConfigSchema,
 		Permissions:  permissions(DefaultNamespace),
-	}, nil
+	}}, nil
 }
 
-func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	s, err := parseConfig(req.Config)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	clients, err := kube.Connect(ctx, req.Kube, permissions(s.Namespace), c.opts.restHooks...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.repair.SetHost(req.Host)
 	cl, err := startCluster(ctx, clusterDeps{
@@ -150,7 +150,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 		discoveryInterval: c.opts.discoveryInterval,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.mu.Lock()
 	old := c.cl
@@ -164,7 +164,7 @@ func (c *Controller) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "namespace", s.Namespace,
 		"require_sentinel_nodes", s.RequireSentinelNodes, "env_from_secrets", len(s.EnvFromSecrets),
 		"policy_crd_served", cl.policies.Load() != nil)
-	return nil
+	return &sdk.ConfigureResponse{}, nil
 }
 
 func (c *Controller) current() *cluster {

@@ -80,7 +80,7 @@ func TestConfigureNamesMissingPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctl := plugintest.New(t, NewController(hclog.NewNullLogger()))
-	err = ctl.Configure(context.Background(), sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(`{}`)})
+	_, err = ctl.Configure(context.Background(), &sdk.ConfigureRequest{Kube: sdk.KubeSource{Path: kubeconfig}, Config: []byte(`{}`)})
 	for _, want := range []string{"list configmaps", "watch configmaps", "patch configmaps", "delete configmaps", "system:serviceaccount:example-rbac:no-rights"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Configure without RBAC = %v; want it to name %q", err, want)
