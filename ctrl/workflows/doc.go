@@ -197,13 +197,17 @@
 // Restate pins an invocation to the deployment (endpoint URL) it started
 // on. Register re-registers a known URL with force only when the handlers
 // differ or another deployment took over one of the services; an in-place
-// upgrade then replays in-flight invocations on the new code, so a change
-// to a handler's sequence of steps must come with a new handler name (or a
-// new endpoint URL, keeping the old ctrl until its invocations drain).
+// upgrade then replays in-flight invocations on the new code. A change to a
+// handler's sequence of steps therefore breaks the invocations in flight
+// across the upgrade (Restate stops them with a journal mismatch): such a
+// release says so in docs/operating.md ("Upgrades"; the release in which
+// deploys began to wait for their sentinels is one), and is installed when
+// none is in flight or with a new endpoint URL, keeping the old ctrl until
+// its invocations drain.
 //
 // # Adding a service
 //
 // Write the service in its own file with a constructor taking Deps, add it
-// to Services, and `ctrl serve` serves and registers it on the next start
+// to the services declaration (services.go) and to ctrl/doc.go, and `ctrl serve` serves and registers it on the next start
 // (Register sees new handlers and re-registers with force).
 package workflows

@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -91,18 +92,44 @@ func (h Hooks) after(ctx context.Context, step string) error {
 	return h.AfterStep(ctx, step)
 }
 
-// Services are every Restate service ctrl serves, in registration order. A
-// new service is a file with its constructor and a line here.
+// services declares every Restate service ctrl serves, in registration
+// order: its name and its constructor. It is the one list of them: Services
+// builds from it, ServiceNames reads it, and ctrl/doc.go's test checks
+// the package docs name each. A new service is a file with its constructor
+// and a line here.
+var services = []struct {
+	name  string
+	build func(Deps) restate.ServiceDefinition
+}{
+	{VersioningServiceName, NewVersioningService},
+	{DeployWorkflowName, NewDeployWorkflow},
+	{SentinelServiceName, NewSentinelService},
+	{RolloutServiceName, NewSentinelRolloutService},
+	{RolloutWorkerName, NewSentinelRolloutWorker},
+	{GatewayName, NewGateway},
+}
+
+// ServiceNames are the names of every Restate service ctrl serves, in
+// registration order.
+func ServiceNames() []string {
+	names := make([]string, len(services))
+	for i, s := range services {
+		names[i] = s.name
+	}
+	return names
+}
+
+// Services builds every Restate service ctrl serves, in registration order.
 func Services(d Deps) []restate.ServiceDefinition {
 	d.metrics()
-	return []restate.ServiceDefinition{
-		NewVersioningService(d),
-		NewDeployWorkflow(d),
-		NewSentinelService(d),
-		NewSentinelRolloutService(d),
-		NewSentinelRolloutWorker(d),
-		NewGateway(d),
+	defs := make([]restate.ServiceDefinition, len(services))
+	for i, s := range services {
+		defs[i] = s.build(d)
+		if defs[i].Name() != s.name {
+			panic(fmt.Sprintf("workflows: service declared as %s builds as %s", s.name, defs[i].Name()))
+		}
 	}
+	return defs
 }
 
 // private hides a service from Restate's ingress: only other handlers call
