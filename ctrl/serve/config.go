@@ -127,6 +127,7 @@ type DBConfig struct {
 	ConnMaxLifetime time.Duration `koanf:"conn_max_lifetime"`
 	MaxWriteBatch   int           `koanf:"max_write_batch"`
 	WriteCommitters int           `koanf:"write_committers"`
+	BatchLockWait   time.Duration `koanf:"batch_lock_wait"`
 }
 
 type MigrateConfig struct {
@@ -188,6 +189,7 @@ var settings = []setting{
 	{"db.conn_max_lifetime", 5 * time.Minute, "recycle database connections after this long"},
 	{"db.max_write_batch", 64, "most concurrent desired-state writes committed in one transaction (group commit); 1 turns group commit off"},
 	{"db.write_committers", 2, "group-commit transactions in flight at once (one runs its writes while the other commits)"},
+	{"db.batch_lock_wait", time.Second, "longest row-lock wait of a statement in a group commit (whole seconds); a write that waits longer leaves the batch and waits alone, so the others commit"},
 	{"migrate.on_start", true, "apply pending schema migrations when ctrl serve starts"},
 	{"grpc.addr", ":7443", "gRPC listen address (ClusterService and operator APIs)"},
 	{"grpc.tls_cert", "", "TLS certificate file (PEM); without it gRPC is plaintext h2c"},
@@ -361,6 +363,9 @@ func (c Config) Validate() error {
 	}
 	if c.DB.MaxWriteBatch < 1 || c.DB.MaxWriteBatch > 1000 {
 		errs = append(errs, fmt.Errorf("db.max_write_batch %d is out of range 1..1000 (1 turns group commit off)", c.DB.MaxWriteBatch))
+	}
+	if c.DB.BatchLockWait < time.Second || c.DB.BatchLockWait > time.Minute {
+		errs = append(errs, fmt.Errorf("db.batch_lock_wait %s is out of range 1s..1m", c.DB.BatchLockWait))
 	}
 	if c.DB.WriteCommitters < 1 || c.DB.WriteCommitters > 64 {
 		errs = append(errs, fmt.Errorf("db.write_committers %d is out of range 1..64", c.DB.WriteCommitters))

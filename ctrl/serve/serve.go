@@ -119,7 +119,7 @@ func Start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps) (*Serve
 	_ = mysql.SetLogger(mysqlLogger{log.Named("mysql")})
 	st, err := store.Open(ctx, cfg.DB.DSN, store.PoolOptions{
 		MaxOpenConns: cfg.DB.MaxOpenConns, MaxIdleConns: cfg.DB.MaxIdleConns, ConnMaxLifetime: cfg.DB.ConnMaxLifetime,
-		MaxWriteBatch: cfg.DB.MaxWriteBatch, WriteCommitters: cfg.DB.WriteCommitters,
+		MaxWriteBatch: cfg.DB.MaxWriteBatch, WriteCommitters: cfg.DB.WriteCommitters, BatchLockWait: cfg.DB.BatchLockWait,
 	})
 	if err != nil {
 		return nil, err

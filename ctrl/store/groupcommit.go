@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -21,13 +22,31 @@ import (
 //
 // Per caller, what a caller can observe is kept: a caller's error rolls
 // back to its savepoint, taken before its first write sent (its writes
-// vanish, kept ones unsent, the others' stay), it gets its
-// own versions and its own error, and its fn sees the callers before it in
-// the batch as if they had committed just before it started. What callers
-// share is the fate of the COMMIT and of errors that abort the whole
-// transaction (a deadlock): after such an error the batch runs again, and
-// when it keeps failing, or failed for another reason, every caller not
-// yet answered runs alone, exactly as without group commit.
+// vanish, kept ones unsent, the others' stay), it gets its own versions
+// and its own error, and its fn sees the callers before it in the batch as
+// if they had committed just before it started. Which is why no caller is
+// answered before its batch's fate is known, a failing one included: its
+// error may rest on what the callers before it wrote ("already exists"),
+// which is true only once the COMMIT succeeds. When the batch aborts
+// before COMMIT, the failed callers run again with the others; when the
+// COMMIT's outcome is unknown, they run again alone.
+//
+// What callers share is the fate of the COMMIT and of errors that abort
+// the whole transaction. A caller's own lock wait or deadlock is not
+// shared: the batch's statements wait for a row lock at most
+// BatchLockWait, and a caller whose statement timed out (only that
+// statement was rolled back) is rolled back to its savepoint and leaves
+// the batch, which goes on without it; a caller that was chosen as a
+// deadlock's victim (the server rolled the whole transaction back) leaves
+// it too, and the others run again as a batch. A caller that leaves runs
+// alone, on its own goroutine, with the server's lock wait and its own
+// retries. The server's word decides, not the fn's: every statement's
+// error is recorded by the Tx (noteErr), so a fn that wraps a deadlock
+// without %w, or drops it, cannot make the batch go on in autocommit; a
+// fn that failed after a read whose error it did not pass on is checked
+// for a lost transaction (txAlive). When the batch keeps failing, or
+// fails for another reason, every caller not yet answered runs alone,
+// exactly as without group commit.
 //
 // Two batches never run their fns at the same time (fnMu): the next batch
 // is taken, and runs its fns, while the previous one stamps and commits,
@@ -42,6 +61,9 @@ type groupCommitter struct {
 	// maxBatch bounds the callers of one transaction; maxRunning bounds the
 	// batches in flight.
 	maxBatch, maxRunning int
+	// lockWaitSeconds is the lock wait of a batch's statements (0: the
+	// server's).
+	lockWaitSeconds int
 
 	mu      sync.Mutex
 	queue   []*writeReq
@@ -55,8 +77,8 @@ type groupCommitter struct {
 
 // writeStats count what the committer did.
 type writeStats struct {
-	batches, batched, retries, fallbacks, solo atomic.Int64
-	largest                                    atomic.Int64
+	batches, batched, retries, fallbacks, solo, alone atomic.Int64
+	largest                                           atomic.Int64
 }
 
 // WriteStats describes the group commit so far.
@@ -69,8 +91,12 @@ type WriteStats struct {
 	// (nothing to batch them with, or called from inside a batch).
 	Solo int64
 	// Retries is the number of batches run again after a deadlock;
-	// Fallbacks the number whose calls then ran one at a time.
+	// Fallbacks the number whose calls then each ran alone.
 	Retries, Fallbacks int64
+	// Alone is the number of calls a batch sent to run in a transaction of
+	// their own: after a lock wait or deadlock of their own, a fallback,
+	// or a COMMIT whose outcome is unknown while their fn had failed.
+	Alone int64
 }
 
 // WriteStats returns the group-commit counters (zero when it is off).
@@ -80,7 +106,7 @@ func (s *Store) WriteStats() WriteStats {
 	}
 	st := &s.writes.stats
 	return WriteStats{Batches: st.batches.Load(), Batched: st.batched.Load(), Largest: st.largest.Load(),
-		Solo: st.solo.Load(), Retries: st.retries.Load(), Fallbacks: st.fallbacks.Load()}
+		Solo: st.solo.Load(), Retries: st.retries.Load(), Fallbacks: st.fallbacks.Load(), Alone: st.alone.Load()}
 }
 
 const (
@@ -100,12 +126,26 @@ type writeReq struct {
 	stamped  []Stamped
 	err      error
 	panicked any
-	// touched is what fn touched in the batch being built.
+	// alone: the caller runs fn in a transaction of its own instead.
+	alone bool
+	// touched is what fn touched in the batch being built; fnErr and
+	// fnPanic what fn failed with there, told once the batch's fate is
+	// known.
 	touched []Ref
+	fnErr   error
+	fnPanic any
 }
 
 func (r *writeReq) answer(stamped []Stamped, err error) {
 	r.stamped, r.err = stamped, err
+	close(r.done)
+}
+
+// runAlone answers r with: run fn in a transaction of your own, on your
+// own goroutine and with your own retries (not in the batch's runner,
+// where one caller's lock wait would hold up the next batches).
+func (r *writeReq) runAlone() {
+	r.alone = true
 	close(r.done)
 }
 
@@ -141,6 +181,10 @@ func (c *groupCommitter) do(ctx context.Context, fn func(ctx context.Context, tx
 		}
 		// Already in a transaction: its outcome is on the way.
 		<-r.done
+	}
+	if r.alone {
+		c.stats.alone.Add(1)
+		return c.s.writeTxSolo(ctx, fn)
 	}
 	if r.panicked != nil {
 		panic(r.panicked)
@@ -216,23 +260,12 @@ func (c *groupCommitter) commit(batch []*writeReq) {
 		c.fnMu.Lock()
 	}
 	// The transaction failed as a whole before its COMMIT was sent: the
-	// callers not answered yet run alone, one after another (all at once
-	// they could deadlock among themselves), with the usual retries.
+	// callers not answered yet run alone, each on its own goroutine with
+	// the usual retries (a deadlock among them is retried like any other).
 	c.stats.fallbacks.Add(1)
 	for _, r := range pending {
-		c.s.runSolo(r)
+		r.runAlone()
 	}
-}
-
-// runSolo answers r from a transaction of its own.
-func (s *Store) runSolo(r *writeReq) {
-	defer func() {
-		if p := recover(); p != nil {
-			r.panicked = p
-			r.answer(nil, fmt.Errorf("store: write panicked: %v", p))
-		}
-	}()
-	r.answer(s.writeTxSolo(r.ctx, r.fn))
 }
 
 // errBatchAborted marks a failure of the whole batch transaction.
@@ -241,19 +274,35 @@ type errBatchAborted struct{ err error }
 func (e errBatchAborted) Error() string { return "store: group commit aborted: " + e.err.Error() }
 func (e errBatchAborted) Unwrap() error { return e.err }
 
-// commitBatch runs batch in one transaction. Callers whose own fn failed
-// are answered at once; the others when the COMMIT is answered. When the
-// transaction fails before COMMIT, it returns the callers not answered
-// yet, and an error. It is called with fnMu held and releases it once the
-// fns have run.
+// commitBatch runs batch in one transaction and answers every caller whose
+// fate it decided: when the COMMIT is answered, the callers kept get their
+// versions and the callers whose fn failed their errors (given only now:
+// an error may rest on what the callers before it wrote, which is true
+// only once that commits). A caller whose fn hit a lock wait or a
+// deadlock, or whose answer the batch cannot give truthfully, is told to
+// run alone. When the transaction fails before COMMIT, commitBatch returns
+// the callers not answered yet, to run again, and an error. It is called
+// with fnMu held and releases it once the fns have run.
 func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 	// Statements run on the batch's context, not on any caller's: one
 	// caller going away must not break the others' transaction.
 	ctx := context.Background()
-	sqlTx, err := c.s.db.BeginTx(ctx, nil)
+	conn, err := c.s.db.Conn(ctx)
 	if err != nil {
 		c.fnMu.Unlock()
-		return batch, fmt.Errorf("store: begin write transaction: %w", err)
+		return batch, errBatchAborted{fmt.Errorf("store: connect for a write transaction: %w", err)}
+	}
+	defer c.releaseConn(conn)
+	if c.lockWaitSeconds > 0 {
+		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = ?", c.lockWaitSeconds); err != nil {
+			c.fnMu.Unlock()
+			return batch, errBatchAborted{fmt.Errorf("store: bound the lock wait of a write transaction: %w", err)}
+		}
+	}
+	sqlTx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		c.fnMu.Unlock()
+		return batch, errBatchAborted{fmt.Errorf("store: begin write transaction: %w", err)}
 	}
 	committed := false
 	defer func() {
@@ -261,18 +310,24 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 			_ = sqlTx.Rollback()
 		}
 	}()
-	members, current, pending, err := c.runMembers(ctx, sqlTx, batch)
+	run, err := c.runMembers(ctx, sqlTx, batch)
 	c.fnMu.Unlock()
 	if err != nil {
-		return pending, err
+		return run.rerun, err
 	}
+	members, failed := run.members, run.failed
+	// all are the callers this transaction answers, kept or failed.
+	all := append(append([]*writeReq(nil), members...), failed...)
 	if len(members) == 0 {
+		// Nothing is kept: every write is rolled back to its savepoint, so
+		// each failure was seen against committed state only.
+		answerFailed(failed)
 		return nil, nil
 	}
 	hooks := c.s.testHooks()
 	if hooks.BatchFault != nil {
 		if err := hooks.BatchFault("stamp", len(members), len(batch)); err != nil {
-			return members, errBatchAborted{err}
+			return all, errBatchAborted{err}
 		}
 	}
 	var refs []Ref
@@ -281,8 +336,8 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 	}
 	var stamped []Stamped
 	if len(refs) > 0 {
-		if stamped, err = c.s.assign(ctx, sqlTx, refs, current); err != nil {
-			return members, errBatchAborted{err}
+		if stamped, err = c.s.assign(ctx, sqlTx, refs, run.current); err != nil {
+			return all, errBatchAborted{err}
 		}
 		if hooks.AfterStamp != nil {
 			hooks.AfterStamp(ctx, stamped)
@@ -290,17 +345,21 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 	}
 	if hooks.BatchFault != nil {
 		if err := hooks.BatchFault("commit", len(members), len(batch)); err != nil {
-			return members, errBatchAborted{err}
+			return all, errBatchAborted{err}
 		}
 	}
 	err = sqlTx.Commit()
 	committed = true
 	if err != nil {
-		// The outcome is unknown here: every caller is told, as a
-		// transaction of its own would have been.
+		// The outcome is unknown here: every caller kept is told, as a
+		// transaction of its own would have been. A failed caller's error
+		// may rest on writes that did not commit: it runs again alone.
 		err = fmt.Errorf("store: commit: %w", err)
 		for _, r := range members {
 			r.answer(nil, err)
+		}
+		for _, r := range failed {
+			r.runAlone()
 		}
 		return nil, nil
 	}
@@ -318,21 +377,58 @@ func (c *groupCommitter) commitBatch(batch []*writeReq) ([]*writeReq, error) {
 		}
 		r.answer(mine, nil)
 	}
+	answerFailed(failed)
 	return nil, nil
 }
 
-// runMembers runs each caller's fn in its own savepoint, answers the
-// callers that failed, and locks the rows the others touched (step 0 of
-// stamping, for the whole batch). It returns the callers kept and the
-// locked rows' versions, or the callers not answered and an error that
-// aborts the batch.
-func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []*writeReq) (members []*writeReq, current map[Ref]uint64, pending []*writeReq, err error) {
+// answerFailed gives the callers whose fn failed their own error (or
+// panic).
+func answerFailed(failed []*writeReq) {
+	for _, r := range failed {
+		r.panicked = r.fnPanic
+		r.answer(nil, r.fnErr)
+	}
+}
+
+// releaseConn gives the batch's connection back to the pool with the
+// server's lock wait again; a connection whose setting cannot be restored
+// is closed instead of reused.
+func (c *groupCommitter) releaseConn(conn *sql.Conn) {
+	if c.lockWaitSeconds > 0 {
+		if _, err := conn.ExecContext(context.Background(), "SET SESSION innodb_lock_wait_timeout = DEFAULT"); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	_ = conn.Close()
+}
+
+// memberRun is what running a batch's fns gave.
+type memberRun struct {
+	// members are the callers whose fn succeeded, failed those whose fn
+	// failed (rolled back to their savepoints, answered with the batch's
+	// fate); current are the locked rows' versions.
+	members, failed []*writeReq
+	current         map[Ref]uint64
+	// rerun are the callers not answered when the batch aborts.
+	rerun []*writeReq
+}
+
+// runMembers runs each caller's fn in its own savepoint and locks the rows
+// the kept callers touched (step 0 of stamping, for the whole batch). A
+// caller whose fn hit a lock wait timeout or a deadlock leaves the batch
+// and runs alone; on an error that aborts the batch, it returns the
+// callers to run again.
+func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []*writeReq) (run memberRun, err error) {
 	hooks := c.s.testHooks()
 	// The writes the kept callers' fns left to send (deferred.go).
 	var kept deferredWrites
 	// A caller alone needs no savepoint: its failure rolls back the whole
 	// transaction.
 	savepoints := len(batch) > 1
+	abort := func(rest []*writeReq, err error) (memberRun, error) {
+		run.rerun = append(append(append([]*writeReq(nil), run.members...), run.failed...), rest...)
+		return run, errBatchAborted{err}
+	}
 	for i, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			r.answer(nil, err)
@@ -344,71 +440,92 @@ func (c *groupCommitter) runMembers(ctx context.Context, sqlTx *sql.Tx, batch []
 			// Sending the batch's kept writes or taking the savepoint
 			// failed: they may be other callers', so the batch aborts
 			// (and a deadlock is retried as a whole).
-			return nil, nil, unanswered(members, batch[i:]), errBatchAborted{tx.sendErr}
+			return abort(batch[i:], tx.sendErr)
+		}
+		if tx.txErr != nil {
+			// The server's word, whatever fn made of it: a deadlock
+			// wrapped without %w must not let the batch go on.
+			panicked, fnErr = nil, tx.txErr
 		}
 		if fnErr == nil && hooks.BatchFault != nil {
 			fnErr = hooks.BatchFault("member", i, len(batch))
 		}
-		if panicked == nil && isRetryable(fnErr) {
-			// A deadlock rolled the whole transaction back (and a lock
-			// wait timeout is retried as a whole too).
-			return nil, nil, unanswered(members, batch[i:]), errBatchAborted{fnErr}
-		}
 		if fnErr == nil {
-			members = append(members, r)
+			run.members = append(run.members, r)
 			kept.take(&tx.own)
 			continue
 		}
 		// The caller's kept writes are dropped unsent.
-		if !savepoints {
-			r.panicked = panicked
-			r.answer(nil, fnErr)
-			return nil, nil, nil, nil // the deferred rollback undoes it
-		}
-		// A caller that sent no write took no savepoint, and has nothing
-		// to roll back (rolling back to the savepoint there is would undo
-		// the caller before it).
-		if tx.saved {
-			if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member"); err != nil {
-				rest := unanswered(members, batch[i+1:])
-				if panicked == nil {
-					rest = append(rest, r) // its error may come from the broken transaction
-				} else {
-					r.panicked = panicked
-					r.answer(nil, fnErr)
-				}
-				return nil, nil, rest, errBatchAborted{fmt.Errorf("roll back to savepoint: %w", err)}
+		retry := panicked == nil && isRetryable(fnErr)
+		// lost: the transaction is gone (a deadlock rolled it back, the
+		// connection broke), and the writes of the callers before with it.
+		lost := panicked == nil && abortsTx(fnErr) && mysqlErrNumber(fnErr) != 1205
+		if !lost && savepoints {
+			// A caller that sent no write took no savepoint, and has
+			// nothing to roll back (rolling back to the savepoint there is
+			// would undo the caller before it); it is checked for a
+			// transaction lost under an error its fn did not pass on.
+			if tx.saved {
+				_, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT member")
+				lost = err != nil
+			} else if tx.stmts > 0 {
+				lost = !txAlive(ctx, sqlTx)
 			}
 		}
-		r.panicked = panicked
-		r.answer(nil, fnErr)
+		if lost {
+			// This caller runs alone, with its own retries; the others
+			// run again in a batch (a deadlock) or alone (anything else).
+			r.runAlone()
+			return abort(batch[i+1:], fnErr)
+		}
+		if retry {
+			// A lock wait timeout rolled back the statement only: this
+			// caller's writes are rolled back to its savepoint, it waits
+			// alone, and the batch goes on without it.
+			r.runAlone()
+			continue
+		}
+		if !savepoints {
+			// A batch of one: the rollback is its fate, known now.
+			r.panicked = panicked
+			r.answer(nil, fnErr)
+			return run, nil
+		}
+		r.fnErr, r.fnPanic = fnErr, panicked
+		run.failed = append(run.failed, r)
 	}
 	// One statement per table for the kept writes of every caller: an
 	// error here cannot be told apart per caller, so, like a missing row
 	// below, the batch runs again one call at a time, where it fails
 	// alone.
 	if err := kept.send(ctx, sqlTx); err != nil {
-		return nil, nil, members, errBatchAborted{err}
+		return abort(nil, err)
 	}
 	var refs []Ref
-	for _, r := range members {
+	for _, r := range run.members {
 		refs = append(refs, r.touched...)
 	}
 	if len(refs) == 0 {
-		return members, nil, nil, nil
+		return run, nil
 	}
 	// A missing row is one caller's mistake, but its writes are in the
 	// transaction by now: the batch runs again one call at a time, where
 	// it fails alone.
-	if current, err = lockRows(ctx, sqlTx, refs); err != nil {
-		return nil, nil, members, errBatchAborted{err}
+	if run.current, err = lockRows(ctx, sqlTx, refs); err != nil {
+		return abort(nil, err)
 	}
-	return members, current, nil, nil
+	return run, nil
 }
 
-// unanswered is the callers kept so far plus the callers not reached.
-func unanswered(members, rest []*writeReq) []*writeReq {
-	return append(append([]*writeReq(nil), members...), rest...)
+// txAlive reports whether sqlTx is still a transaction on the server: a
+// savepoint outside a transaction is forgotten at once, so rolling back to
+// it fails.
+func txAlive(ctx context.Context, sqlTx *sql.Tx) bool {
+	if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT alive"); err != nil {
+		return false
+	}
+	_, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT alive")
+	return err == nil
 }
 
 // runMember runs one caller's fn inside the batch, on tx.

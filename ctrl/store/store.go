@@ -36,6 +36,15 @@ type PoolOptions struct {
 	// WriteCommitters bounds the group-commit transactions in flight at
 	// once. Default 2.
 	WriteCommitters int
+	// BatchLockWait bounds each row-lock wait of a statement inside a
+	// group-commit transaction (the server's innodb_lock_wait_timeout for
+	// that transaction, in whole seconds, rounded up). A caller whose
+	// statement waits longer, for a lock held outside the group commit,
+	// leaves the batch and runs alone under the server's own lock wait,
+	// while the others commit: one blocked write must not hold up every
+	// desired-state write of this ctrl. Default 1 s; negative keeps the
+	// server's setting.
+	BatchLockWait time.Duration
 	// ReadTimeout and WriteTimeout bound each network read and write on a
 	// connection whose DSN sets none (readTimeout, writeTimeout): a
 	// connection to a server that stopped answering, with no RST (a
@@ -117,9 +126,22 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		pool.WriteCommitters = 2
 	}
 	if pool.MaxWriteBatch > 1 {
-		s.writes = &groupCommitter{s: s, maxBatch: pool.MaxWriteBatch, maxRunning: pool.WriteCommitters}
+		s.writes = &groupCommitter{s: s, maxBatch: pool.MaxWriteBatch, maxRunning: pool.WriteCommitters,
+			lockWaitSeconds: lockWaitSeconds(pool.BatchLockWait)}
 	}
 	return s, nil
+}
+
+// lockWaitSeconds is BatchLockWait as the server takes it: whole seconds,
+// at least 1; 0 keeps the server's setting.
+func lockWaitSeconds(d time.Duration) int {
+	switch {
+	case d < 0:
+		return 0
+	case d == 0:
+		return 1
+	}
+	return int((d + time.Second - 1) / time.Second)
 }
 
 // Close closes the connection pool.

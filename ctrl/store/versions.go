@@ -3,11 +3,14 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Stamped is a row and the version it was given.
@@ -40,6 +43,12 @@ type Tx struct {
 	// error whatever the caller's function returns (in a batch, it aborts
 	// the batch: the writes may be other callers').
 	sendErr error
+	// txErr is the first error a statement of this Tx got that the
+	// caller's function may not decide about (see noteErr): whatever the
+	// function returns, it is the call's error.
+	txErr error
+	// stmts counts the statements this Tx sent for the caller.
+	stmts int
 	// replicas are the replicas of the deployments this Tx locked
 	// (LockDeployment), while no write it sent could have changed them.
 	replicas map[string]int32
@@ -70,7 +79,28 @@ func (t *Tx) Exec(ctx context.Context, query string, args ...any) (sql.Result, e
 		return nil, err
 	}
 	t.replicas, t.topology = nil, nil // the statement may change them
-	return t.tx.ExecContext(ctx, query, args...)
+	t.stmts++
+	res, err := t.tx.ExecContext(ctx, query, args...)
+	return res, t.noteErr(err)
+}
+
+// noteErr records the errors after which the transaction cannot go on as
+// the caller's function sees it, so that a function which wraps one
+// without %w, or drops it, cannot make the transaction continue: a
+// deadlock (1213: the server rolled the whole transaction back, and later
+// statements would run in autocommit), a lock wait timeout (1205: the
+// statement was rolled back, so the function's writes are incomplete) and
+// a broken connection. It returns err unchanged.
+func (t *Tx) noteErr(err error) error {
+	if err != nil && t.txErr == nil && abortsTx(err) {
+		t.txErr = err
+	}
+	return err
+}
+
+// abortsTx reports the errors noteErr records.
+func abortsTx(err error) bool {
+	return isRetryable(err) || errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn)
 }
 
 // QueryRow runs a query that returns at most one row in the transaction.
@@ -79,13 +109,15 @@ func (t *Tx) QueryRow(ctx context.Context, query string, args ...any) *Row {
 	if err := t.prepare(ctx, false, ""); err != nil {
 		return &Row{err: err}
 	}
-	return &Row{row: t.tx.QueryRowContext(ctx, query, args...)}
+	t.stmts++
+	return &Row{row: t.tx.QueryRowContext(ctx, query, args...), tx: t}
 }
 
 // Row is the result of Tx.QueryRow, as *sql.Row.
 type Row struct {
 	row *sql.Row
 	err error
+	tx  *Tx
 }
 
 // Scan is sql.Row.Scan.
@@ -93,7 +125,7 @@ func (r *Row) Scan(dest ...any) error {
 	if r.err != nil {
 		return r.err
 	}
-	return r.row.Scan(dest...)
+	return r.tx.noteErr(r.row.Scan(dest...))
 }
 
 // Query runs a query in the transaction. A query must not write.
@@ -101,7 +133,9 @@ func (t *Tx) Query(ctx context.Context, query string, args ...any) (*sql.Rows, e
 	if err := t.prepare(ctx, false, ""); err != nil {
 		return nil, err
 	}
-	return t.tx.QueryContext(ctx, query, args...)
+	t.stmts++
+	rows, err := t.tx.QueryContext(ctx, query, args...)
+	return rows, t.noteErr(err)
 }
 
 // prepare runs before a statement of the caller: it sends the kept writes
@@ -247,11 +281,16 @@ func (s *Store) writeTxOnce(ctx context.Context, fn func(ctx context.Context, tx
 		}
 	}()
 	tx := &Tx{tx: sqlTx}
-	if err := fn(ctx, tx); err != nil {
-		if tx.sendErr != nil {
-			return nil, tx.sendErr
-		}
-		return nil, err
+	fnErr := fn(ctx, tx)
+	switch {
+	case tx.sendErr != nil:
+		return nil, tx.sendErr
+	case tx.txErr != nil:
+		// Whatever fn made of it (a deadlock wrapped without %w, or
+		// dropped): the transaction is gone or incomplete, and is retried.
+		return nil, tx.txErr
+	case fnErr != nil:
+		return nil, fnErr
 	}
 	if err := tx.sendKept(ctx); err != nil {
 		return nil, err
