@@ -98,3 +98,47 @@ func TestScaleChangesReplicasInPlace(t *testing.T) {
 		t.Fatal("a refused scale brought the stopped deployment back")
 	}
 }
+
+// TestDeploymentInfoReplicasAreWhatTheClustersAreAskedFor: GetDeployment
+// and ListDeployments show the replicas per region the clusters are told
+// to run now: the scaled count after a scale, and none once the
+// deployment is stopped (its regions' clusters are told to delete it).
+// Before this, replicas kept the last count written to the deployment's
+// row, so a stopped deployment still showed its replicas.
+func TestDeploymentInfoReplicasAreWhatTheClustersAreAskedFor(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{Restate: testenv.SharedRestate(t)})
+	api := env.Deployments(t)
+	eu := env.FakeCluster(t, "eu", "eu-1")
+	ctx := context.Background()
+
+	d := deploy(t, api, eu, req("env-r", "registry.test/app:1"))
+	check := func(when string, want int32) {
+		t.Helper()
+		if n, _ := desiredReplicas(t, eu, d.GetId()); n != want && want > 0 {
+			t.Fatalf("%s: the cluster is told %d replicas, want %d", when, n, want)
+		}
+		got, err := api.GetDeployment(ctx, &ctrlv1.GetDeploymentRequest{DeploymentId: d.GetId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := api.ListDeployments(ctx, &ctrlv1.ListDeploymentsRequest{EnvironmentId: "env-r"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetReplicas() != want || len(list.GetDeployments()) != 1 || list.GetDeployments()[0].GetReplicas() != want {
+			t.Fatalf("%s: GetDeployment says %d replicas, ListDeployments %v; the clusters are asked for %d", when, got.GetReplicas(), list.GetDeployments(), want)
+		}
+	}
+	check("after the deploy", 1)
+	if _, err := api.ScaleDeployment(ctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: d.GetId(), Replicas: 4}); err != nil {
+		t.Fatal(err)
+	}
+	check("after a scale to 4", 4)
+	if _, err := api.StopDeployment(ctx, &ctrlv1.StopDeploymentRequest{DeploymentId: d.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, deleted := eu.Version(t, d.GetId()); !deleted {
+		t.Fatal("the stopped deployment is not deleted in its region")
+	}
+	check("after a stop", 0)
+}

@@ -83,7 +83,7 @@ func (s Spec) Store() store.Deployment {
 func Info(d store.Deployment, regions []store.RegionState, live, withInstances bool) *ctrlv1.DeploymentInfo {
 	out := &ctrlv1.DeploymentInfo{
 		Id: d.ID, WorkspaceId: d.WorkspaceID, ProjectId: d.ProjectID, EnvironmentId: d.EnvironmentID, AppId: d.AppID,
-		Image: d.Image, Status: StatusEnum(d.Status), Error: d.Error, Replicas: d.Replicas, CpuMillicores: d.CPUMillicores,
+		Image: d.Image, Status: StatusEnum(d.Status), Error: d.Error, Replicas: askedReplicas(d, regions), CpuMillicores: d.CPUMillicores,
 		MemoryMib: d.MemoryMiB, Port: d.Port, Command: d.Command, EnvVars: d.EnvVars, SecretEnvKeys: d.SecretEnvKeys, Healthcheck: d.Healthcheck,
 		Live: live, RolledBackFrom: d.RolledBackFrom, ShutdownSignal: d.ShutdownSignal,
 		CreatedAt: timestamppb.New(d.CreatedAt), UpdatedAt: timestamppb.New(d.UpdatedAt),
@@ -100,6 +100,23 @@ func Info(d store.Deployment, regions []store.RegionState, live, withInstances b
 		out.Regions = append(out.Regions, rs)
 	}
 	return out
+}
+
+// askedReplicas is what the deployment's clusters are asked to run per
+// region now: the topology's count (a scale changes it), none once every
+// region is stopped. Before the deploy has written its regions, the count
+// it will ask for.
+func askedReplicas(d store.Deployment, regions []store.RegionState) int32 {
+	if len(regions) == 0 {
+		return d.Replicas
+	}
+	var n int32
+	for _, r := range regions {
+		if r.DesiredStatus == "running" && r.DesiredReplicas > n {
+			n = r.DesiredReplicas
+		}
+	}
+	return n
 }
 
 // History is a deployment's history (store.DeploymentEvents) as the API

@@ -363,7 +363,10 @@ type DeploymentInfo struct {
 	Image         string                 `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
 	Status        DeploymentStatus       `protobuf:"varint,7,opt,name=status,proto3,enum=krane.ctrl.v1.DeploymentStatus" json:"status,omitempty"`
 	// Why the deployment failed: region, instances and reason.
-	Error         string            `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	// The replicas per region the clusters are asked to run now: the latest
+	// scale's count, 0 once the deployment is stopped everywhere; before the
+	// deploy has written its regions, the count it will ask for.
 	Replicas      int32             `protobuf:"varint,9,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	CpuMillicores int64             `protobuf:"varint,10,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
 	MemoryMib     int64             `protobuf:"varint,11,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
