@@ -42,7 +42,7 @@ func NewRoot() *cobra.Command {
 	serve.AddConfigFlag(root.PersistentFlags())
 	serve.AddFlags(root.PersistentFlags(), func(key string) bool { return key == "db.dsn" })
 	root.AddCommand(newServe(), newMigrate(), newCluster(), newToken(), newDeploy(), newRestate(), newVault())
-	root.AddCommand(newSentinel(), newRollout(), newFleet(), newKind(), newResource())
+	root.AddCommand(newSentinel(), newRollout(), newFleet(), newKind(), newResource(), newDB())
 	return root
 }
 

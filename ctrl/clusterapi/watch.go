@@ -2,6 +2,7 @@ package clusterapi
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -23,8 +24,9 @@ type sink struct {
 	wire func(*clusterv1.ResourceChange) error
 	// bootstrapComplete and keepAlive are nil for RPCs without such
 	// messages (the typed watches).
-	bootstrapComplete func(head uint64) error
-	keepAlive         func(head uint64) error
+	// generation is the database generation of the stream's versions.
+	bootstrapComplete func(head uint64, generation string) error
+	keepAlive         func(head uint64, generation string) error
 }
 
 // follow says what a stream does after its snapshot (if any).
@@ -40,11 +42,30 @@ const (
 	followIfResuming
 )
 
-// serve runs one desired-state stream of kind in region from cursor after.
-func (s *Server) serve(ctx context.Context, kind, region string, after uint64, f follow, out sink) error {
+// serve runs one desired-state stream of kind in region from cursor after,
+// which the client holds from a stream of database generation generation
+// (empty: not known).
+func (s *Server) serve(ctx context.Context, kind, region string, after uint64, generation string, f follow, out sink) error {
 	gauge := s.m.activeStreams.WithLabelValues(region, s.kindLabel(kind))
 	gauge.Inc()
 	defer gauge.Dec()
+
+	// A cursor from another history of the database is refused before it
+	// is believed (or anchors the shared feed): its versions were, or will
+	// be, issued again to other changes.
+	if f == followNever {
+		after = 0
+	}
+	gen, err := s.store.CheckCursor(ctx, after, generation)
+	if err != nil {
+		var ce *store.CursorError
+		if errors.As(err, &ce) {
+			s.log.Warn("refusing a stream whose cursor belongs to another history of the database; the host bootstraps this kind again",
+				"kind", kind, "region", region, "after_version", after, "head", ce.Head, "generation", generation, "current_generation", ce.Current, "detected_now", ce.Detected)
+			return status.Error(codes.OutOfRange, ce.Error())
+		}
+		return storeError(ctx, err, "cannot check the stream's cursor")
+	}
 
 	cursor := after
 	if after == 0 || f == followNever {
@@ -53,7 +74,7 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, f
 			return err
 		}
 		if out.bootstrapComplete != nil {
-			if err := out.bootstrapComplete(head); err != nil {
+			if err := out.bootstrapComplete(head, gen); err != nil {
 				return err
 			}
 		}
@@ -62,7 +83,7 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, f
 		}
 		cursor = head
 	}
-	return s.stream(ctx, kind, region, cursor, after > 0, out)
+	return s.stream(ctx, kind, region, cursor, gen, after > 0, out)
 }
 
 // snapshot sends every live row of kind in region from one consistent
@@ -106,7 +127,7 @@ func (s *Server) snapshot(ctx context.Context, kind, region string, out sink) (u
 // client goes away, the server stops, or the database fails. With
 // announce, it sends a KeepAlive as soon as it has caught up, so a client
 // resuming from a cursor knows it has everything up to the head.
-func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64, announce bool, out sink) error {
+func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64, gen string, announce bool, out sink) error {
 	key := store.HeadKey{Region: region, Kind: kind}
 	f := s.feeds.acquire(key)
 	defer s.feeds.release(f)
@@ -127,7 +148,7 @@ func (s *Server) stream(ctx context.Context, kind, region string, cursor uint64,
 		}
 		recheck = time.Time{}
 		if keepAliveDue && out.keepAlive != nil {
-			if err := out.keepAlive(max(cursor, s.poller.head(key))); err != nil {
+			if err := out.keepAlive(max(cursor, s.poller.head(key)), gen); err != nil {
 				return err
 			}
 		}
@@ -269,11 +290,11 @@ func genericSink(send func(*clusterv1.WatchEvent) error) sink {
 			return wire(rc)
 		},
 		wire: wire,
-		bootstrapComplete: func(head uint64) error {
-			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head}}})
+		bootstrapComplete: func(head uint64, gen string) error {
+			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head, Generation: gen}}})
 		},
-		keepAlive: func(head uint64) error {
-			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_KeepAlive{KeepAlive: &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now()}}})
+		keepAlive: func(head uint64, gen string) error {
+			return send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_KeepAlive{KeepAlive: &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now(), Generation: gen}}})
 		},
 	}
 }
@@ -292,7 +313,7 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, stream clusterv1.ClusterServ
 	if err := checkKind(req.GetKind()); err != nil {
 		return err
 	}
-	return s.serve(ctx, req.GetKind(), region, req.GetAfterVersion(), followAlways, genericSink(stream.Send))
+	return s.serve(ctx, req.GetKind(), region, req.GetAfterVersion(), req.GetGeneration(), followAlways, genericSink(stream.Send))
 }
 
 // ListDesired streams a consistent snapshot of one kind, then closes.
@@ -309,7 +330,7 @@ func (s *Server) ListDesired(req *clusterv1.ListDesiredRequest, stream clusterv1
 	if err := checkKind(req.GetKind()); err != nil {
 		return err
 	}
-	return s.serve(ctx, req.GetKind(), region, 0, followNever, genericSink(stream.Send))
+	return s.serve(ctx, req.GetKind(), region, 0, "", followNever, genericSink(stream.Send))
 }
 
 // typedWatch serves the seeds' typed watches on the same machinery.
@@ -322,7 +343,7 @@ func (s *Server) typedWatch(ctx context.Context, kind, requestedRegion string, a
 	if err != nil {
 		return err
 	}
-	return s.serve(ctx, kind, region, after, followIfResuming, sink{change: send})
+	return s.serve(ctx, kind, region, after, "", followIfResuming, sink{change: send})
 }
 
 // WatchDeployments is the typed watch of kind "deployment".

@@ -490,8 +490,10 @@ func registerWriteMetrics(reg prometheus.Registerer, st *store.Store) {
 			func(w store.WriteStats) int64 { return w.Solo }),
 		counter("write_batch_retries_total", "Group-commit transactions run again after a deadlock.",
 			func(w store.WriteStats) int64 { return w.Retries }),
-		counter("write_batch_fallbacks_total", "Group-commit transactions that failed as a whole, whose writes then ran one by one.",
+		counter("write_batch_fallbacks_total", "Group-commit transactions that failed as a whole, whose writes then each ran alone.",
 			func(w store.WriteStats) int64 { return w.Fallbacks }),
+		counter("write_alone_total", "Writes a group commit sent to run in a transaction of their own: after their own lock wait or deadlock, a fallback, or a COMMIT of unknown outcome.",
+			func(w store.WriteStats) int64 { return w.Alone }),
 	)
 }
 

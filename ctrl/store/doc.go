@@ -37,10 +37,14 @@
 //
 // Concurrent WriteTx calls share transactions (groupcommit.go): one
 // transaction runs the callers' functions one after another, each inside
-// its own SAVEPOINT (a caller whose function fails is rolled back to it and
-// answered with its own error), then runs steps 0 to 5 once for the rows
-// of every caller kept, in caller order, and answers each caller with the
-// versions of its own rows. A row touched by two callers of one batch gets
+// its own SAVEPOINT (a caller whose function fails is rolled back to it,
+// and answered with its own error once the batch's fate is known: that
+// error may rest on what the callers before it wrote), then runs steps 0
+// to 5 once for the rows of every caller kept, in caller order, and
+// answers each caller with the versions of its own rows. A caller whose
+// statement waited for a row lock longer than the batch's bound (1205), or
+// was a deadlock's victim (1213), leaves the batch and runs alone; the
+// server's error decides, whatever the caller's function made of it. A row touched by two callers of one batch gets
 // two versions and keeps the later; the earlier is superseded inside the
 // transaction that gave it, so no reader ever sees it. When the
 // transaction fails as a whole before COMMIT (a deadlock, a missing row,
@@ -119,6 +123,29 @@
 // It records the grant under a key (the Restate invocation id) in the same
 // transaction, so a retried step gets the same versions back instead of new
 // ones (exactly-once).
+//
+// # The assumption: the database does not go back in time
+//
+// The proof holds for one history of commits: a version, once committed,
+// stays committed. A database restored from a backup, or a failover to an
+// asynchronous replica that had not received the last commits, breaks
+// that: the head goes back, versions at or below the cursors krane hosts
+// hold are issued again to other changes, and a cursor would skip them
+// (the loss the proof rules out). ctrl therefore names each history with
+// a generation (generation.go, table db_generation): written when the
+// schema is created, replaced by `ctrl db restored`, and replaced by ctrl
+// itself when a stream's cursor is ahead of the head (the database went
+// back, visibly). Every stream states its generation (BootstrapComplete,
+// KeepAlive), and a stream resuming from a cursor ahead of the head or of
+// another generation is refused with OUT_OF_RANGE before the cursor is
+// believed or anchors a shared feed ([Store.CheckCursor]); krane then
+// bootstraps that kind again (it applies what the database holds and
+// garbage-collects what it does not, under the usual brake, ignoring the
+// versions of the old history its objects carry) and streams from the new
+// head. What ctrl cannot see on its own is a database that went back and
+// was then written past the old cursors before any host reconnected: that
+// is why the restore and failover procedures (docs/operating.md) run
+// `ctrl db restored` before ctrl serves again.
 //
 // # Deploy lifecycle
 //

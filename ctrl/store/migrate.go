@@ -31,7 +31,10 @@ func migrationsFS() fs.FS {
 }
 
 func (s *Store) provider() (*goose.Provider, error) {
-	return goose.NewProvider(goose.DialectMySQL, s.db, migrationsFS(), goose.WithTableName(gooseTable))
+	return goose.NewProvider(goose.DialectMySQL, s.db, migrationsFS(), goose.WithTableName(gooseTable),
+		// Each area of the schema numbers its migrations in a range of its
+		// own, so a new one may sort below one a database already has.
+		goose.WithAllowOutofOrder(true))
 }
 
 // MigrationResult names one applied migration.

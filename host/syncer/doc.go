@@ -33,7 +33,13 @@
 //     waits for that repair (TestQueueCursorWaitsForAPendingRepair); an
 //     apply cut short by the session's end has no outcome
 //     (TestLoopCursorStaysHonestWhenASessionEnds). Resuming from V is
-//     safe; a bootstrap from 0 always is.
+//     safe; a bootstrap from 0 always is. V is only meaningful in the
+//     history of ctrl's database that gave it (its generation, stated by
+//     the stream): when ctrl refuses it (OUT_OF_RANGE: the database was
+//     restored or failed over), the session ends and a new one, with a
+//     queue of its own, bootstraps again; its garbage collection does not
+//     let the old history's versions keep an object
+//     (TestLoopBootstrapsAgainAfterCtrlsDatabaseWentBack).
 //  5. Safe GC. Deletion happens only after an explicit BootstrapComplete
 //     (or a complete resync listing), only of what the plugin's inventory
 //     holds (objects with Krane's label), never of an object applied at a

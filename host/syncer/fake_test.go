@@ -583,3 +583,13 @@ func (w *world) queueLen() int {
 	defer q.mu.Unlock()
 	return len(q.objects)
 }
+
+// testutilCount reads a counter.
+func testutilCount(t testing.TB, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -89,7 +91,20 @@ type Loop struct {
 	mu           sync.Mutex
 	q            *queue
 	bootstrapped atomic.Bool // a complete bootstrap happened since start
-	resyncNow    chan struct{}
+	// newHistory: ctrl refused a cursor because its database went back in
+	// time; until the next bootstrap's garbage collection, the versions the
+	// inventory's objects carry are from the old history and say nothing.
+	newHistory atomic.Bool
+	resyncNow  chan struct{}
+}
+
+// errHistoryChanged ends a session whose cursor belongs to another history
+// of ctrl's database: the next session bootstraps with a queue of its own,
+// since every version the old one remembers is from the old history.
+type errHistoryChanged struct{ err error }
+
+func (e errHistoryChanged) Error() string {
+	return "ctrl's database went back in time (restored or failed over): " + e.err.Error()
 }
 
 // NewLoop builds a loop; Run starts it.
@@ -143,12 +158,20 @@ func (l *Loop) Run(ctx context.Context) {
 			case <-sctx.Done():
 			}
 		}()
-		l.session(sctx, ctl)
+		// A session whose cursor ctrl refused is followed by another one,
+		// which bootstraps again, on the same plugin instance.
+		for l.session(sctx, ctl) && sctx.Err() == nil {
+			l.Metrics.Rebootstraps.WithLabelValues(l.Kind).Inc()
+		}
 		cancel()
 	}
 }
 
-func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
+// session syncs until ctx ends or ctrl refuses its cursor (then it
+// returns true).
+func (l *Loop) session(ctx context.Context, ctl sdk.Controller) (again bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	o := l.options()
 	q := newQueue(o.Retry, o.Park, o.MaxAttempts)
 	l.mu.Lock()
@@ -163,6 +186,7 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 		}()
 	}
 	defer wg.Wait()
+	defer cancel() // before the wait: the workers and resyncs stop
 
 	// applied is closed once the first bootstrap of this session is applied
 	// and garbage-collected; resyncs start only then.
@@ -188,14 +212,24 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 	// the queue holds the full snapshot and reconnects resume from the
 	// cursor; before it, a broken stream restarts the bootstrap from 0.
 	complete := false
+	// gen is the database generation of this session's versions, as the
+	// bootstrap's stream stated it.
+	gen := ""
 	for ctx.Err() == nil {
 		after := q.Cursor()
 		if !complete {
 			after = 0
 		}
-		err := l.stream(ctx, q, after, &complete, bootstrapped)
+		err := l.stream(ctx, q, after, &gen, &complete, bootstrapped)
 		if ctx.Err() != nil {
-			return
+			return false
+		}
+		var hc errHistoryChanged
+		if errors.As(err, &hc) {
+			l.newHistory.Store(true)
+			l.Log.Warn("ctrl refused the cursor: its database went back in time; bootstrapping this kind again (apply what the database holds, garbage-collect what it does not)",
+				"error", hc.err, "cursor", q.Cursor(), "generation", gen)
+			return true
 		}
 		l.Metrics.Reconnects.WithLabelValues(l.Kind).Inc()
 		wait := Jitter(o.ReconnectMin, o.ReconnectMax)
@@ -206,17 +240,26 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) {
 		}
 		o = l.options()
 	}
+	return false
 }
 
-// stream reads one Watch stream until it fails or falls silent.
-func (l *Loop) stream(ctx context.Context, q *queue, after uint64, complete *bool, bootstrapped func(max uint64, snapshot map[string]struct{})) error {
+// stream reads one Watch stream until it fails or falls silent. gen is the
+// database generation the cursor belongs to; a bootstrap sets it.
+func (l *Loop) stream(ctx context.Context, q *queue, after uint64, gen *string, complete *bool, bootstrapped func(max uint64, snapshot map[string]struct{})) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	q.Resume(after)
 	wd := newWatchdog(l.options().StreamTimeout, cancel)
 	defer wd.got()
 	wd.wait()
-	st, err := l.Client.Watch(sctx, &clusterv1.WatchRequest{Kind: l.Kind, Region: l.Region, AfterVersion: after})
+	req := &clusterv1.WatchRequest{Kind: l.Kind, Region: l.Region, AfterVersion: after}
+	if after > 0 {
+		req.Generation = *gen
+	}
+	st, err := l.Client.Watch(sctx, req)
+	if status.Code(err) == codes.OutOfRange {
+		return errHistoryChanged{err}
+	}
 	if err != nil {
 		return wd.explain("open watch", fmt.Errorf("open watch: %w", err))
 	}
@@ -232,6 +275,11 @@ func (l *Loop) stream(ctx context.Context, q *queue, after uint64, complete *boo
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return errors.New("ctrl closed the stream")
+			}
+			if status.Code(err) == codes.OutOfRange {
+				// The cursor is ahead of ctrl's head, or from another
+				// generation of its database.
+				return errHistoryChanged{err}
 			}
 			return wd.explain("watch", err)
 		}
@@ -254,13 +302,17 @@ func (l *Loop) stream(ctx context.Context, q *queue, after uint64, complete *boo
 			max := e.BootstrapComplete.GetMaxVersion()
 			q.MarkReceived(max)
 			if live != nil {
-				l.Log.Info("bootstrap received", "objects", len(live), "max_version", max)
+				*gen = e.BootstrapComplete.GetGeneration()
+				l.Log.Info("bootstrap received", "objects", len(live), "max_version", max, "generation", *gen)
 				*complete = true
 				snapshot := live
 				live = nil
 				bootstrapped(max, snapshot)
 			}
 		case *clusterv1.WatchEvent_KeepAlive:
+			if g := e.KeepAlive.GetGeneration(); g != "" && *gen != "" && g != *gen {
+				return errHistoryChanged{fmt.Errorf("the stream states database generation %s, the cursor belongs to %s", g, *gen)}
+			}
 			l.Metrics.Head.WithLabelValues(l.Kind).Set(float64(e.KeepAlive.GetHeadVersion()))
 		}
 		cur := q.Cursor()
@@ -274,7 +326,13 @@ func (l *Loop) afterBootstrap(ctx context.Context, ctl sdk.Controller, q *queue,
 	if err := waitCursor(ctx, q, max); err != nil {
 		return
 	}
-	l.collect(ctx, ctl, q, max, live, "bootstrap")
+	// After ctrl's database went back in time, the inventory's objects
+	// carry versions of the old history, possibly above this snapshot's:
+	// they do not keep an object the restored database does not hold.
+	newHistory := l.newHistory.Load()
+	if l.collect(ctx, ctl, q, max, live, "bootstrap", newHistory) && newHistory {
+		l.newHistory.Store(false)
+	}
 	l.bootstrapped.Store(true)
 	done()
 	l.Log.Info("bootstrap applied", "objects", len(live), "cursor", q.Cursor(), "parked", q.Parked())
@@ -292,8 +350,11 @@ func waitCursor(ctx context.Context, q *queue, v uint64) error {
 }
 
 // collect deletes inventory objects that the snapshot at version `asOf`
-// did not name, subject to the brake.
-func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf uint64, desired map[string]struct{}, why string) {
+// did not name, subject to the brake. With oldVersions, the versions the
+// inventory reports are from an older history of ctrl's database and keep
+// nothing. It reports whether the pass ran to the end (nothing to delete,
+// or deletions queued).
+func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf uint64, desired map[string]struct{}, why string, oldVersions bool) bool {
 	o := l.options()
 	l.clearFailures(q, asOf, desired)
 	ictx, cancel := context.WithTimeout(ctx, o.ApplyTimeout)
@@ -301,7 +362,7 @@ func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf u
 	cancel()
 	if err != nil {
 		l.Log.Error("inventory failed; skipping garbage collection this time", "error", err, "pass", why)
-		return
+		return false
 	}
 	items := inv.Items
 	var doomed []sdk.InventoryItem
@@ -310,13 +371,13 @@ func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf u
 			continue
 		}
 		// Created or changed by a change newer than the snapshot: keep it.
-		if applied, busy := q.Applied(it.ID); busy || applied > asOf || it.Version > asOf {
+		if applied, busy := q.Applied(it.ID); busy || applied > asOf || (it.Version > asOf && !oldVersions) {
 			continue
 		}
 		doomed = append(doomed, it)
 	}
 	if len(doomed) == 0 {
-		return
+		return true
 	}
 	allowed := max(o.GC.MinDeletes, int(o.GC.MaxDeleteFraction*float64(len(items))))
 	if len(doomed) > allowed && !o.GC.AllowMassDelete {
@@ -325,13 +386,14 @@ func (l *Loop) collect(ctx context.Context, ctl sdk.Controller, q *queue, asOf u
 			"pass", why, "would_delete", len(doomed), "managed", len(items), "allowed", allowed,
 			"example", doomed[0].ID,
 			"fix", "if this is intended, set gc { allow_mass_delete = true } in krane.hcl (or KRANE_GC__ALLOW_MASS_DELETE=true) and reload, then turn it off again")
-		return
+		return false
 	}
 	for _, it := range doomed {
 		q.Collect(sdk.Change{Kind: l.Kind, ID: it.ID, Version: asOf, Deleted: true})
 	}
 	l.Metrics.GCDeletions.WithLabelValues(l.Kind).Add(float64(len(doomed)))
 	l.Log.Info("garbage collecting objects desired state no longer names", "pass", why, "count", len(doomed), "managed", len(items))
+	return true
 }
 
 // clearFailures clears the reported failures of objects that desired state
@@ -408,7 +470,7 @@ func (l *Loop) resync(ctx context.Context, ctl sdk.Controller, q *queue) error {
 			continue
 		}
 		if b := ev.GetBootstrapComplete(); b != nil {
-			l.collect(ctx, ctl, q, b.GetMaxVersion(), desired, "resync")
+			l.collect(ctx, ctl, q, b.GetMaxVersion(), desired, "resync", l.newHistory.Load())
 			break
 		}
 	}

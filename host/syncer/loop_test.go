@@ -335,3 +335,40 @@ func TestLoopReloadWhileApplying(t *testing.T) {
 		t.Errorf("applies went backwards: %v", w.plugin.cluster.stale)
 	}
 }
+
+// TestLoopBootstrapsAgainAfterCtrlsDatabaseWentBack: ctrl's database is
+// restored from a backup (or fails over to a replica that lagged): the
+// changes after the backup are lost and their versions are issued again.
+// ctrl refuses the host's cursor, and the loop bootstraps again: what the
+// restored database holds is applied, a new change at a reissued version
+// included, and what it does not hold is collected, though the cluster
+// holds it at versions above the restored head.
+func TestLoopBootstrapsAgainAfterCtrlsDatabaseWentBack(t *testing.T) {
+	w := newWorld(t, testOptions())
+	w.put("a", "1")
+	backup := w.ctrl.Head()
+	w.put("lost-1", "1")
+	w.put("lost-2", "1")
+	w.put("lost-3", "1")
+	w.start()
+	w.waitBootstrapped()
+	w.waitCursor(w.ctrl.Head())
+	w.waitApplied("lost-3", w.ctrl.Head())
+
+	w.ctrl.Restore(backup)
+	reissued := w.put("b", "1") // at a version the host has seen already
+	want := w.desired([]string{"a", "b", "lost-1", "lost-2", "lost-3"})
+	waitFor(t, "the cluster converged to the restored database", func() error {
+		if d := diff(want, w.plugin.cluster.state()); len(d) > 0 {
+			return fmt.Errorf("%v", d)
+		}
+		return nil
+	})
+	w.waitApplied("b", reissued)
+	if n := testutilCount(t, w.metrics.Rebootstraps.WithLabelValues(testKind)); n < 1 {
+		t.Errorf("rebootstraps counted: %v, want at least 1", n)
+	}
+	// And it streams from the new head: a change after the restore.
+	v := w.put("c", "1")
+	w.waitApplied("c", v)
+}

@@ -9,6 +9,7 @@ package clustertest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sort"
 	"sync"
@@ -65,6 +66,8 @@ type Server struct {
 	refuseHeartbeats bool
 	// KeepAlive is the idle keep-alive interval.
 	KeepAlive time.Duration
+	// generation names the history of versions (see Restore).
+	generation int
 }
 
 type key struct{ kind, id string }
@@ -124,6 +127,26 @@ func (s *Server) commit(c *clusterv1.ResourceChange) uint64 {
 	s.notify = make(chan struct{})
 	return c.Version
 }
+
+// Restore takes the desired state back to what it was at version to, as a
+// database restored from a backup taken then (or a replica that lagged):
+// later changes are lost, their versions will be issued again, and the
+// history gets a new generation. Open streams are dropped.
+func (s *Server) Restore(to uint64) {
+	s.mu.Lock()
+	i := sort.Search(len(s.changes), func(i int) bool { return s.changes[i].Version > to })
+	s.changes = s.changes[:i:i]
+	s.objects = map[key]*clusterv1.ResourceChange{}
+	for _, c := range s.changes {
+		s.objects[key{c.Kind, c.Id}] = c
+	}
+	s.head = to
+	s.generation++
+	s.mu.Unlock()
+	s.DropStreams()
+}
+
+func (s *Server) generationLocked() string { return fmt.Sprintf("gen-%d", s.generation) }
 
 // Head is the newest version.
 func (s *Server) Head() uint64 {
@@ -231,6 +254,12 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 	if err := s.waitUnstalled(ctx); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	gen, head := s.generationLocked(), s.head
+	s.mu.Unlock()
+	if cursor > 0 && (cursor > head || req.GetGeneration() != "" && req.GetGeneration() != gen) {
+		return status.Errorf(codes.OutOfRange, "cursor %d (generation %q) is from another history: head %d, generation %s", cursor, req.GetGeneration(), head, gen)
+	}
 	if cursor == 0 {
 		snap, head := s.snapshot(req.GetKind())
 		for _, c := range snap {
@@ -238,7 +267,7 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 				return err
 			}
 		}
-		if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head}}}); err != nil {
+		if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_BootstrapComplete{BootstrapComplete: &clusterv1.BootstrapComplete{MaxVersion: head, Generation: gen}}}); err != nil {
 			return err
 		}
 		cursor = head
@@ -273,7 +302,7 @@ func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_
 			if err := s.waitUnstalled(ctx); err != nil {
 				return err
 			}
-			ka := &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now()}
+			ka := &clusterv1.KeepAlive{HeadVersion: head, ServerTime: timestamppb.Now(), Generation: gen}
 			if err := st.Send(&clusterv1.WatchEvent{Event: &clusterv1.WatchEvent_KeepAlive{KeepAlive: ka}}); err != nil {
 				return err
 			}

@@ -143,8 +143,17 @@ type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	// Must equal the token's region; empty means the token's region.
-	Region        string `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
-	AfterVersion  uint64 `protobuf:"varint,3,opt,name=after_version,json=afterVersion,proto3" json:"after_version,omitempty"`
+	Region       string `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	AfterVersion uint64 `protobuf:"varint,3,opt,name=after_version,json=afterVersion,proto3" json:"after_version,omitempty"`
+	// The database generation after_version belongs to, as the stream that
+	// delivered it stated it (BootstrapComplete, KeepAlive); empty when not
+	// known. A stream whose after_version is ahead of the head, or whose
+	// generation is not the database's, is refused with OUT_OF_RANGE: the
+	// database went back in time (restored from a backup, failed over to a
+	// replica that lagged), versions at or below the cursor were issued
+	// again, and the client must bootstrap this kind again from
+	// after_version = 0.
+	Generation    string `protobuf:"bytes,4,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -198,6 +207,13 @@ func (x *WatchRequest) GetAfterVersion() uint64 {
 		return x.AfterVersion
 	}
 	return 0
+}
+
+func (x *WatchRequest) GetGeneration() string {
+	if x != nil {
+		return x.Generation
+	}
+	return ""
 }
 
 type WatchEvent struct {
@@ -394,8 +410,11 @@ func (x *ResourceChange) GetTraceparent() string {
 // max_version has been sent, and nothing else exists in the region. Only after
 // this marker may an agent garbage-collect objects the snapshot did not name.
 type BootstrapComplete struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MaxVersion    uint64                 `protobuf:"varint,1,opt,name=max_version,json=maxVersion,proto3" json:"max_version,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	MaxVersion uint64                 `protobuf:"varint,1,opt,name=max_version,json=maxVersion,proto3" json:"max_version,omitempty"`
+	// The database generation the versions belong to (see
+	// WatchRequest.generation).
+	Generation    string `protobuf:"bytes,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -437,12 +456,22 @@ func (x *BootstrapComplete) GetMaxVersion() uint64 {
 	return 0
 }
 
+func (x *BootstrapComplete) GetGeneration() string {
+	if x != nil {
+		return x.Generation
+	}
+	return ""
+}
+
 // KeepAlive is sent on idle streams so proxies keep them open and agents can
 // measure their lag.
 type KeepAlive struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HeadVersion   uint64                 `protobuf:"varint,1,opt,name=head_version,json=headVersion,proto3" json:"head_version,omitempty"`
-	ServerTime    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	HeadVersion uint64                 `protobuf:"varint,1,opt,name=head_version,json=headVersion,proto3" json:"head_version,omitempty"`
+	ServerTime  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	// The database generation head_version belongs to; a client whose
+	// cursor belongs to another one bootstraps again.
+	Generation    string `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -489,6 +518,13 @@ func (x *KeepAlive) GetServerTime() *timestamppb.Timestamp {
 		return x.ServerTime
 	}
 	return nil
+}
+
+func (x *KeepAlive) GetGeneration() string {
+	if x != nil {
+		return x.Generation
+	}
+	return ""
 }
 
 type ListDesiredRequest struct {
@@ -3060,12 +3096,15 @@ var File_krane_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x1ekrane/cluster/v1/cluster.proto\x12\x10krane.cluster.v1\x1a\x1bbuf/validate/validate.proto\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x01\n" +
+	"\x1ekrane/cluster/v1/cluster.proto\x12\x10krane.cluster.v1\x1a\x1bbuf/validate/validate.proto\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n" +
 	"\fWatchRequest\x12\x1c\n" +
 	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x1f\n" +
 	"\x06region\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\x124\n" +
 	"\rafter_version\x18\x03 \x01(\x04B\x0f\xbaH\f2\n" +
-	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\fafterVersion\"\xe5\x01\n" +
+	"\x18\xff\xff\xff\xff\xff\xff\xff\xff\x7fR\fafterVersion\x12'\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\tB\a\xbaH\x04r\x02(@R\n" +
+	"generation\"\xe5\x01\n" +
 	"\n" +
 	"WatchEvent\x12:\n" +
 	"\x06change\x18\x01 \x01(\v2 .krane.cluster.v1.ResourceChangeH\x00R\x06change\x12T\n" +
@@ -3079,14 +3118,20 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x18\n" +
 	"\adeleted\x18\x04 \x01(\bR\adeleted\x12(\n" +
 	"\x04spec\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\x04spec\x12 \n" +
-	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"4\n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"T\n" +
 	"\x11BootstrapComplete\x12\x1f\n" +
 	"\vmax_version\x18\x01 \x01(\x04R\n" +
-	"maxVersion\"k\n" +
+	"maxVersion\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\tR\n" +
+	"generation\"\x8b\x01\n" +
 	"\tKeepAlive\x12!\n" +
 	"\fhead_version\x18\x01 \x01(\x04R\vheadVersion\x12;\n" +
 	"\vserver_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"serverTime\"S\n" +
+	"serverTime\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\tR\n" +
+	"generation\"S\n" +
 	"\x12ListDesiredRequest\x12\x1c\n" +
 	"\x04kind\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04kind\x12\x1f\n" +
 	"\x06region\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\x06region\"P\n" +
