@@ -23,6 +23,9 @@
 //     CtrlIngress, the signed gateway for ctrl's own calls), their endpoint
 //     and registration, and the Notifier that wakes deploys when clusters
 //     report;
+//   - api: what every gRPC service shares at its boundary: the one
+//     field-error type, the one mapping of errors to gRPC statuses (an
+//     interceptor) and paging with its page-token codec;
 //   - deployapi: the operators' DeploymentService (and SentinelService
 //     and rollouts);
 //   - resourceapi: the operators' ResourceService for plugin kinds;
@@ -31,6 +34,5 @@
 //   - serve: `ctrl serve` wiring (configuration, gRPC and HTTP servers, the
 //     Restate side);
 //   - cli: the `ctrl` command line (cmd/ctrl is its main);
-//   - internal/paging: the page size and page token of the list APIs;
 //   - internal/ctrltest: a real ctrl for tests.
 package ctrl

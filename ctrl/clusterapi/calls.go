@@ -3,6 +3,7 @@ package clusterapi
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -29,7 +30,7 @@ func (s *Server) desired(ctx context.Context, kind, id string) (store.Change, er
 		return store.Change{}, errorf(codes.NotFound, "no %s %q in region %q", kind, id, who.Region)
 	}
 	if err != nil {
-		return store.Change{}, storeError(ctx, err, "reading the desired state failed")
+		return store.Change{}, fmt.Errorf("reading the desired state failed: %w", err)
 	}
 	if c.Err != nil {
 		s.log.Error("desired-state row cannot be converted", "kind", kind, "region", who.Region, "id", id, "version", c.Version, "error", c.Err)
@@ -86,16 +87,16 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 	case errors.Is(err, errStopping):
 		return nil, status.Error(codes.Unavailable, "ctrl is stopping; the heartbeat was not recorded: send it again")
 	case err != nil:
-		return nil, storeError(ctx, err, "recording the heartbeat failed")
+		return nil, fmt.Errorf("recording the heartbeat failed: %w", err)
 	case errors.Is(errs[0], store.ErrNotFound):
 		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl cluster register`)", who.ClusterID, who.Region)
 	case errs[0] != nil:
-		return nil, storeError(ctx, errs[0], "recording the heartbeat failed")
+		return nil, fmt.Errorf("recording the heartbeat failed: %w", errs[0])
 	}
 	head, ok := s.poller.regionHead(who.Region)
 	if !ok {
 		if head, err = s.store.RegionHead(ctx, who.Region); err != nil {
-			return nil, storeError(ctx, err, "reading the head version failed")
+			return nil, fmt.Errorf("reading the head version failed: %w", err)
 		}
 	}
 	return &clusterv1.HeartbeatResponse{HeadVersion: head}, nil

@@ -3,6 +3,7 @@ package clusterapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/bounds"
 	"krane.dev/ctrl/store"
@@ -118,7 +120,7 @@ func (d decodedReport) report(who auth.Identity) (store.Report, error) {
 	}
 	r, err := store.StatusReport(d.kind, who.Region, who.ClusterID, d.id, d.obs, d.msg)
 	if err != nil {
-		return r, invalidField("status", "%v", err)
+		return r, api.Fieldf("status", "%v", err)
 	}
 	return r, nil
 }
@@ -147,7 +149,7 @@ func (s *Server) storeReports(ctx context.Context, who auth.Identity, reps []sto
 	case err != nil:
 		s.m.reports.WithLabelValues("all", "error").Add(float64(len(reps)))
 		s.log.Error("cannot store status reports", "region", who.Region, "cluster_id", who.ClusterID, "reports", len(reps), "error", err)
-		return nil, storeError(ctx, err, "storing the reports failed")
+		return nil, fmt.Errorf("storing the reports failed: %w", err)
 	}
 	return stored, nil
 }
@@ -200,7 +202,7 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 		return d, false, err
 	}
 	if d.id == "" {
-		return d, false, invalidField("id", "an object id is required")
+		return d, false, api.Fieldf("id", "an object id is required")
 	}
 	invalid := func(err error) (decodedReport, bool, error) {
 		s.m.reports.WithLabelValues(s.kindLabel(d.kind), "invalid").Inc()
@@ -221,7 +223,7 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 			if ae.GetVersion() > ahead.Current {
 				field, v = "apply_error.version", ae.GetVersion()
 			}
-			return invalid(invalidField(field, "%d is above version %d of %s %q: ctrl never issued it", v, ahead.Current, d.kind, d.id))
+			return invalid(api.Fieldf(field, "%d is above version %d of %s %q: ctrl never issued it", v, ahead.Current, d.kind, d.id))
 		case errors.Is(err, store.ErrNotFound):
 			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "not_found").Inc()
 			return d, false, errorf(codes.NotFound, "no %s %q in region %q: a cluster reports apply errors only on its region's objects", d.kind, d.id, who.Region)
@@ -229,7 +231,7 @@ func (s *Server) decodeReport(ctx context.Context, who auth.Identity, req *clust
 			s.m.reports.WithLabelValues(s.kindLabel(d.kind), "not_found").Inc()
 			return d, false, errorf(codes.NotFound, "cluster %q is not registered in region %q (it was removed): its apply errors are not kept", who.ClusterID, who.Region)
 		case err != nil:
-			return d, false, storeError(ctx, err, "recording the apply error failed")
+			return d, false, fmt.Errorf("recording the apply error failed: %w", err)
 		}
 		if ae.GetMessage() != "" {
 			s.log.Warn("cluster cannot apply a change", "kind", d.kind, "id", d.id, "region", who.Region, "cluster", who.ClusterID,
@@ -258,16 +260,16 @@ func (s *Server) decodeStatus(d *decodedReport) error {
 	default:
 		doc, err := statusJSON(d.raw)
 		if err != nil {
-			return invalidField("status", "the status of %s %q: %v", d.kind, d.id, err)
+			return api.Fieldf("status", "the status of %s %q: %v", d.kind, d.id, err)
 		}
 		if len(doc) > MaxGenericStatusBytes {
-			return invalidField("status", "%d bytes as JSON; at most %d", len(doc), MaxGenericStatusBytes)
+			return api.Fieldf("status", "%d bytes as JSON; at most %d", len(doc), MaxGenericStatusBytes)
 		}
 		d.doc = doc
 		return nil
 	}
 	if d.raw == nil || d.raw.UnmarshalTo(d.msg) != nil {
-		return invalidField("status", "the status of a %s must be a %s", d.kind, d.msg.ProtoReflect().Descriptor().FullName())
+		return api.Fieldf("status", "the status of a %s must be a %s", d.kind, d.msg.ProtoReflect().Descriptor().FullName())
 	}
 	if err := checkStatusNames(d); err != nil {
 		return err
@@ -294,7 +296,7 @@ func checkStatusNames(d *decodedReport) error {
 		*named = d.id
 	}
 	if *named != d.id {
-		return invalidField(field, "the report is for %s %q but its status names %q", d.kind, d.id, *named)
+		return api.Fieldf(field, "the report is for %s %q but its status names %q", d.kind, d.id, *named)
 	}
 	return nil
 }
@@ -361,7 +363,7 @@ func (s *Server) outcome(ctx context.Context, who auth.Identity, d decodedReport
 	switch err := r.Err; {
 	case errors.As(err, &ahead):
 		s.m.reports.WithLabelValues(label, "invalid").Inc()
-		return false, invalidField("observed_version", "%d is above version %d of %s %q: ctrl never issued it", d.obs.Version, ahead.Current, d.kind, d.id)
+		return false, api.Fieldf("observed_version", "%d is above version %d of %s %q: ctrl never issued it", d.obs.Version, ahead.Current, d.kind, d.id)
 	case errors.Is(err, store.ErrNotFound):
 		s.m.reports.WithLabelValues(label, "not_found").Inc()
 		return false, errorf(codes.NotFound, "no %s %q in region %q", d.kind, d.id, who.Region)
@@ -371,7 +373,7 @@ func (s *Server) outcome(ctx context.Context, who auth.Identity, d decodedReport
 	case err != nil:
 		s.m.reports.WithLabelValues(label, "error").Inc()
 		s.log.Error("cannot store a status report", "kind", d.kind, "region", who.Region, "id", d.id, "cluster_id", who.ClusterID, "error", err)
-		return false, storeError(ctx, err, "storing the report failed")
+		return false, fmt.Errorf("storing the report failed: %w", err)
 	case !r.Accepted:
 		s.m.reports.WithLabelValues(label, "stale").Inc()
 		s.log.Debug("ignored a stale report", "kind", d.kind, "region", who.Region, "id", d.id, "observed_version", d.obs.Version)

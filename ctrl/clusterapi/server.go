@@ -275,15 +275,6 @@ func (s *Server) kindLabel(kind string) string {
 	return kind
 }
 
-// storeError turns a store error into a status: the caller's own
-// cancellation as such, anything else as UNAVAILABLE with what to do.
-func storeError(ctx context.Context, err error, what string) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	return status.Errorf(codes.Unavailable, "%s: the desired-state database is unavailable (%v); retry with backoff", what, err)
-}
-
 func errorf(code codes.Code, format string, args ...any) error {
 	return status.Error(code, fmt.Sprintf(format, args...))
 }

@@ -3,6 +3,7 @@ package clusterapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -64,7 +65,7 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 				"kind", kind, "region", region, "after_version", after, "head", ce.Head, "generation", generation, "current_generation", ce.Current, "detected_now", ce.Detected)
 			return status.Error(codes.OutOfRange, ce.Error())
 		}
-		return storeError(ctx, err, "cannot check the stream's cursor")
+		return fmt.Errorf("cannot check the stream's cursor: %w", err)
 	}
 
 	cursor := after
@@ -92,7 +93,7 @@ func (s *Server) snapshot(ctx context.Context, kind, region string, out sink) (u
 	start := time.Now()
 	sn, err := s.store.OpenSnapshot(ctx, kind, region)
 	if err != nil {
-		return 0, storeError(ctx, err, "cannot start the snapshot")
+		return 0, fmt.Errorf("cannot start the snapshot: %w", err)
 	}
 	defer sn.Close()
 	label := s.kindLabel(kind)
@@ -104,7 +105,7 @@ func (s *Server) snapshot(ctx context.Context, kind, region string, out sink) (u
 		page, err := sn.Next(ctx, s.pageSize)
 		queries.Observe(time.Since(qStart).Seconds())
 		if err != nil {
-			return 0, storeError(ctx, err, "snapshot page failed; reconnect from version 0")
+			return 0, fmt.Errorf("snapshot page failed; reconnect from version 0: %w", err)
 		}
 		for _, c := range page {
 			if !s.convertible(c, region) {
@@ -192,7 +193,7 @@ func (s *Server) catchUp(ctx context.Context, f *feed, key store.HeadKey, cursor
 		return err
 	}
 	resume := func(err error) error {
-		return storeError(ctx, err, "reading changes failed; reconnect with after_version="+strconv.FormatUint(cursor, 10))
+		return fmt.Errorf("%s: %w", "reading changes failed; reconnect with after_version="+strconv.FormatUint(cursor, 10), err)
 	}
 	// The target is read before asOf: every version up to it committed
 	// before asOf.

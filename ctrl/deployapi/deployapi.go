@@ -16,7 +16,6 @@ package deployapi
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"maps"
@@ -31,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
@@ -93,19 +93,19 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 			"an operator creates one with `ctrl vault init`")
 	}
 	if err := deployspec.ValidRegions("regions", req.GetRegions()); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	id := deployspec.NewDeploymentID()
 	spec := deployspec.FromCreateRequest(id, req)
 	if err := spec.Validate(); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	if err := checkSecretValues(secrets); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	secretKeys := slices.Sorted(maps.Keys(secrets))
 	if err := deployspec.ValidSecretEnvKeys("secret_env", secretKeys, spec.EnvVars); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	if err := s.checkRegions(ctx, req.GetRegions()); err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 	if len(secrets) > 0 {
 		blob, err := s.vault.Seal(id, secrets)
 		if err != nil {
-			return nil, invalid(&deployspec.FieldError{Field: "secret_env", Reason: err.Error()})
+			return nil, &deployspec.FieldError{Field: "secret_env", Reason: err.Error()}
 		}
 		spec.EncryptedEnv, spec.SecretEnvKeys = blob, secretKeys
 	}
@@ -151,7 +151,7 @@ func (s *Server) replay(ctx context.Context, key string) (*ctrlv1.CreateDeployme
 		return nil, nil
 	}
 	if err != nil {
-		return nil, s.storeError(ctx, err, "looking up the idempotency key failed")
+		return nil, fmt.Errorf("looking up the idempotency key failed: %w", err)
 	}
 	return s.ensureStarted(ctx, id)
 }
@@ -161,7 +161,7 @@ func (s *Server) replay(ctx context.Context, key string) (*ctrlv1.CreateDeployme
 func (s *Server) ensureStarted(ctx context.Context, id string) (*ctrlv1.CreateDeploymentResponse, error) {
 	stored, err := s.store.GetDeployment(ctx, id)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the deployment failed")
+		return nil, fmt.Errorf("reading the deployment failed: %w", err)
 	}
 	if stored.Status == store.StatusPending {
 		req := workflows.DeployRequest{Deployment: deployspec.FromStore(stored), Regions: stored.Regions, TimeoutSeconds: stored.TimeoutSeconds}
@@ -182,7 +182,7 @@ func (s *Server) create(ctx context.Context, spec deployspec.Spec, regions []str
 	d.Regions, d.TimeoutSeconds, d.IdempotencyKey = regions, timeout, key
 	id, existed, err := s.store.CreateDeployment(ctx, d, note)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "recording the deployment failed")
+		return nil, fmt.Errorf("recording the deployment failed: %w", err)
 	}
 	if existed {
 		return s.ensureStarted(ctx, id)
@@ -210,7 +210,7 @@ func (s *Server) start(ctx context.Context, req workflows.DeployRequest) error {
 func (s *Server) checkRegions(ctx context.Context, regions []string) error {
 	have, err := s.store.ClusterRegions(ctx)
 	if err != nil {
-		return s.storeError(ctx, err, "reading the registered regions failed")
+		return fmt.Errorf("reading the registered regions failed: %w", err)
 	}
 	if len(regions) == 0 && len(have) == 0 {
 		return status.Error(codes.FailedPrecondition, "regions: none given, and no region has a registered cluster (register one with `ctrl cluster register`)")
@@ -230,15 +230,15 @@ func (s *Server) GetDeployment(ctx context.Context, req *ctrlv1.GetDeploymentReq
 	}
 	states, err := s.store.RegionStates(ctx, d.ID)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the deployment's regions failed")
+		return nil, fmt.Errorf("reading the deployment's regions failed: %w", err)
 	}
 	live, err := s.store.LiveDeployment(ctx, d.EnvironmentID)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the live deployment failed")
+		return nil, fmt.Errorf("reading the live deployment failed: %w", err)
 	}
 	events, err := s.store.DeploymentEvents(ctx, d.ID)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the deployment's history failed")
+		return nil, fmt.Errorf("reading the deployment's history failed: %w", err)
 	}
 	out := deployspec.Info(d, states[d.ID], live == d.ID, true)
 	out.History = deployspec.History(events)
@@ -276,7 +276,7 @@ func fitInstances(info *ctrlv1.DeploymentInfo, limit int) {
 // ListDeployments lists an environment's deployments, newest first.
 func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeploymentsRequest) (*ctrlv1.ListDeploymentsResponse, error) {
 	if err := deployspec.ValidName("environment_id", req.GetEnvironmentId()); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	size := int(req.GetPageSize()) // 0..100, its declared bound
 	if size == 0 {
@@ -284,11 +284,11 @@ func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeployment
 	}
 	cursor, err := decodePageToken(req.GetPageToken())
 	if err != nil {
-		return nil, invalid(&deployspec.FieldError{Field: "page_token", Reason: "not a token from a previous ListDeployments answer"})
+		return nil, err
 	}
 	list, err := s.store.ListDeployments(ctx, req.GetEnvironmentId(), cursor, size+1)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "listing deployments failed")
+		return nil, fmt.Errorf("listing deployments failed: %w", err)
 	}
 	resp := &ctrlv1.ListDeploymentsResponse{}
 	if len(list) > size {
@@ -302,11 +302,11 @@ func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeployment
 	}
 	states, err := s.store.RegionStates(ctx, ids...)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the deployments' regions failed")
+		return nil, fmt.Errorf("reading the deployments' regions failed: %w", err)
 	}
 	live, err := s.store.LiveDeployment(ctx, req.GetEnvironmentId())
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the live deployment failed")
+		return nil, fmt.Errorf("reading the live deployment failed: %w", err)
 	}
 	for _, d := range list {
 		resp.Deployments = append(resp.Deployments, deployspec.Info(d, states[d.ID], live == d.ID, false))
@@ -323,11 +323,11 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 		return resp, err
 	}
 	if err := deployspec.ValidName("environment_id", env); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	live, err := s.store.LiveDeployment(ctx, env)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the live deployment failed")
+		return nil, fmt.Errorf("reading the live deployment failed: %w", err)
 	}
 	targetID := req.GetTargetDeploymentId()
 	if targetID == "" {
@@ -336,14 +336,14 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 		}
 		liveDep, err := s.store.GetDeployment(ctx, live)
 		if err != nil {
-			return nil, s.storeError(ctx, err, "reading the live deployment failed")
+			return nil, fmt.Errorf("reading the live deployment failed: %w", err)
 		}
 		targetID, err = s.store.LastReadyBefore(ctx, liveDep)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, status.Errorf(codes.FailedPrecondition, "no deployment of environment %s before the live one (%s) ever became ready: name target_deployment_id", env, live)
 		}
 		if err != nil {
-			return nil, s.storeError(ctx, err, "finding the rollback target failed")
+			return nil, fmt.Errorf("finding the rollback target failed: %w", err)
 		}
 	}
 	target, err := s.deployment(ctx, "target_deployment_id", targetID)
@@ -351,21 +351,21 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 		return nil, err
 	}
 	if target.EnvironmentID != env {
-		return nil, invalid(&deployspec.FieldError{Field: "target_deployment_id", Reason: fmt.Sprintf("deployment %s belongs to environment %s, not %s", target.ID, target.EnvironmentID, env)})
+		return nil, &deployspec.FieldError{Field: "target_deployment_id", Reason: fmt.Sprintf("deployment %s belongs to environment %s, not %s", target.ID, target.EnvironmentID, env)}
 	}
 	if target.ID == live {
 		return nil, status.Errorf(codes.FailedPrecondition, "deployment %s is already live in environment %s; there is nothing to roll back", target.ID, env)
 	}
 	ready, err := s.store.EverReady(ctx, target.ID)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the target's history failed")
+		return nil, fmt.Errorf("reading the target's history failed: %w", err)
 	}
 	if !ready {
 		return nil, status.Errorf(codes.FailedPrecondition, "deployment %s never became ready; roll back to one that did (see `ctrl deploy list`)", target.ID)
 	}
 	states, err := s.store.RegionStates(ctx, target.ID)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the target's regions failed")
+		return nil, fmt.Errorf("reading the target's regions failed: %w", err)
 	}
 	regions := target.Regions
 	if rs := states[target.ID]; len(rs) > 0 {
@@ -441,7 +441,7 @@ func (s *Server) Promote(ctx context.Context, req *ctrlv1.PromoteRequest) (*ctrl
 		return tx.RecordEvent(ctx, d.ID, cur, msg)
 	})
 	if err != nil {
-		return nil, s.storeError(ctx, err, "promoting failed")
+		return nil, fmt.Errorf("promoting failed: %w", err)
 	}
 	s.log.Info("deployment promoted", "deployment", d.ID, "environment", d.EnvironmentID, "by", caller(ctx))
 	return &ctrlv1.PromoteResponse{}, nil
@@ -478,7 +478,7 @@ func (s *Server) StopDeployment(ctx context.Context, req *ctrlv1.StopDeploymentR
 		return tx.SetLiveDeployment(ctx, d.EnvironmentID, "")
 	})
 	if err != nil {
-		return nil, s.storeError(ctx, err, "stopping failed")
+		return nil, fmt.Errorf("stopping failed: %w", err)
 	}
 	if before == store.StatusDeploying || before == store.StatusNetwork {
 		// End the workflow's wait now rather than at its timeout; if this
@@ -504,7 +504,7 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 	// not, and a scale is one statement in a group commit (store).
 	id := req.GetDeploymentId()
 	if id == "" {
-		return nil, invalid(&deployspec.FieldError{Field: "deployment_id", Reason: "a deployment id (dep_...) is required"})
+		return nil, &deployspec.FieldError{Field: "deployment_id", Reason: "a deployment id (dep_...) is required"}
 	}
 	var before int32
 	_, err := s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
@@ -527,7 +527,7 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 		return tx.RecordEvent(ctx, id, cur, fmt.Sprintf("scaled from %d to %d replicas per region by %s", before, req.GetReplicas(), caller(ctx)))
 	})
 	if err != nil {
-		return nil, s.storeError(ctx, err, "scaling failed")
+		return nil, fmt.Errorf("scaling failed: %w", err)
 	}
 	if before != req.GetReplicas() {
 		s.log.Info("deployment scaled", "deployment", id, "from", before, "to", req.GetReplicas(), "by", caller(ctx))
@@ -538,52 +538,35 @@ func (s *Server) ScaleDeployment(ctx context.Context, req *ctrlv1.ScaleDeploymen
 // deployment reads one deployment named by a request field.
 func (s *Server) deployment(ctx context.Context, field, id string) (store.Deployment, error) {
 	if id == "" { // its length is bounded on the request
-		return store.Deployment{}, invalid(&deployspec.FieldError{Field: field, Reason: "a deployment id (dep_...) is required"})
+		return store.Deployment{}, &deployspec.FieldError{Field: field, Reason: "a deployment id (dep_...) is required"}
 	}
 	d, err := s.store.GetDeployment(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.Deployment{}, status.Errorf(codes.NotFound, "%s: no deployment %q", field, id)
 	}
 	if err != nil {
-		return store.Deployment{}, s.storeError(ctx, err, "reading the deployment failed")
+		return store.Deployment{}, fmt.Errorf("reading the deployment failed: %w", err)
 	}
 	return d, nil
 }
 
-// Page tokens are "<created_at ms>/<id>", base64url: opaque to clients.
+// The page key of ListDeployments is "<created_at ms>/<id>", in the one
+// page-token codec (api.EncodeToken).
 func encodePageToken(c store.DeploymentCursor) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.CreatedAt, 10) + "/" + c.ID))
+	return api.EncodeToken(strconv.FormatInt(c.CreatedAt, 10) + "/" + c.ID)
 }
 
 func decodePageToken(t string) (store.DeploymentCursor, error) {
-	if t == "" {
-		return store.DeploymentCursor{}, nil
-	}
-	b, err := base64.RawURLEncoding.DecodeString(t)
-	if err != nil {
+	key, err := api.DecodeToken(t, "ListDeployments")
+	if err != nil || key == "" {
 		return store.DeploymentCursor{}, err
 	}
-	ms, id, ok := strings.Cut(string(b), "/")
+	ms, id, ok := strings.Cut(key, "/")
 	n, err := strconv.ParseInt(ms, 10, 64)
 	if !ok || err != nil || id == "" {
-		return store.DeploymentCursor{}, errors.New("malformed page token")
+		return store.DeploymentCursor{}, &api.FieldError{Field: "page_token", Reason: "not a token from a previous ListDeployments answer"}
 	}
 	return store.DeploymentCursor{CreatedAt: n, ID: id}, nil
-}
-
-func invalid(err error) error { return status.Error(codes.InvalidArgument, err.Error()) }
-
-// storeError passes a status through (from inside a transaction), and
-// turns anything else into UNAVAILABLE.
-func (s *Server) storeError(ctx context.Context, err error, what string) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	s.log.Error(what, "error", err)
-	return status.Errorf(codes.Unavailable, "%s: ctrl's database is unavailable (%v); retry", what, err)
 }
 
 // caller names the operator token's owner, for history and logs.

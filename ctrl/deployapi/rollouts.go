@@ -30,7 +30,7 @@ func (r *Rollouts) StartRollout(ctx context.Context, req *ctrlv1.StartRolloutReq
 	in := workflows.RolloutRequest{Image: req.GetImage(), WavePercentages: req.GetWavePercentages(), SlackWebhookURL: req.GetSlackWebhookUrl(),
 		BakeSeconds: req.GetBakeSeconds(), DeployTimeoutSeconds: req.GetDeployTimeoutSeconds()}
 	if err := in.Validate(); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	st, err := workflows.StartRollout(ctx, r.s.ingress, in)
 	if err != nil {

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/deployspec"
-	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -80,7 +80,7 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	dr := workflows.SentinelDeployRequest{Image: req.GetImage(), Replicas: req.GetReplicas(), CPUMillicores: req.GetCpuMillicores(),
 		MemoryMiB: req.GetMemoryMib(), TimeoutSeconds: req.GetTimeoutSeconds()}
 	if err := dr.Validate(); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	creds := req.GetCredentials()
 	if len(creds) > 0 && s.vault == nil {
@@ -88,7 +88,7 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 			"an operator creates one with `ctrl vault init`")
 	}
 	if err := checkCredentials(creds); err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	row, err := s.sentinel(ctx, req.GetSentinelId())
 	if err != nil {
@@ -132,7 +132,7 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 		}
 	}
 	if row, err = s.store.GetSentinel(ctx, row.ID); err != nil {
-		return nil, s.storeError(ctx, err, "reading the sentinel failed")
+		return nil, fmt.Errorf("reading the sentinel failed: %w", err)
 	}
 	resp.Sentinel = sentinelInfo(row)
 	return resp, nil
@@ -159,7 +159,7 @@ func checkCredentials(creds map[string]string) error {
 func (s *Sentinels) sealCredentials(row store.SentinelRow, creds map[string]string, dr *workflows.SentinelDeployRequest) error {
 	blob, err := s.vault.Seal(row.ID, creds)
 	if err != nil {
-		return invalid(&deployspec.FieldError{Field: "credentials", Reason: err.Error()})
+		return &deployspec.FieldError{Field: "credentials", Reason: err.Error()}
 	}
 	dr.EncryptedCredentials, dr.CredentialNames = blob, slices.Sorted(maps.Keys(creds))
 	if len(row.EncryptedCredentials) > 0 {
@@ -188,7 +188,7 @@ func (s *Sentinels) StopSentinel(ctx context.Context, req *ctrlv1.StopSentinelRe
 		return nil, status.Errorf(codes.NotFound, "sentinel_id: no sentinel %q (see `ctrl sentinel list`)", req.GetSentinelId())
 	}
 	if err != nil {
-		return nil, s.storeError(ctx, err, "stopping the sentinel failed")
+		return nil, fmt.Errorf("stopping the sentinel failed: %w", err)
 	}
 	if stopped {
 		s.log.Info("sentinel stopped", "sentinel", row.ID, "region", row.Region, "environment", row.EnvironmentID, "version", row.Version, "by", caller(ctx))
@@ -211,24 +211,24 @@ func (s *Sentinels) GetSentinel(ctx context.Context, req *ctrlv1.GetSentinelRequ
 func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinelsRequest) (*ctrlv1.ListSentinelsResponse, error) {
 	if r := req.GetRegion(); r != "" {
 		if err := deployspec.ValidRegions("region", []string{r}); err != nil {
-			return nil, invalid(err)
+			return nil, err
 		}
 	}
 	if e := req.GetEnvironmentId(); e != "" {
 		if err := deployspec.ValidName("environment_id", e); err != nil {
-			return nil, invalid(err)
+			return nil, err
 		}
 	}
-	size, after, err := paging.Parse(req.GetPageSize(), req.GetPageToken(), "ListSentinels", 100, 500)
+	size, after, err := api.Parse(req.GetPageSize(), req.GetPageToken(), "ListSentinels", 100, 500)
 	if err != nil {
-		return nil, invalid(err)
+		return nil, err
 	}
 	rows, err := s.store.ListSentinels(ctx, store.SentinelFilter{Region: req.GetRegion(), EnvironmentID: req.GetEnvironmentId()}, after, size+1)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "listing sentinels failed")
+		return nil, fmt.Errorf("listing sentinels failed: %w", err)
 	}
 	resp := &ctrlv1.ListSentinelsResponse{}
-	rows, resp.NextPageToken = paging.Next(rows, size, func(r store.SentinelRow) string { return r.ID })
+	rows, resp.NextPageToken = api.Next(rows, size, func(r store.SentinelRow) string { return r.ID })
 	for _, r := range rows {
 		resp.Sentinels = append(resp.Sentinels, sentinelInfo(r))
 	}
@@ -238,24 +238,16 @@ func (s *Sentinels) ListSentinels(ctx context.Context, req *ctrlv1.ListSentinels
 // sentinel reads one sentinel named by the request.
 func (s *Sentinels) sentinel(ctx context.Context, id string) (store.SentinelRow, error) {
 	if id == "" { // its length is bounded on the request
-		return store.SentinelRow{}, invalid(&deployspec.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"})
+		return store.SentinelRow{}, &deployspec.FieldError{Field: "sentinel_id", Reason: "a sentinel id (sen_...) is required"}
 	}
 	row, err := s.store.GetSentinel(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.SentinelRow{}, status.Errorf(codes.NotFound, "sentinel_id: no sentinel %q (see `ctrl sentinel list`)", id)
 	}
 	if err != nil {
-		return store.SentinelRow{}, s.storeError(ctx, err, "reading the sentinel failed")
+		return store.SentinelRow{}, fmt.Errorf("reading the sentinel failed: %w", err)
 	}
 	return row, nil
-}
-
-func (s *Sentinels) storeError(ctx context.Context, err error, what string) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	s.log.Error(what, "error", err)
-	return status.Errorf(codes.Unavailable, "%s: ctrl's database is unavailable (%v); retry", what, err)
 }
 
 func sentinelInfo(r store.SentinelRow) *ctrlv1.SentinelInfo {

@@ -40,7 +40,7 @@ func targetRegions(ctx context.Context, st *store.Store, regions []string) ([]st
 	}
 	all, err := st.ClusterRegions(ctx)
 	if err != nil {
-		return nil, servedStoreError(ctx, err)
+		return nil, fmt.Errorf("reading the clusters' heartbeats failed: %w", err)
 	}
 	return all, nil
 }
@@ -56,7 +56,7 @@ func refuseUnserved(ctx context.Context, st *store.Store, regions []string, kind
 	case errors.As(err, &nse):
 		return status.Errorf(codes.FailedPrecondition, "%s (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)", why(nse), within)
 	default:
-		return servedStoreError(ctx, err)
+		return fmt.Errorf("reading the clusters' heartbeats failed: %w", err)
 	}
 }
 
@@ -81,7 +81,7 @@ func checkSentinelsServed(ctx context.Context, st *store.Store, env string, regi
 	for after := ""; ; {
 		rows, err := st.ListSentinels(ctx, store.SentinelFilter{EnvironmentID: env}, after, page)
 		if err != nil {
-			return servedStoreError(ctx, err)
+			return fmt.Errorf("reading the clusters' heartbeats failed: %w", err)
 		}
 		for _, r := range rows {
 			if r.DesiredState == "running" {
@@ -107,11 +107,4 @@ func checkSentinelsServed(ctx context.Context, st *store.Store, env string, regi
 			"enable the `sentinel` controller (its controller \"sentinel\" block in krane.hcl) on a cluster of each such region, then deploy again. "+
 			"Nothing was deployed", env, nse.Regions, nse)
 	})
-}
-
-func servedStoreError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	return status.Errorf(codes.Unavailable, "reading the clusters' heartbeats failed: ctrl's database is unavailable (%v); retry", err)
 }

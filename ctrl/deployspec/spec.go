@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"krane.dev/ctrl/api"
 )
 
 // Spec is a deployment's configuration as the workflow journals it (JSON).
@@ -46,17 +48,11 @@ type Healthcheck struct {
 }
 
 // FieldError is invalid input: which field (as the API names it) and why.
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+// It is ctrl's one field-error type, api.FieldError.
+type FieldError = api.FieldError
 
 // Errorf is a FieldError with a formatted reason.
-func Errorf(field, format string, args ...any) *FieldError {
-	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
+func Errorf(field, format string, args ...any) *FieldError { return api.Fieldf(field, format, args...) }
 
 // Limits of a deployment's configuration.
 const (

@@ -17,6 +17,7 @@ package fleetapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -29,8 +30,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
-	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -56,14 +57,13 @@ func (s *Server) Register(gs *grpc.Server) { ctrlv1.RegisterFleetServiceServer(g
 // ListClusters returns the registered clusters (or one region's), a page
 // at a time: page_size clusters or about PageBytes, whichever comes first.
 func (s *Server) ListClusters(ctx context.Context, req *ctrlv1.ListClustersRequest) (*ctrlv1.ListClustersResponse, error) {
-	size, after, err := paging.Parse(req.GetPageSize(), req.GetPageToken(), "ListClusters", 1000, 5000)
-	var pe *paging.Error
-	if errors.As(err, &pe) {
-		return nil, status.Errorf(codes.InvalidArgument, "%s", pe)
+	size, after, err := api.Parse(req.GetPageSize(), req.GetPageToken(), "ListClusters", 1000, 5000)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := Load(ctx, s.store, req.GetRegion())
 	if err != nil {
-		return nil, s.unavailable(ctx, err, "reading the fleet failed")
+		return nil, fmt.Errorf("reading the fleet failed: %w", err)
 	}
 	// Load orders by region, then id: a page starts after its token's.
 	all, start := resp.GetClusters(), 0
@@ -74,7 +74,7 @@ func (s *Server) ListClusters(ctx context.Context, req *ctrlv1.ListClustersReque
 			start++
 		}
 	}
-	resp.Clusters, resp.NextPageToken = paging.NextWithin(all[start:], size, PageBytes, pageKey, func(c *ctrlv1.ClusterInfo) int { return proto.Size(c) })
+	resp.Clusters, resp.NextPageToken = api.NextWithin(all[start:], size, PageBytes, pageKey, func(c *ctrlv1.ClusterInfo) int { return proto.Size(c) })
 	return resp, nil
 }
 
@@ -113,7 +113,7 @@ func (s *Server) RemoveCluster(ctx context.Context, req *ctrlv1.RemoveClusterReq
 		return nil, status.Errorf(codes.NotFound, "no cluster %q is registered (see `ctrl cluster list`)", req.GetClusterId())
 	}
 	if err != nil {
-		return nil, s.unavailable(ctx, err, "removing the cluster failed")
+		return nil, fmt.Errorf("removing the cluster failed: %w", err)
 	}
 	s.log.Info("removed a cluster", "cluster_id", r.ID, "region", r.Region, "by", auth.CallerName(ctx), "tokens_revoked", r.TokensRevoked,
 		"reports", r.Reports, "instances", r.Instances, "apply_errors", r.ApplyErrors)
@@ -263,14 +263,4 @@ func fillLagSeconds(info *ctrlv1.ClusterInfo, since map[store.PendingKey]time.Ti
 		lag := max(0, hb.Sub(at).Seconds())
 		k.LagSeconds = &lag
 	}
-}
-
-// unavailable turns a store error into UNAVAILABLE (or the context's own
-// code when the caller went away).
-func (s *Server) unavailable(ctx context.Context, err error, what string) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	s.log.Error(what, "error", err)
-	return status.Errorf(codes.Unavailable, "%s: ctrl's database is unavailable (%v); retry", what, err)
 }

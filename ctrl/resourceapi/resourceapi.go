@@ -18,7 +18,6 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -27,9 +26,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/actual"
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
-	"krane.dev/ctrl/internal/paging"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -94,11 +93,11 @@ func (s *Server) RegisterKind(ctx context.Context, req *ctrlv1.RegisterKindReque
 		return nil, status.Errorf(codes.InvalidArgument, "kind: %s is built in; it needs no registration", kind)
 	}
 	if _, err := sdk.CompileSchema(req.GetSpecSchema()); err != nil {
-		return nil, fieldError("spec_schema", fmt.Sprintf("not a usable JSON Schema: %v", err))
+		return nil, &api.FieldError{Field: "spec_schema", Reason: fmt.Sprintf("not a usable JSON Schema: %v", err)}
 	}
 	created, err := s.store.RegisterKind(ctx, store.KindRegistration{Kind: kind, SpecSchema: req.GetSpecSchema(), Description: req.GetDescription()})
 	if err != nil {
-		return nil, s.storeError(ctx, err, "registering the kind failed")
+		return nil, fmt.Errorf("registering the kind failed: %w", err)
 	}
 	s.log.Info("kind registered", "kind", kind, "new", created, "by", caller(ctx))
 	return s.GetKind(ctx, &ctrlv1.GetKindRequest{Kind: kind})
@@ -123,7 +122,7 @@ const builtInDescription = "a CiliumNetworkPolicy (cilium.io/v2), confined to it
 func (s *Server) ListKinds(ctx context.Context, _ *ctrlv1.ListKindsRequest) (*ctrlv1.ListKindsResponse, error) {
 	ks, err := s.store.ListKinds(ctx)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "listing kinds failed")
+		return nil, fmt.Errorf("listing kinds failed: %w", err)
 	}
 	resp := &ctrlv1.ListKindsResponse{Kinds: []*ctrlv1.KindInfo{{Kind: kinds.CiliumNetworkPolicy, SpecSchema: CiliumPolicySchema, BuiltIn: true, Description: builtInDescription}}}
 	for _, k := range ks {
@@ -156,7 +155,7 @@ func (s *Server) schemaOf(ctx context.Context, field, kind string) (schema strin
 			field, kind, kind)
 	}
 	if err != nil {
-		return "", nil, s.storeError(ctx, err, "reading the kind failed")
+		return "", nil, fmt.Errorf("reading the kind failed: %w", err)
 	}
 	return k.SpecSchema, &k, nil
 }
@@ -175,10 +174,10 @@ func (s *Server) check(ctx context.Context, i int, r *ctrlv1.Resource, schemas m
 		return c, err
 	}
 	if !idPattern.MatchString(c.id) {
-		return c, fieldError(at+".id", fmt.Sprintf("%q: an id is 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit (it becomes a label value in the cluster)", c.id))
+		return c, &api.FieldError{Field: at + ".id", Reason: fmt.Sprintf("%q: an id is 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit (it becomes a label value in the cluster)", c.id)}
 	}
 	if len(c.regions) == 0 {
-		return c, fieldError(at+".regions", "at least one region is required")
+		return c, &api.FieldError{Field: at + ".regions", Reason: "at least one region is required"}
 	}
 	if err := deployspec.ValidRegions(at+".regions", c.regions); err != nil {
 		return c, status.Error(codes.InvalidArgument, err.Error())
@@ -189,10 +188,10 @@ func (s *Server) check(ctx context.Context, i int, r *ctrlv1.Resource, schemas m
 	}
 	doc, err := protojson.Marshal(spec)
 	if err != nil {
-		return c, fieldError(at+".spec", err.Error())
+		return c, &api.FieldError{Field: at + ".spec", Reason: err.Error()}
 	}
 	if len(doc) > MaxSpecBytes {
-		return c, fieldError(at+".spec", fmt.Sprintf("%d bytes as JSON; at most %d", len(doc), MaxSpecBytes))
+		return c, &api.FieldError{Field: at + ".spec", Reason: fmt.Sprintf("%d bytes as JSON; at most %d", len(doc), MaxSpecBytes)}
 	}
 	schema, ok := schemas[c.kind]
 	if !ok {
@@ -205,7 +204,7 @@ func (s *Server) check(ctx context.Context, i int, r *ctrlv1.Resource, schemas m
 	if err := sdk.ValidateJSON(schema, doc); err != nil {
 		var se *sdk.SchemaError
 		if errors.As(err, &se) {
-			return c, fieldError(at+".spec"+se.Pointer, fmt.Sprintf("%s %s: spec field %q: %s (the kind's schema refuses it)", c.kind, c.id, cmpOr(se.Pointer, "/"), se.Reason))
+			return c, &api.FieldError{Field: at + ".spec" + se.Pointer, Reason: fmt.Sprintf("%s %s: spec field %q: %s (the kind's schema refuses it)", c.kind, c.id, cmpOr(se.Pointer, "/"), se.Reason)}
 		}
 		return c, status.Errorf(codes.Internal, "%s: the schema of kind %s does not compile any more: %v (register it again)", at, c.kind, err)
 	}
@@ -217,7 +216,7 @@ func (s *Server) PutResources(ctx context.Context, req *ctrlv1.PutResourcesReque
 	n := len(req.GetResources())
 	switch {
 	case n == 0:
-		return nil, fieldError("resources", "no resources to put")
+		return nil, &api.FieldError{Field: "resources", Reason: "no resources to put"}
 	}
 	schemas := map[string]string{}
 	objs := make([]checked, 0, n)
@@ -228,7 +227,7 @@ func (s *Server) PutResources(ctx context.Context, req *ctrlv1.PutResourcesReque
 			return nil, err
 		}
 		if j, dup := seen[[2]string{c.kind, c.id}]; dup {
-			return nil, fieldError(fmt.Sprintf("resources[%d]", i), fmt.Sprintf("%s %s is also resources[%d]: one object may appear once per call", c.kind, c.id, j))
+			return nil, &api.FieldError{Field: fmt.Sprintf("resources[%d]", i), Reason: fmt.Sprintf("%s %s is also resources[%d]: one object may appear once per call", c.kind, c.id, j)}
 		}
 		seen[[2]string{c.kind, c.id}] = i
 		objs = append(objs, c)
@@ -239,7 +238,7 @@ func (s *Server) PutResources(ctx context.Context, req *ctrlv1.PutResourcesReque
 		for i, o := range objs {
 			plan, err := s.store.PlanPut(ctx, o.kind, o.id, o.spec, o.regions)
 			if err != nil {
-				return nil, s.storeError(ctx, err, "planning the put failed")
+				return nil, fmt.Errorf("planning the put failed: %w", err)
 			}
 			plans[i] = plan
 		}
@@ -255,7 +254,7 @@ func (s *Server) PutResources(ctx context.Context, req *ctrlv1.PutResourcesReque
 			return nil
 		})
 		if err != nil {
-			return nil, s.storeError(ctx, err, "writing the resources failed")
+			return nil, fmt.Errorf("writing the resources failed: %w", err)
 		}
 		for _, st := range stamped {
 			versions[st.Ref] = st.Version
@@ -313,7 +312,7 @@ func (s *Server) DeleteResource(ctx context.Context, req *ctrlv1.DeleteResourceR
 		return nil, status.Errorf(codes.NotFound, "no %s %q (see `ctrl resource list %s`)", req.GetKind(), req.GetId(), req.GetKind())
 	}
 	if err != nil {
-		return nil, s.storeError(ctx, err, "deleting the resource failed")
+		return nil, fmt.Errorf("deleting the resource failed: %w", err)
 	}
 	versions := map[string]uint64{}
 	for _, st := range stamped {
@@ -336,7 +335,7 @@ func (s *Server) GetResource(ctx context.Context, req *ctrlv1.GetResourceRequest
 		return nil, status.Errorf(codes.NotFound, "no %s %q (see `ctrl resource list %s`)", req.GetKind(), req.GetId(), req.GetKind())
 	}
 	if err != nil {
-		return nil, s.storeError(ctx, err, "reading the resource failed")
+		return nil, fmt.Errorf("reading the resource failed: %w", err)
 	}
 	info := resourceInfo(o)
 	fitResource(info)
@@ -355,14 +354,13 @@ func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesReq
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 	}
-	size, after, err := paging.Parse(req.GetPageSize(), req.GetPageToken(), "ListResources", 100, 500)
-	var pe *paging.Error
-	if errors.As(err, &pe) {
-		return nil, fieldError(pe.Field, pe.Reason)
+	size, after, err := api.Parse(req.GetPageSize(), req.GetPageToken(), "ListResources", 100, 500)
+	if err != nil {
+		return nil, err
 	}
 	objs, err := s.store.ListObjects(ctx, store.ObjectFilter{Kind: req.GetKind(), Region: req.GetRegion(), IncludeDeleted: req.GetIncludeDeleted()}, after, size+1)
 	if err != nil {
-		return nil, s.storeError(ctx, err, "listing resources failed")
+		return nil, fmt.Errorf("listing resources failed: %w", err)
 	}
 	resp := &ctrlv1.ListResourcesResponse{}
 	infos := make(map[string]*ctrlv1.ResourceInfo, len(objs))
@@ -371,7 +369,7 @@ func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesReq
 		infos[o.ID] = resourceInfo(o)
 		sizes[o.ID] = fitResource(infos[o.ID])
 	}
-	objs, resp.NextPageToken = paging.NextWithin(objs, size, PageBytes, func(o store.Object) string { return o.ID },
+	objs, resp.NextPageToken = api.NextWithin(objs, size, PageBytes, func(o store.Object) string { return o.ID },
 		func(o store.Object) int { return sizes[o.ID] })
 	for _, o := range objs {
 		resp.Resources = append(resp.Resources, infos[o.ID])
@@ -388,7 +386,7 @@ func (s *Server) checkRef(ctx context.Context, kind, id string) error {
 		return err
 	}
 	if !idPattern.MatchString(id) {
-		return fieldError("id", fmt.Sprintf("%q is not an object id", id))
+		return &api.FieldError{Field: "id", Reason: fmt.Sprintf("%q is not an object id", id)}
 	}
 	return nil
 }
@@ -439,22 +437,12 @@ func toStruct(doc []byte) *structpb.Struct {
 
 func checkKindName(field, kind string) error {
 	if kind == "" {
-		return fieldError(field, "a kind is required (`ctrl kind list` shows them)")
+		return &api.FieldError{Field: field, Reason: "a kind is required (`ctrl kind list` shows them)"}
 	}
 	if !store.ValidKind(kind) {
-		return fieldError(field, fmt.Sprintf("%q is not a kind name (lowercase letters, digits, '.' and '-', e.g. quota.acme.example)", kind))
+		return &api.FieldError{Field: field, Reason: fmt.Sprintf("%q is not a kind name (lowercase letters, digits, '.' and '-', e.g. quota.acme.example)", kind)}
 	}
 	return nil
-}
-
-// fieldError is INVALID_ARGUMENT naming the field, also as a BadRequest
-// detail for programs.
-func fieldError(field, reason string) error {
-	st := status.New(codes.InvalidArgument, field+": "+reason)
-	if d, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: reason}}}); err == nil {
-		return d.Err()
-	}
-	return st.Err()
 }
 
 func cmpOr(s, def string) string {
@@ -462,23 +450,6 @@ func cmpOr(s, def string) string {
 		return def
 	}
 	return s
-}
-
-// storeError passes a status through, and turns anything else into
-// UNAVAILABLE (or INVALID_ARGUMENT for what the store refuses).
-func (s *Server) storeError(ctx context.Context, err error, what string) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	var refused *store.RefusedError
-	if errors.As(err, &refused) {
-		return status.Error(codes.InvalidArgument, refused.Error())
-	}
-	s.log.Error(what, "error", err)
-	return status.Errorf(codes.Unavailable, "%s: ctrl's database is unavailable (%v); retry", what, err)
 }
 
 func caller(ctx context.Context) string { return auth.CallerName(ctx) }

@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/bounds"
 	"krane.dev/ctrl/clusterapi"
@@ -151,7 +152,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,
 		Logger: log, Registerer: reg,
 	})
-	opts, err := GRPCServerOptions(cfg.GRPC, authn)
+	opts, err := GRPCServerOptions(cfg.GRPC, authn, log)
 	if err != nil {
 		return nil, err
 	}
@@ -393,9 +394,10 @@ func (s *Server) Authenticator() *auth.Authenticator { return s.authn }
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
 
 // GRPCServerOptions are the options of ctrl's gRPC server: transport
-// credentials, authentication and bounds interceptors, message size limits and
-// keepalive enforcement that tolerates agents' pings on idle streams.
-func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator) ([]grpc.ServerOption, error) {
+// credentials, authentication, bounds and error interceptors, message size
+// limits and keepalive enforcement that tolerates agents' pings on idle
+// streams.
+func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, log hclog.Logger) ([]grpc.ServerOption, error) {
 	creds, err := transportCredentials(c)
 	if err != nil {
 		return nil, err
@@ -411,9 +413,10 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator) ([]grpc.ServerOp
 		grpc.Creds(creds),
 		// Authentication first (an unknown caller learns nothing of the
 		// bounds), then the bounds every request declares on its proto,
-		// before any handler.
-		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor(), bounds.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(authn.StreamInterceptor(), bounds.StreamInterceptor()),
+		// before any handler; innermost, the one mapping of the errors
+		// handlers return to statuses (api.Status).
+		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor(), bounds.UnaryInterceptor(), api.UnaryInterceptor(log)),
+		grpc.ChainStreamInterceptor(authn.StreamInterceptor(), bounds.StreamInterceptor(), api.StreamInterceptor(log)),
 		grpc.MaxRecvMsgSize(recv),
 		grpc.MaxSendMsgSize(send),
 		// Agents ping idle streams (proxies drop silent connections); allow

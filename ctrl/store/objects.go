@@ -157,6 +157,10 @@ type RefusedError struct{ msg string }
 
 func (e *RefusedError) Error() string { return e.msg }
 
+// Refused marks it as api.Refused: ctrl's APIs answer it as
+// INVALID_ARGUMENT.
+func (e *RefusedError) Refused() {}
+
 func refused(format string, args ...any) error {
 	return &RefusedError{msg: fmt.Sprintf(format, args...)}
 }

@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"krane.dev/ctrl/api"
 )
 
 // ErrNotFound is returned when the named object does not exist (in the
-// caller's region).
-var ErrNotFound = errors.New("not found")
+// caller's region). It is api.ErrNotFound, which ctrl's APIs answer as
+// NOT_FOUND.
+var ErrNotFound = api.ErrNotFound
 
 // PoolOptions bound the connection pool. Zero values take the defaults.
 type PoolOptions struct {
