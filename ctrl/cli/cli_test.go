@@ -45,8 +45,8 @@ func TestMigrateRegisterRevokeAndOperatorTokens(t *testing.T) {
 	ctx := context.Background()
 
 	// Before migrating, commands that need the schema say what to do.
-	if code, _, errOut := run(t, "cluster", "list", "--db-dsn", dsn); code == 0 || !strings.Contains(errOut, "ctrl migrate") {
-		t.Fatalf("cluster list on an unmigrated database: %d %q; want an error naming `ctrl migrate`", code, errOut)
+	if code, _, errOut := run(t, "cluster", "list", "--db-dsn", dsn); code == 0 || !strings.Contains(errOut, "ctrl admin migrate") {
+		t.Fatalf("cluster list on an unmigrated database: %d %q; want an error naming `ctrl admin migrate`", code, errOut)
 	}
 	if code, out, errOut := run(t, "migrate", "--db-dsn", dsn); code != 0 || !strings.Contains(out, "applied 00001_init.sql") {
 		t.Fatalf("migrate: %d %q %q", code, out, errOut)

@@ -25,6 +25,7 @@ type apiFlags struct {
 }
 
 func (f *apiFlags) add(cmd *cobra.Command) {
+	addOutputFlag(cmd, &f.output, true)
 	fs := cmd.PersistentFlags()
 	fs.StringVar(&f.addr, "addr", envOr("CTRL_ADDR", "127.0.0.1:7443"),
 		"ctrl's gRPC address: host:port (plaintext unless a --tls-* flag is set), http://host:port or https://host:port (env CTRL_ADDR)")
@@ -33,7 +34,6 @@ func (f *apiFlags) add(cmd *cobra.Command) {
 	fs.StringVar(&f.tlsCert, "tls-cert", os.Getenv("CTRL_TLS_CERT"), "client certificate (PEM) when ctrl requires mTLS (env CTRL_TLS_CERT)")
 	fs.StringVar(&f.tlsKey, "tls-key", os.Getenv("CTRL_TLS_KEY"), "client key (PEM) for --tls-cert (env CTRL_TLS_KEY)")
 	fs.StringVar(&f.name, "tls-server-name", os.Getenv("CTRL_TLS_SERVER_NAME"), "name to verify ctrl's certificate against; default the host of --addr (env CTRL_TLS_SERVER_NAME)")
-	fs.StringVarP(&f.output, "output", "o", "text", "output format: text (a table) or json; the resource and kind commands also take yaml")
 }
 
 func envOr(key, def string) string {
@@ -43,15 +43,8 @@ func envOr(key, def string) string {
 	return def
 }
 
-func (f *apiFlags) json() (bool, error) {
-	switch f.output {
-	case "text":
-		return false, nil
-	case "json":
-		return true, nil
-	}
-	return false, fmt.Errorf("--output %q: want text or json", f.output)
-}
+// format is the command's -o.
+func (f *apiFlags) format() (output, error) { return parseOutput(f.output) }
 
 // dial connects to ctrl; every call carries the operator token.
 func (f *apiFlags) dial() (*grpc.ClientConn, error) {
@@ -60,7 +53,7 @@ func (f *apiFlags) dial() (*grpc.ClientConn, error) {
 		token = os.Getenv("CTRL_TOKEN")
 	}
 	if token == "" {
-		return nil, errors.New("no operator token: set CTRL_TOKEN (or --token); create one with `ctrl token create-operator`")
+		return nil, errors.New("no operator token: set CTRL_TOKEN (or --token); create one with `ctrl admin token create-operator`")
 	}
 	addr, useTLS := f.addr, f.tlsCA != "" || f.tlsCert != ""
 	switch {

@@ -16,8 +16,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -45,15 +43,6 @@ func newDeploy() *cobra.Command {
 	return cmd
 }
 
-// client connects and returns the API client and a closer.
-func (d *deployCmd) client() (ctrlv1.DeploymentServiceClient, func(), error) {
-	conn, err := d.api.dial()
-	if err != nil {
-		return nil, nil, err
-	}
-	return ctrlv1.NewDeploymentServiceClient(conn), func() { conn.Close() }, nil
-}
-
 func (d *deployCmd) create() *cobra.Command {
 	var (
 		env, secretEnv       []string
@@ -75,7 +64,7 @@ func (d *deployCmd) create() *cobra.Command {
 		Short: "Create a deployment (and, with --wait, follow it until it is ready or failed)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := d.api.json()
+			format, err := d.api.format()
 			if err != nil {
 				return err
 			}
@@ -99,7 +88,7 @@ func (d *deployCmd) create() *cobra.Command {
 			if hcPath != "" {
 				r.Healthcheck = &clusterv1.Healthcheck{Path: hcPath, Method: hcMethod, Port: hcPort}
 			}
-			api, closeConn, err := d.client()
+			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {
 				return err
 			}
@@ -110,7 +99,7 @@ func (d *deployCmd) create() *cobra.Command {
 			if err != nil {
 				return apiError("create the deployment", err)
 			}
-			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, asJSON)
+			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, format)
 		},
 	}
 	f := cmd.Flags()
@@ -144,29 +133,29 @@ func (d *deployCmd) create() *cobra.Command {
 }
 
 // created prints a new deployment's id, or follows it with --wait.
-func (d *deployCmd) created(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, wait bool, waitTimeout time.Duration, asJSON bool) error {
+func (d *deployCmd) created(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, wait bool, waitTimeout time.Duration, format output) error {
 	out := cmd.OutOrStdout()
 	if !wait {
-		if asJSON {
-			return printJSON(out, &ctrlv1.CreateDeploymentResponse{DeploymentId: id})
+		if format.structured() {
+			return printAs(out, format, &ctrlv1.CreateDeploymentResponse{DeploymentId: id})
 		}
 		fmt.Fprintln(out, id)
 		fmt.Fprintf(cmd.ErrOrStderr(), "Deployment %s created; follow it with `ctrl deploy get %s --wait`.\n", id, id)
 		return nil
 	}
 	progress := cmd.OutOrStdout()
-	if asJSON {
+	if format.structured() {
 		progress = cmd.ErrOrStderr()
 	}
 	fmt.Fprintf(progress, "deployment %s created; following it (interrupting stops the following, not the deploy)\n", id)
-	return d.follow(cmd, api, id, waitTimeout, asJSON)
+	return d.follow(cmd, api, id, waitTimeout, format)
 }
 
 // follow polls a deployment until it is ready, failed or stopped, printing
 // one line per change of status or of a region's counts (to stdout in text
 // mode, to stderr with -o json, whose stdout is only the final document).
-func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, waitTimeout time.Duration, asJSON bool) error {
-	return d.watch(cmd, api, id, "deployment "+id, "the deploy goes on", waitTimeout, asJSON, func(info *ctrlv1.DeploymentInfo) (bool, error) {
+func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, waitTimeout time.Duration, format output) error {
+	return d.watch(cmd, api, id, "deployment "+id, "the deploy goes on", waitTimeout, format, func(info *ctrlv1.DeploymentInfo) (bool, error) {
 		switch info.GetStatus() {
 		case ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_FAILED, ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_STOPPED:
 			return true, nil
@@ -179,10 +168,10 @@ func (d *deployCmd) follow(cmd *cobra.Command, api ctrlv1.DeploymentServiceClien
 // whenever it changes, until done stops it (with an error, or with nil to
 // print the summary through finish) or waitTimeout passes. what and goesOn
 // word the message of an interrupted wait.
-func (d *deployCmd) watch(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id, what, goesOn string, waitTimeout time.Duration, asJSON bool,
+func (d *deployCmd) watch(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id, what, goesOn string, waitTimeout time.Duration, format output,
 	done func(*ctrlv1.DeploymentInfo) (bool, error)) error {
 	progress := cmd.OutOrStdout()
-	if asJSON {
+	if format.structured() {
 		progress = cmd.ErrOrStderr()
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), waitTimeout)
@@ -208,7 +197,7 @@ func (d *deployCmd) watch(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient
 			return err
 		}
 		if stop {
-			return finish(cmd, info, time.Since(begin), asJSON)
+			return finish(cmd, info, time.Since(begin), format)
 		}
 		select {
 		case <-ctx.Done():
@@ -220,10 +209,10 @@ func (d *deployCmd) watch(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient
 }
 
 // finish prints the summary and turns anything but ready into an error.
-func finish(cmd *cobra.Command, info *ctrlv1.DeploymentInfo, took time.Duration, asJSON bool) error {
+func finish(cmd *cobra.Command, info *ctrlv1.DeploymentInfo, took time.Duration, format output) error {
 	out := cmd.OutOrStdout()
-	if asJSON {
-		if err := printJSON(out, info); err != nil {
+	if format.structured() {
+		if err := printAs(out, format, info); err != nil {
 			return err
 		}
 	} else {
@@ -296,24 +285,24 @@ func (d *deployCmd) get() *cobra.Command {
 		Short: "Show a deployment: status, error, regions and instances (with --wait, follow it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := d.api.json()
+			format, err := d.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := d.client()
+			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {
 				return err
 			}
 			defer closeConn()
 			if wait {
-				return d.follow(cmd, api, args[0], waitTimeout, asJSON)
+				return d.follow(cmd, api, args[0], waitTimeout, format)
 			}
 			info, err := api.GetDeployment(cmd.Context(), &ctrlv1.GetDeploymentRequest{DeploymentId: args[0]})
 			if err != nil {
 				return apiError("read deployment "+args[0], err)
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), info)
+			if format.structured() {
+				return printAs(cmd.OutOrStdout(), format, info)
 			}
 			printDeployment(cmd.OutOrStdout(), info)
 			return nil
@@ -403,11 +392,11 @@ func (d *deployCmd) list() *cobra.Command {
 		Short: "List an environment's deployments, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := d.api.json()
+			format, err := d.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := d.client()
+			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {
 				return err
 			}
@@ -428,8 +417,8 @@ func (d *deployCmd) list() *cobra.Command {
 					break
 				}
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), all)
+			if format.structured() {
+				return printAs(cmd.OutOrStdout(), format, all)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "DEPLOYMENT\tSTATUS\tLIVE\tIMAGE\tREGIONS\tCREATED")
@@ -461,14 +450,14 @@ func (d *deployCmd) rollback() *cobra.Command {
 			"by default the last deployment before the live one that became ready. It becomes the environment's live deployment once ready.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := d.api.json()
+			format, err := d.api.format()
 			if err != nil {
 				return err
 			}
 			if key == "" {
 				key = randomKey()
 			}
-			api, closeConn, err := d.client()
+			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {
 				return err
 			}
@@ -479,7 +468,7 @@ func (d *deployCmd) rollback() *cobra.Command {
 			if err != nil {
 				return apiError("roll back", err)
 			}
-			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, asJSON)
+			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, format)
 		},
 	}
 	cmd.Flags().StringVar(&environment, "environment", "", "environment id (required)")
@@ -518,12 +507,12 @@ func (d *deployCmd) scale() *cobra.Command {
 		Short: "Change a ready deployment's replicas per region in place (and, with --wait, follow until every region runs them)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := d.api.json()
+			format, err := d.api.format()
 			if err != nil {
 				return err
 			}
 			id := args[0]
-			api, closeConn, err := d.client()
+			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {
 				return err
 			}
@@ -535,15 +524,15 @@ func (d *deployCmd) scale() *cobra.Command {
 				return apiError("scale "+id, err)
 			}
 			progress := cmd.OutOrStdout()
-			if asJSON {
+			if format.structured() {
 				progress = cmd.ErrOrStderr()
 			}
 			fmt.Fprintf(progress, "deployment %s scaled from %d to %d replicas per region\n", id, resp.GetPreviousReplicas(), resp.GetReplicas())
 			if wait {
-				return d.followScale(cmd, api, id, replicas, waitTimeout, asJSON)
+				return d.followScale(cmd, api, id, replicas, waitTimeout, format)
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
+			if format.structured() {
+				return printAs(cmd.OutOrStdout(), format, resp)
 			}
 			return nil
 		},
@@ -557,8 +546,8 @@ func (d *deployCmd) scale() *cobra.Command {
 
 // followScale polls until every running region reports exactly replicas
 // running instances and none pending.
-func (d *deployCmd) followScale(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, replicas int32, waitTimeout time.Duration, asJSON bool) error {
-	return d.watch(cmd, api, id, "the scale of deployment "+id, "it goes on", waitTimeout, asJSON, func(info *ctrlv1.DeploymentInfo) (bool, error) {
+func (d *deployCmd) followScale(cmd *cobra.Command, api ctrlv1.DeploymentServiceClient, id string, replicas int32, waitTimeout time.Duration, format output) error {
+	return d.watch(cmd, api, id, "the scale of deployment "+id, "it goes on", waitTimeout, format, func(info *ctrlv1.DeploymentInfo) (bool, error) {
 		if st := info.GetStatus(); st != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_READY && st != ctrlv1.DeploymentStatus_DEPLOYMENT_STATUS_NETWORK {
 			return false, fmt.Errorf("deployment %s became %s while scaling: %s", id, statusName(st), info.GetError())
 		}
@@ -586,11 +575,11 @@ func (d *deployCmd) simple(use, short, done string, call func(context.Context, c
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := d.api.json()
+			format, err := d.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := d.client()
+			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {
 				return err
 			}
@@ -598,7 +587,7 @@ func (d *deployCmd) simple(use, short, done string, call func(context.Context, c
 			if _, err := withRetry(cmd.Context(), func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx, api, args[0]) }); err != nil {
 				return apiError(strings.Fields(use)[0]+" "+args[0], err)
 			}
-			if asJSON {
+			if format.structured() {
 				fmt.Fprintf(cmd.OutOrStdout(), "{\"deployment_id\": %q, \"result\": %q}\n", args[0], done)
 				return nil
 			}
@@ -644,7 +633,7 @@ func apiError(what string, err error) error {
 	case codes.Unauthenticated:
 		return fmt.Errorf("%s: ctrl refused the token (%s); check CTRL_TOKEN", what, st.Message())
 	case codes.PermissionDenied:
-		return fmt.Errorf("%s: %s (use an operator token, from `ctrl token create-operator`)", what, st.Message())
+		return fmt.Errorf("%s: %s (use an operator token, from `ctrl admin token create-operator`)", what, st.Message())
 	case codes.Unimplemented:
 		return fmt.Errorf("%s: this ctrl does not serve the deploy API (it runs without Restate: set restate.ingress_url)", what)
 	}
@@ -670,15 +659,4 @@ func randomKey() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return "cli-" + hex.EncodeToString(b)
-}
-
-var jsonOut = protojson.MarshalOptions{Multiline: true, Indent: "  "}
-
-func printJSON(out io.Writer, m proto.Message) error {
-	b, err := jsonOut.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(out, string(b))
-	return err
 }

@@ -13,7 +13,7 @@ import (
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
-// fleetListLong explains what `ctrl fleet list` and `ctrl cluster list`
+// fleetListLong explains what `ctrl fleet list` and `ctrl admin cluster list`
 // print; the two print the same (fleetapi.Load is their one source).
 const fleetListLong = "Per cluster: region, valid tokens, last heartbeat, krane version and the controllers its host runs (plugin versions; " +
 	"\"not reported\" for a host older than ctrl). Per cluster and kind: the cursor it last reported, ctrl's newest version, " +
@@ -26,9 +26,9 @@ func newFleet() *cobra.Command {
 	var api apiFlags
 	cmd := &cobra.Command{
 		Use:   "fleet",
-		Short: "Show the clusters ctrl serves (the same view as `ctrl cluster list`, through the API)",
+		Short: "Show the clusters ctrl serves (the same view as `ctrl admin cluster list`, through the API)",
 		Long: "Talks to ctrl's FleetService with an operator token (CTRL_TOKEN) at CTRL_ADDR (the web console's Fleet page makes the same call). " +
-			"`ctrl cluster list` prints the same, reading ctrl's database instead.\n" +
+			"`ctrl admin cluster list` prints the same, reading ctrl's database instead.\n" +
 			"Text output is for people; -o json prints protobuf JSON for scripts.",
 	}
 	api.add(cmd)
@@ -39,20 +39,20 @@ func newFleet() *cobra.Command {
 		Long:  fleetListLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := api.json()
+			format, err := api.format()
 			if err != nil {
 				return err
 			}
-			conn, err := api.dial()
+			fleet, closeConn, err := connect(&api, ctrlv1.NewFleetServiceClient)
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			resp, err := fleetapi.ListAll(cmd.Context(), ctrlv1.NewFleetServiceClient(conn), region)
+			defer closeConn()
+			resp, err := fleetapi.ListAll(cmd.Context(), fleet, region)
 			if err != nil {
 				return apiError("list clusters", err)
 			}
-			return printFleet(cmd, resp, region, asJSON)
+			return printFleet(cmd, resp, region, format)
 		},
 	}
 	list.Flags().StringVar(&region, "region", "", "only this region's clusters")
@@ -62,12 +62,12 @@ func newFleet() *cobra.Command {
 
 // printFleet prints the fleet view as `ctrl fleet list` and `ctrl cluster
 // list` do.
-func printFleet(cmd *cobra.Command, resp *ctrlv1.ListClustersResponse, region string, asJSON bool) error {
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), resp)
+func printFleet(cmd *cobra.Command, resp *ctrlv1.ListClustersResponse, region string, format output) error {
+	if format.structured() {
+		return printAs(cmd.OutOrStdout(), format, resp)
 	}
 	if len(resp.GetClusters()) == 0 {
-		fmt.Fprintln(cmd.ErrOrStderr(), "No cluster is registered"+regionSuffix(region)+": register one with `ctrl cluster register --region R --cluster C`.")
+		fmt.Fprintln(cmd.ErrOrStderr(), "No cluster is registered"+regionSuffix(region)+": register one with `ctrl admin cluster register --region R --cluster C`.")
 		return nil
 	}
 	return writeFleet(cmd.OutOrStdout(), resp, time.Now())

@@ -115,8 +115,11 @@ func TestFleetList(t *testing.T) {
 	if code, _, errOut := run(t, "fleet", "list"); code == 0 || !strings.Contains(errOut, "operator token") {
 		t.Fatalf("fleet list with a cluster token: exit %d\n%s", code, errOut)
 	}
-	if code, _, errOut := run(t, "cluster", "list", "-o", "yaml"); code == 0 || !strings.Contains(errOut, "want text or json") {
-		t.Fatalf("cluster list -o yaml: exit %d\n%s", code, errOut)
+	if code, out, errOut := run(t, "admin", "cluster", "list", "-o", "yaml"); code != 0 || !strings.Contains(out, "clusters:") {
+		t.Fatalf("admin cluster list -o yaml: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := run(t, "cluster", "list", "-o", "xml"); code == 0 || !strings.Contains(errOut, "want table, json or yaml") {
+		t.Fatalf("cluster list -o xml: exit %d\n%s", code, errOut)
 	}
 }
 

@@ -20,7 +20,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -31,23 +30,15 @@ type resourceCmd struct {
 	poll time.Duration
 }
 
-func (r *resourceCmd) client() (ctrlv1.ResourceServiceClient, func(), error) {
-	conn, err := r.api.dial()
-	if err != nil {
-		return nil, nil, err
-	}
-	return ctrlv1.NewResourceServiceClient(conn), func() { conn.Close() }, nil
-}
-
 // run is the RunE of a subcommand: the -o format checked, a client
 // connected (and closed afterwards), then body.
-func (r *resourceCmd) run(body func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error) func(*cobra.Command, []string) error {
+func (r *resourceCmd) run(body func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		format, err := r.format()
+		format, err := r.api.format()
 		if err != nil {
 			return err
 		}
-		api, closeConn, err := r.client()
+		api, closeConn, err := connect(&r.api, ctrlv1.NewResourceServiceClient)
 		if err != nil {
 			return err
 		}
@@ -64,17 +55,6 @@ func call[T any](ctx context.Context, what string, fn func(context.Context) (T, 
 		return v, resourceAPIError(what, err)
 	}
 	return v, nil
-}
-
-// format is the -o of these commands: table (also "text"), json or yaml.
-func (r *resourceCmd) format() (string, error) {
-	switch r.api.output {
-	case "text", "table":
-		return "table", nil
-	case "json", "yaml":
-		return r.api.output, nil
-	}
-	return "", fmt.Errorf("--output %q: want table, json or yaml", r.api.output)
 }
 
 func newResourceCmd(use, short, long string) (*resourceCmd, *cobra.Command) {
@@ -112,7 +92,7 @@ func (r *resourceCmd) kindRegister() *cobra.Command {
 			"`--describe` output that publishes a spec schema (`krane-plugin-NAME --describe > plugin.json`). " +
 			"Registering a kind again replaces its schema; objects already stored are not checked again.",
 		Args: cobra.MaximumNArgs(1),
-		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error {
 			var reqs []*ctrlv1.RegisterKindRequest
 			var err error
 			switch {
@@ -188,7 +168,7 @@ func (r *resourceCmd) kindGet() *cobra.Command {
 		Use:   "get KIND",
 		Short: "Show a kind and its spec schema",
 		Args:  cobra.ExactArgs(1),
-		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error {
 			k, err := call(cmd.Context(), "get kind "+args[0], func(ctx context.Context) (*ctrlv1.KindInfo, error) {
 				return api.GetKind(ctx, &ctrlv1.GetKindRequest{Kind: args[0]})
 			})
@@ -223,7 +203,7 @@ func (r *resourceCmd) kindList() *cobra.Command {
 		Use:   "list",
 		Short: "List the kinds the resource API serves",
 		Args:  cobra.NoArgs,
-		RunE: r.run(func(cmd *cobra.Command, _ []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, _ []string, format output, api ctrlv1.ResourceServiceClient) error {
 			resp, err := call(cmd.Context(), "list kinds", func(ctx context.Context) (*ctrlv1.ListKindsResponse, error) {
 				return api.ListKinds(ctx, &ctrlv1.ListKindsRequest{})
 			})
@@ -339,7 +319,7 @@ func (r *resourceCmd) apply() *cobra.Command {
 			"the field, when one fails. An object applied again unchanged gets no new version, so applying a file twice is harmless. " +
 			"A region an object no longer lists is deleted there. --dry-run validates and shows what would change.",
 		Args: cobra.NoArgs,
-		RunE: r.run(func(cmd *cobra.Command, _ []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, _ []string, format output, api ctrlv1.ResourceServiceClient) error {
 			if file == "" {
 				return errors.New("name the file to apply: -f FILE (or -f - for stdin)")
 			}
@@ -406,7 +386,7 @@ func (r *resourceCmd) get() *cobra.Command {
 		Use:   "get KIND ID",
 		Short: "Show an object: its spec and, per region, the version desired and applied, the latest status and apply errors",
 		Args:  cobra.ExactArgs(2),
-		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error {
 			if wait {
 				if err := r.follow(cmd, api, []target{{kind: args[0], id: args[1]}}, waitTimeout); err != nil {
 					return err
@@ -509,7 +489,7 @@ func (r *resourceCmd) list() *cobra.Command {
 		Use:   "list KIND",
 		Short: "List the objects of a kind, with how many regions applied their version",
 		Args:  cobra.ExactArgs(1),
-		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error {
 			var items []*ctrlv1.ResourceInfo
 			token := ""
 			for {
@@ -559,7 +539,7 @@ func (r *resourceCmd) delete() *cobra.Command {
 		Use:   "delete KIND ID",
 		Short: "Delete an object (in every region, or in the --region ones): its clusters remove it",
 		Args:  cobra.ExactArgs(2),
-		RunE: r.run(func(cmd *cobra.Command, args []string, format string, api ctrlv1.ResourceServiceClient) error {
+		RunE: r.run(func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error {
 			resp, err := call(cmd.Context(), fmt.Sprintf("delete %s %s", args[0], args[1]), func(ctx context.Context) (*ctrlv1.DeleteResourceResponse, error) {
 				return api.DeleteResource(ctx, &ctrlv1.DeleteResourceRequest{Kind: args[0], Id: args[1], Regions: regions})
 			})
@@ -675,29 +655,12 @@ func regionProgress(rr *ctrlv1.ResourceRegion) (line, parked string) {
 }
 
 // show prints m as JSON or YAML, or calls table for the table format.
-func show(out io.Writer, format string, m proto.Message, table func(io.Writer)) error {
+func show(out io.Writer, format output, m proto.Message, table func(io.Writer)) error {
 	if format != "table" {
 		return printAs(out, format, m)
 	}
 	table(out)
 	return nil
-}
-
-// printAs prints m as protobuf JSON or as YAML.
-func printAs(out io.Writer, format string, m proto.Message) error {
-	if format == "json" {
-		return printJSON(out, m)
-	}
-	b, err := protojson.Marshal(m)
-	if err != nil {
-		return err
-	}
-	y, err := yaml.JSONToYAML(b)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(out, "---\n%s", y)
-	return err
 }
 
 // resourceAPIError is apiError with what an old ctrl means here.

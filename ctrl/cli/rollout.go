@@ -56,23 +56,15 @@ func newRollout() *cobra.Command {
 	return cmd
 }
 
-func (r *rolloutCmd) client() (ctrlv1.RolloutServiceClient, func(), error) {
-	conn, err := r.api.dial()
-	if err != nil {
-		return nil, nil, err
-	}
-	return ctrlv1.NewRolloutServiceClient(conn), func() { conn.Close() }, nil
-}
-
 // run is the shape of every rollout command: connect, call, then show
 // the status once or follow it.
 func (r *rolloutCmd) run(cmd *cobra.Command, what string, watch bool, waitTimeout time.Duration,
 	call func(context.Context, ctrlv1.RolloutServiceClient) (*ctrlv1.RolloutStatus, error)) error {
-	asJSON, err := r.api.json()
+	format, err := r.api.format()
 	if err != nil {
 		return err
 	}
-	api, closeConn, err := r.client()
+	api, closeConn, err := connect(&r.api, ctrlv1.NewRolloutServiceClient)
 	if err != nil {
 		return err
 	}
@@ -82,10 +74,10 @@ func (r *rolloutCmd) run(cmd *cobra.Command, what string, watch bool, waitTimeou
 		return apiError(what, err)
 	}
 	if watch {
-		return r.follow(cmd, api, st, waitTimeout, asJSON)
+		return r.follow(cmd, api, st, waitTimeout, format)
 	}
-	if asJSON {
-		if err := printJSON(cmd.OutOrStdout(), st); err != nil {
+	if format.structured() {
+		if err := printAs(cmd.OutOrStdout(), format, st); err != nil {
 			return err
 		}
 	} else {
@@ -194,17 +186,17 @@ func (r *rolloutCmd) rollback() *cobra.Command {
 		Long:  "Exit status: 0 when every touched sentinel is back on its previous image, 1 when some are not (they are listed).",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := r.api.json()
+			format, err := r.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := r.client()
+			api, closeConn, err := connect(&r.api, ctrlv1.NewRolloutServiceClient)
 			if err != nil {
 				return err
 			}
 			defer closeConn()
 			progress := cmd.OutOrStdout()
-			if asJSON {
+			if format.structured() {
 				progress = cmd.ErrOrStderr()
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), waitT)
@@ -226,8 +218,8 @@ func (r *rolloutCmd) rollback() *cobra.Command {
 						return apiError("roll back", res.err)
 					}
 					st := res.resp.GetStatus()
-					if asJSON {
-						if err := printJSON(cmd.OutOrStdout(), res.resp); err != nil {
+					if format.structured() {
+						if err := printAs(cmd.OutOrStdout(), format, res.resp); err != nil {
 							return err
 						}
 					} else {
@@ -257,9 +249,9 @@ func (r *rolloutCmd) rollback() *cobra.Command {
 // a terminal the wave table is redrawn in place; otherwise (a pipe, a log)
 // one line is printed per change. With -o json the progress goes to
 // stderr and stdout gets the final status.
-func (r *rolloutCmd) follow(cmd *cobra.Command, api ctrlv1.RolloutServiceClient, st *ctrlv1.RolloutStatus, waitTimeout time.Duration, asJSON bool) error {
+func (r *rolloutCmd) follow(cmd *cobra.Command, api ctrlv1.RolloutServiceClient, st *ctrlv1.RolloutStatus, waitTimeout time.Duration, format output) error {
 	progress := cmd.OutOrStdout()
-	if asJSON {
+	if format.structured() {
 		progress = cmd.ErrOrStderr()
 	}
 	tty := isTerminal(progress)
@@ -282,8 +274,8 @@ func (r *rolloutCmd) follow(cmd *cobra.Command, api ctrlv1.RolloutServiceClient,
 		}
 		switch st.GetState() {
 		case "completed", "paused", "cancelled", "idle":
-			if asJSON {
-				if err := printJSON(cmd.OutOrStdout(), st); err != nil {
+			if format.structured() {
+				if err := printAs(cmd.OutOrStdout(), format, st); err != nil {
 					return err
 				}
 			} else if !tty {

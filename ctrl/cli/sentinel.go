@@ -37,14 +37,6 @@ func newSentinel() *cobra.Command {
 	return cmd
 }
 
-func (s *sentinelCmd) client() (ctrlv1.SentinelServiceClient, func(), error) {
-	conn, err := s.api.dial()
-	if err != nil {
-		return nil, nil, err
-	}
-	return ctrlv1.NewSentinelServiceClient(conn), func() { conn.Close() }, nil
-}
-
 func (s *sentinelCmd) deploy() *cobra.Command {
 	var (
 		image                string
@@ -67,7 +59,7 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 			"Values are never taken from the command line. Given credentials replace the sentinel's as a whole; without any, it keeps the ones it has.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := s.api.json()
+			format, err := s.api.format()
 			if err != nil {
 				return err
 			}
@@ -75,7 +67,7 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := s.client()
+			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
 			if err != nil {
 				return err
 			}
@@ -87,15 +79,15 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 				if err != nil {
 					return apiError("deploy sentinel "+args[0], err)
 				}
-				if asJSON {
-					return printJSON(cmd.OutOrStdout(), resp)
+				if format.structured() {
+					return printAs(cmd.OutOrStdout(), format, resp)
 				}
 				si := resp.GetSentinel()
 				fmt.Fprintf(cmd.OutOrStdout(), "sentinel %s: %s at version %d (%s)\n", si.GetId(), si.GetDeployStatus(), si.GetVersion(), si.GetImage())
 				fmt.Fprintf(cmd.ErrOrStderr(), "Follow it with `ctrl sentinel get %s`.\n", si.GetId())
 				return nil
 			}
-			return s.follow(cmd, api, req, waitTimeout, asJSON)
+			return s.follow(cmd, api, req, waitTimeout, format)
 		},
 	}
 	f := cmd.Flags()
@@ -114,9 +106,9 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 // follow runs the deploy with wait, printing a progress line whenever the
 // sentinel's reported state changes (stdout in text mode, stderr with -o
 // json, whose stdout is only the final document).
-func (s *sentinelCmd) follow(cmd *cobra.Command, api ctrlv1.SentinelServiceClient, req *ctrlv1.DeploySentinelRequest, waitTimeout time.Duration, asJSON bool) error {
+func (s *sentinelCmd) follow(cmd *cobra.Command, api ctrlv1.SentinelServiceClient, req *ctrlv1.DeploySentinelRequest, waitTimeout time.Duration, format output) error {
 	progress := cmd.OutOrStdout()
-	if asJSON {
+	if format.structured() {
 		progress = cmd.ErrOrStderr()
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), waitTimeout)
@@ -149,8 +141,8 @@ func (s *sentinelCmd) follow(cmd *cobra.Command, api ctrlv1.SentinelServiceClien
 				return apiError("deploy sentinel "+req.GetSentinelId(), r.err)
 			}
 			si := r.resp.GetSentinel()
-			if asJSON {
-				if err := printJSON(cmd.OutOrStdout(), r.resp); err != nil {
+			if format.structured() {
+				if err := printAs(cmd.OutOrStdout(), format, r.resp); err != nil {
 					return err
 				}
 			} else {
@@ -195,11 +187,11 @@ func (s *sentinelCmd) stop() *cobra.Command {
 			"Stopping a stopped sentinel changes nothing.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := s.api.json()
+			format, err := s.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := s.client()
+			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
 			if err != nil {
 				return err
 			}
@@ -208,8 +200,8 @@ func (s *sentinelCmd) stop() *cobra.Command {
 			if err != nil {
 				return apiError("stop sentinel "+args[0], err)
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp)
+			if format.structured() {
+				return printAs(cmd.OutOrStdout(), format, resp)
 			}
 			si := resp.GetSentinel()
 			if resp.GetStopped() {
@@ -228,11 +220,11 @@ func (s *sentinelCmd) get() *cobra.Command {
 		Short: "Show a sentinel: configuration, what its cluster reports, its last deploy",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := s.api.json()
+			format, err := s.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := s.client()
+			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
 			if err != nil {
 				return err
 			}
@@ -241,8 +233,8 @@ func (s *sentinelCmd) get() *cobra.Command {
 			if err != nil {
 				return apiError("read sentinel "+args[0], err)
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), info)
+			if format.structured() {
+				return printAs(cmd.OutOrStdout(), format, info)
 			}
 			printSentinel(cmd.OutOrStdout(), info)
 			return nil
@@ -289,11 +281,11 @@ func (s *sentinelCmd) list() *cobra.Command {
 		Short: "List sentinels in id order",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := s.api.json()
+			format, err := s.api.format()
 			if err != nil {
 				return err
 			}
-			api, closeConn, err := s.client()
+			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
 			if err != nil {
 				return err
 			}
@@ -314,8 +306,8 @@ func (s *sentinelCmd) list() *cobra.Command {
 					break
 				}
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), all)
+			if format.structured() {
+				return printAs(cmd.OutOrStdout(), format, all)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "SENTINEL\tREGION\tENVIRONMENT\tIMAGE\tREPLICAS\tHEALTH\tDEPLOY")
