@@ -240,10 +240,10 @@ func TestTokenListRevokeAndExpiresIn(t *testing.T) {
 	if code, out, _ := run(t, "token", "revoke", operator.ID); code != 0 || !strings.Contains(out, "already revoked") {
 		t.Fatalf("second token revoke: %d %q", code, out)
 	}
-	if code, _, errOut := run(t, "token", "revoke", "nosuchtoken0"); code == 0 || !strings.Contains(errOut, "ctrl token list") {
-		t.Fatalf("revoke of an unknown id: %d %q; want an error pointing at `ctrl token list`", code, errOut)
+	if code, _, errOut := run(t, "token", "revoke", "nosuchtoken0"); code == 0 || !strings.Contains(errOut, "ctrl admin token list") {
+		t.Fatalf("revoke of an unknown id: %d %q; want an error pointing at `ctrl admin token list`", code, errOut)
 	}
-	if code, _, errOut := run(t, "token", "revoke"); code == 0 || !strings.Contains(errOut, "ctrl token list") {
+	if code, _, errOut := run(t, "token", "revoke"); code == 0 || !strings.Contains(errOut, "ctrl admin token list") {
 		t.Fatalf("revoke without an id: %d %q", code, errOut)
 	}
 	whole := "krane_c_" + cluster.ID + "_" + cluster.Secret
