@@ -82,7 +82,7 @@ func TestRestoredDatabaseConverges(t *testing.T) { databaseGoesBack(t, false) }
 // TestFailoverToALaggingReplicaConverges: ctrl fails over to a replica
 // that stopped receiving changes (a copy of the database taken at that
 // moment, in a database of its own), while the old primary took more. The
-// operator runs `ctrl db restored` on the promoted replica, as
+// operator runs `ctrl admin db restored` on the promoted replica, as
 // docs/operating.md says, and ctrl serves from it: the cluster converges
 // to what the replica holds.
 func TestFailoverToALaggingReplicaConverges(t *testing.T) { databaseGoesBack(t, true) }
@@ -177,8 +177,8 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	stop()
 	if failover {
 		var out, errOut bytes.Buffer
-		if code := cli.Main(ctx, []string{"db", "restored", "--db-dsn", target, "--reason", "failover to the replica"}, &out, &errOut); code != 0 {
-			t.Fatalf("ctrl db restored: exit %d: %s", code, errOut.String())
+		if code := cli.Main(ctx, []string{"admin", "db", "restored", "--db-dsn", target, "--reason", "failover to the replica"}, &out, &errOut); code != 0 {
+			t.Fatalf("ctrl admin db restored: exit %d: %s", code, errOut.String())
 		}
 		t.Log(strings.TrimSpace(out.String()))
 	} else {

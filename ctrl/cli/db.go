@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// newDB is `ctrl db`: operations on ctrl's database itself.
+// newDB is `ctrl admin db`: operations on ctrl's database itself.
 func newDB() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "db",
@@ -40,7 +40,7 @@ Run it once, after the restore or the promotion and before ctrl serves again
 			}
 			why := strings.TrimSpace(reason)
 			if why == "" {
-				why = "ctrl db restored"
+				why = "ctrl admin db restored"
 			}
 			g, err := st.NewGeneration(cmd.Context(), why)
 			if err != nil {

@@ -9,15 +9,15 @@ import (
 	"krane.dev/internal/testenv"
 )
 
-// `ctrl db restored` gives the database a new generation (every krane
+// `ctrl admin db restored` gives the database a new generation (every krane
 // host's cursor is refused from then on, and the host bootstraps again),
 // and refuses a database whose schema is not current.
 func TestDBRestoredGivesANewGeneration(t *testing.T) {
 	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
-	if code, _, errOut := run(t, "db", "restored", "--db-dsn", dsn); code == 0 || !strings.Contains(errOut, "ctrl migrate") {
-		t.Fatalf("db restored before migrate: exit %d, %q; want refused naming `ctrl migrate`", code, errOut)
+	if code, _, errOut := run(t, "admin", "db", "restored", "--db-dsn", dsn); code == 0 || !strings.Contains(errOut, "ctrl admin migrate") {
+		t.Fatalf("admin db restored before migrate: exit %d, %q; want refused naming `ctrl admin migrate`", code, errOut)
 	}
-	if code, _, errOut := run(t, "migrate", "--db-dsn", dsn); code != 0 {
+	if code, _, errOut := run(t, "admin", "migrate", "--db-dsn", dsn); code != 0 {
 		t.Fatalf("migrate: %s", errOut)
 	}
 	ctx := context.Background()
@@ -30,9 +30,9 @@ func TestDBRestoredGivesANewGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := run(t, "db", "restored", "--db-dsn", dsn, "--reason", "restored from a test backup")
+	code, out, errOut := run(t, "admin", "db", "restored", "--db-dsn", dsn, "--reason", "restored from a test backup")
 	if code != 0 {
-		t.Fatalf("db restored: exit %d: %s", code, errOut)
+		t.Fatalf("admin db restored: exit %d: %s", code, errOut)
 	}
 	after, err := st.Generation(ctx)
 	if err != nil || after == before || !strings.Contains(out, before+" -> "+after) {

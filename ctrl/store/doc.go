@@ -133,7 +133,7 @@
 // hold are issued again to other changes, and a cursor would skip them
 // (the loss the proof rules out). ctrl therefore names each history with
 // a generation (generation.go, table db_generation): written when the
-// schema is created, replaced by `ctrl db restored`, and replaced by ctrl
+// schema is created, replaced by `ctrl admin db restored`, and replaced by ctrl
 // itself when a stream's cursor is ahead of the head (the database went
 // back, visibly). Every stream states its generation (BootstrapComplete,
 // KeepAlive), and a stream resuming from a cursor ahead of the head or of
@@ -145,7 +145,7 @@
 // head. What ctrl cannot see on its own is a database that went back and
 // was then written past the old cursors before any host reconnected: that
 // is why the restore and failover procedures (docs/operating.md) run
-// `ctrl db restored` before ctrl serves again.
+// `ctrl admin db restored` before ctrl serves again.
 //
 // # Deploy lifecycle
 //

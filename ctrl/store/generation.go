@@ -42,7 +42,7 @@ func (s *Store) Generation(ctx context.Context) (string, error) {
 	var g string
 	err := s.db.QueryRowContext(ctx, "SELECT generation FROM db_generation WHERE id = 1").Scan(&g)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", errors.New("store: the database has no generation row; run `ctrl migrate`")
+		return "", errors.New("store: the database has no generation row; run `ctrl admin migrate`")
 	}
 	if err != nil {
 		return "", fmt.Errorf("store: read the database generation: %w", err)
@@ -52,7 +52,7 @@ func (s *Store) Generation(ctx context.Context) (string, error) {
 
 // NewGeneration gives the database a new generation and returns it: every
 // cursor krane hosts hold is refused from now on, and each host
-// bootstraps again. `ctrl db restored` calls it after a restore or a
+// bootstraps again. `ctrl admin db restored` calls it after a restore or a
 // failover, where the head may not show that the database went back.
 func (s *Store) NewGeneration(ctx context.Context, reason string) (string, error) {
 	g := newGeneration()
@@ -77,7 +77,7 @@ func (s *Store) CheckCursor(ctx context.Context, after uint64, generation string
 	var head uint64
 	err := s.db.QueryRowContext(ctx, "SELECT g.generation, v.head FROM db_generation g JOIN version_seq v ON v.id = 1 WHERE g.id = 1").Scan(&cur, &head)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", errors.New("store: the database has no generation row; run `ctrl migrate`")
+		return "", errors.New("store: the database has no generation row; run `ctrl admin migrate`")
 	}
 	if err != nil {
 		return "", fmt.Errorf("store: read the database generation and head: %w", err)

@@ -55,12 +55,12 @@ func TestCursorFromAnotherHistoryIsRefused(t *testing.T) {
 		t.Fatalf("a cursor of the current generation: %q, %v", g, err)
 	}
 
-	// `ctrl db restored`: a new generation refuses every cursor held.
+	// `ctrl admin db restored`: a new generation refuses every cursor held.
 	g3, err := s.NewGeneration(ctx, "restored from a test backup")
 	if err != nil || g3 == g1 {
 		t.Fatalf("NewGeneration: %q, %v", g3, err)
 	}
 	if _, err := s.CheckCursor(ctx, head, g1); !errors.As(err, &ce) {
-		t.Fatalf("a cursor of the generation before `ctrl db restored`: %v; want refused", err)
+		t.Fatalf("a cursor of the generation before `ctrl admin db restored`: %v; want refused", err)
 	}
 }

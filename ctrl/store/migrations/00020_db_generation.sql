@@ -1,6 +1,6 @@
 -- The database's generation: an identity of its history of versions,
 -- written when the schema is created and replaced when the database is
--- restored from a backup or replaced by a replica (`ctrl db restored`, or
+-- restored from a backup or replaced by a replica (`ctrl admin db restored`, or
 -- by ctrl itself when a stream's cursor is ahead of the head). A krane host
 -- whose cursor belongs to another generation bootstraps again: versions
 -- are issued again at or below the cursors hosts hold after the database
