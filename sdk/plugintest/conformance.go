@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -20,7 +21,9 @@ type Suite struct {
 	// Configure, with an error that names Key.
 	BadConfigs []BadConfig
 	// Objects are valid desired states (at least one per kind). Each is
-	// applied, re-applied (must be Unchanged), inventoried and deleted.
+	// applied, re-applied (must be Unchanged, with no API write: the suite
+	// counts the plugin's calls through a proxy in front of the API server
+	// of Configure.Kube), inventoried and deleted.
 	Objects []sdk.Change
 	// Invalid desired states must each fail with a permanent error that
 	// names the field, before anything reaches the cluster.
@@ -48,9 +51,13 @@ var (
 
 // Conformance runs the suite every Krane plugin must pass. ctl should come
 // from New, so the calls cross the real gRPC boundary. Shutdown runs last.
+// The plugin reaches the cluster through a counting proxy (the suite
+// rewrites s.Configure.Kube), so a write on an unchanged Apply fails.
 func Conformance(t *testing.T, ctl sdk.Plugin, s Suite) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	var writes *writeCounter
+	s.Configure.Kube, writes = countWrites(t, s.Configure.Kube)
 	var info sdk.Info
 
 	t.Run("Describe", func(t *testing.T) {
@@ -168,7 +175,20 @@ func Conformance(t *testing.T, ctl sdk.Plugin, s Suite) {
 			}, sdk.Unchanged)
 			if second != sdk.Unchanged {
 				t.Errorf("re-Apply(%s %s) = %s, want unchanged", ch.Kind, ch.ID, second)
+				continue
 			}
+			// The result alone does not prove it: a plugin can write and
+			// still answer Unchanged. Once the plugin has seen its own
+			// write, a further Apply must make no API write at all.
+			n := writes.count()
+			third, err := ctl.Apply(ctx, &sdk.ApplyRequest{Change: ch})
+			if err != nil {
+				t.Fatalf("re-Apply(%s %s): %v", ch.Kind, ch.ID, err)
+			}
+			if third.GetResult() != sdk.Unchanged {
+				t.Errorf("re-Apply(%s %s) = %s after an unchanged one, want unchanged", ch.Kind, ch.ID, third.GetResult())
+			}
+			writes.noWrites(t, n, fmt.Sprintf("re-Apply(%s %s)", ch.Kind, ch.ID))
 		}
 	})
 
