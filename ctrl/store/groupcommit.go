@@ -247,7 +247,9 @@ func (c *groupCommitter) commit(batch []*writeReq) {
 	pending := batch
 	for attempt := 1; ; attempt++ {
 		var err error
-		if pending, err = c.commitBatch(pending); err == nil {
+		if pending, err = c.commitBatch(pending); err == nil || len(pending) == 0 {
+			// Answered, or every caller left to run alone (a batch of one
+			// whose caller was a deadlock's victim): nothing to run again.
 			return
 		}
 		if !isRetryable(err) || attempt == maxTxAttempts {
