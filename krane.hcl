@@ -93,8 +93,9 @@ controller "deployment" {
     # A roll whose new pods are not available within this long gives up its
     # slot; the deployment keeps its old pods and its Apply reports why.
     roll_progress_deadline = "10m"
-    # Pull credentials per registry host (Secrets that must exist in every
-    # workload namespace), e.g.:
+    # Pull credentials per registry host: Secrets of pull_secret_namespace
+    # (default "krane") that the plugin copies into every workload
+    # namespace and keeps in sync, e.g.:
     # image_pull_secrets = { "registry.example.com" = "build-registry" }
   }
 }

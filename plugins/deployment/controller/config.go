@@ -23,7 +23,8 @@ type Config struct {
 	// EnvVarNames are the names of the variables Krane injects.
 	EnvVarNames EnvVarNames `json:"env_var_names"`
 	// ImagePullSecret names a Secret every pod pulls with, whatever its
-	// image; it must exist in every workload namespace. "" uses none.
+	// image; the plugin copies it from PullSecretNamespace into each
+	// workload namespace. "" uses none.
 	// ImagePullSecrets is the finer form and may be set with it.
 	ImagePullSecret string `json:"image_pull_secret"`
 	// ImagePullSecrets maps a registry host (as in the image reference,
@@ -31,6 +32,11 @@ type Config struct {
 	// "docker.io" for images without a host) to the Secret that pods of
 	// images from that registry pull with.
 	ImagePullSecrets map[string]string `json:"image_pull_secrets"`
+	// PullSecretNamespace is where the configured pull Secrets are kept;
+	// the plugin copies them into every namespace it runs workloads in
+	// (pullsecrets.go). "" copies nothing: the Secrets are then put into
+	// each workload namespace by someone else.
+	PullSecretNamespace string `json:"pull_secret_namespace"`
 	// NodeSelector pins user workloads to the untrusted node pool.
 	NodeSelector map[string]string `json:"node_selector"`
 	// Tolerations replace the default toleration of the untrusted pool.
@@ -116,6 +122,7 @@ func Defaults() Config {
 		NodeSelector:         map[string]string{"node-class": "untrusted"},
 		Tolerations:          []Toleration{{Key: "karpenter.sh/nodepool", Operator: "Equal", Value: "untrusted", Effect: "NoSchedule"}},
 		SentinelNamespace:    "sentinel",
+		PullSecretNamespace:  "krane",
 		ProbeDefaults:        ProbeDefaults{PeriodSeconds: 10, TimeoutSeconds: 2, FailureThreshold: 3},
 		StatusResyncInterval: "60s",
 		MaxCPUMillicores:     64_000,
@@ -200,6 +207,11 @@ func (c *Config) check() error {
 		}
 	}
 	c.ImagePullSecrets = lower
+	if c.PullSecretNamespace != "" {
+		if errs := validation.IsDNS1123Label(c.PullSecretNamespace); len(errs) > 0 {
+			return bad("pull_secret_namespace", "%q: %s", c.PullSecretNamespace, errs[0])
+		}
+	}
 	for k, v := range c.NodeSelector {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			return bad("node_selector", "key %q: %s", k, errs[0])
@@ -309,6 +321,7 @@ const configSchema = `{
     },
     "image_pull_secret": {"type": "string", "description": "a Secret every pod pulls with (default none)"},
     "image_pull_secrets": {"type": "object", "additionalProperties": {"type": "string"}, "description": "registry host -> Secret that pods of that registry's images pull with"},
+    "pull_secret_namespace": {"type": "string", "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", "maxLength": 63, "description": "namespace the pull Secrets are copied from into every workload namespace; empty copies none (default krane)"},
     "node_selector": {"type": "object", "additionalProperties": {"type": "string"}},
     "tolerations": {
       "type": "array",

@@ -27,6 +27,7 @@ func BadConfigs() []BadConfig {
 		{`{"tolerations": [{"key": "pool", "operator": "Maybe"}]}`, "tolerations.0.operator"},
 		{`{"tolerations": [{"key": "pool", "operator": "Exists", "value": "x"}]}`, "tolerations.0.value"},
 		{`{"sentinel_namespace": "Sentinels"}`, "sentinel_namespace"},
+		{`{"pull_secret_namespace": "Krane"}`, "pull_secret_namespace"},
 		{`{"probe_defaults": {"period_seconds": 0}}`, "probe_defaults.period_seconds"},
 		{`{"status_resync_interval": "soon"}`, "status_resync_interval"},
 		{`{"status_resync_interval": "10ms"}`, "status_resync_interval"},
@@ -96,7 +97,7 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 
 func TestSchemaAcceptsTheDefaults(t *testing.T) {
 	full := `{"runtime_class":"gvisor","env_var_names":{"workspace_id":"A","project_id":"B","environment_id":"C","deployment_id":"D","encrypted_env":"E"},
-		"image_pull_secret":"pull","node_selector":{"node-class":"untrusted"},"tolerations":[{"key":"k","operator":"Equal","value":"v","effect":"NoSchedule"}],
+		"image_pull_secret":"pull","pull_secret_namespace":"krane","node_selector":{"node-class":"untrusted"},"tolerations":[{"key":"k","operator":"Equal","value":"v","effect":"NoSchedule"}],
 		"sentinel_namespace":"sentinel","probe_defaults":{"initial_delay_seconds":0,"period_seconds":10,"timeout_seconds":2,"failure_threshold":3},
 		"status_resync_interval":"1m30s","max_cpu_millicores":64000,"max_memory_mib":262144,"max_replicas":1000,
 		"roll_progress_deadline":"90s","min_ready_seconds":30}`

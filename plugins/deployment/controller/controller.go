@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -58,6 +59,9 @@ type Controller struct {
 
 	nsLocks    keyedMutex
 	namespaces knownNamespaces
+	// pulls is what is left to sync of the pull Secrets' copies
+	// (pullsecrets.go).
+	pulls *pullQueue
 	// idLocks serialises the work on one deployment: the host's Applies
 	// and the plugin's own (a roll that waited for its slot, finishing a
 	// roll).
@@ -88,7 +92,10 @@ type kubeState struct {
 	podIndex        cache.Indexer
 	secretIndex     cache.Indexer
 	pdbIndex        cache.Indexer
-	informers       *kube.Informers
+	// pullSourceStores hold the configured pull Secrets of
+	// pull_secret_namespace, one informer each, by name.
+	pullSourceStores map[string]cache.Store
+	informers        *kube.Informers
 }
 
 // nodesGVR: nodes are cached as metadata only, for their zone label.
@@ -111,7 +118,7 @@ func WithCallCounter(c *kube.CallCounter) Option { return func(ctl *Controller) 
 
 // New returns an unconfigured controller.
 func New(log hclog.Logger, opts ...Option) *Controller {
-	c := &Controller{log: log, cfg: Defaults(), rolls: newRoller()}
+	c := &Controller{log: log, cfg: Defaults(), rolls: newRoller(), pulls: newPullQueue()}
 	c.StatusFeed = c.newFeed()
 	for _, o := range opts {
 		o(c)
@@ -125,6 +132,7 @@ func New(log hclog.Logger, opts ...Option) *Controller {
 	c.bg, c.stopBG = context.WithCancel(context.Background())
 	go c.progressRolls(c.bg)
 	go c.repair.Run(c.bg)
+	go c.syncPullSecrets(c.bg)
 	return c
 }
 
@@ -194,7 +202,7 @@ func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (
 			return nil, fmt.Errorf("read RuntimeClass %q: %w", cfg.RuntimeClass, err)
 		}
 	}
-	if err := c.startInformers(ctx, k); err != nil {
+	if err := c.startInformers(ctx, k, cfg); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -208,6 +216,7 @@ func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (
 	if old != nil {
 		old.informers.Stop()
 	}
+	c.pulls.markAll()
 	c.adoptRolls(k)
 	c.startAdmitted(c.bg, c.rolls.resize(cfg.MaxConcurrentRolls, cfg.rollDeadline))
 	c.log.Info("configured", "region", req.Region, "cluster", req.ClusterID, "runtime_class", cfg.RuntimeClass, "status_resync_interval", cfg.resync)
@@ -218,7 +227,7 @@ func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (
 // Secrets and namespaces are watched (label-selected), so the caches stay
 // small and nothing else is ever touched or read; nodes are watched as
 // metadata only, for their zone.
-func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
+func (c *Controller) startInformers(ctx context.Context, k *kubeState, cfg Config) error {
 	k.informers = kube.NewInformers()
 	// The caches keep what status and drift read: pods slimmed (SlimPod
 	// keeps every field instanceOf reads), PodDisruptionBudgets without
@@ -252,6 +261,25 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState) error {
 	}
 	if _, err := nsInf.AddEventHandler(c.namespaces.forgetDeleted()); err != nil {
 		return err
+	}
+	if _, err := rsInf.AddEventHandler(c.nsEvents(false)); err != nil {
+		return err
+	}
+	if _, err := secretInf.AddEventHandler(c.nsEvents(true)); err != nil {
+		return err
+	}
+	k.pullSourceStores = map[string]cache.Store{}
+	if cfg.PullSecretNamespace != "" {
+		// One informer per configured name, selected by field: no other
+		// Secret of that namespace is listed or kept.
+		for _, name := range cfg.pullSecretNames() {
+			inf := kube.Informer[corev1.Secret, corev1.SecretList](k.informers, k.clients, "secrets", kube.InformerOptions{
+				Namespace: cfg.PullSecretNamespace, FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+			if _, err := inf.AddEventHandler(c.pullSourceEvents()); err != nil {
+				return err
+			}
+			k.pullSourceStores[name] = inf.GetStore()
+		}
 	}
 	k.replicaSets, k.pods = appslisters.NewReplicaSetLister(rsInf.GetIndexer()), corelisters.NewPodLister(podInf.GetIndexer())
 	k.replicaSetIndex, k.podIndex = rsInf.GetIndexer(), podInf.GetIndexer()
@@ -347,6 +375,19 @@ func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 	result := sdk.Unchanged
 	if wrotePDB {
 		result = sdk.Applied
+	}
+	if ns := desired.GetNamespace(); !c.pullSecretsCurrent(cfg, k, ns) {
+		// A copy edited or deleted by hand, or a source changed: the
+		// pull Secrets' own sync would also repair it, this is sooner.
+		unlock := c.nsLocks.rlock(ns)
+		wrote, err := c.ensurePullSecrets(ctx, cfg, k, ns)
+		unlock()
+		if err != nil {
+			return 0, err
+		}
+		if wrote {
+			result = sdk.Applied
+		}
 	}
 	if secret == nil {
 		return result, nil
@@ -458,6 +499,11 @@ func (c *Controller) write(ctx context.Context, k *kubeState, id string, desired
 	host := c.hostServices()
 	unlock := c.nsLocks.rlock(ns)
 	err = c.ensureNamespace(ctx, k, ns)
+	if err == nil {
+		// Before the ReplicaSet: its pods pull with these.
+		cfg, _ := c.state()
+		_, err = c.ensurePullSecrets(ctx, cfg, k, ns)
+	}
 	owner := c.liveOwner(k, desired)
 	if err == nil && secret != nil {
 		// Before the ReplicaSet: its pods must find the Secret.

@@ -11,6 +11,8 @@
 //   - roll.go: template changes, max_concurrent_rolls at a time, each
 //     given up after roll_progress_deadline;
 //   - namespace.go: namespaces created on demand and removed when empty;
+//   - pullsecrets.go: the configured registry pull Secrets copied into
+//     every workload namespace, kept in sync, removed when unwanted;
 //   - status.go: WatchStatus, pods and ReplicaSets to DeploymentStatus;
 //   - index.go: the informer caches indexed by deployment id, so one
 //     deployment's objects are found without scanning the whole cache.
