@@ -67,6 +67,9 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	}
 	deps := WorkflowDeps(cfg, st, log)
 	deps.Hooks, deps.Registerer, deps.IngressKey = hooks, reg, key
+	if keys != nil {
+		deps.Vault = keys // a nil *vault.Source would be a non-nil Resealer
+	}
 	services := workflows.Services(deps)
 	endpoint, err := workflows.NewEndpoint(services, log, cfg.Restate.IdentityKeyList())
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"krane.dev/ctrl/actual"
@@ -686,7 +687,7 @@ ORDER BY c.region`, nowMillis())
 // candidate order, and files "waiting for sentinel S in region R" in the
 // deployment's history for each, once. Running it again changes nothing
 // and returns the same, so it is safe in a step that may run twice.
-func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candidates []Sentinel) ([]SentinelWait, error) {
+func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candidates []Sentinel, reseal Resealer) ([]SentinelWait, error) {
 	var waits []SentinelWait
 	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *Tx) error {
 		waits = nil
@@ -702,6 +703,9 @@ func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candid
 					return err
 				}
 				id = c.ID
+				if err := tx.inheritCredentials(ctx, deploymentID, c, reseal); err != nil {
+					return err
+				}
 			case err != nil:
 				return fmt.Errorf("store: read sentinel of environment %s in %s: %w", c.EnvironmentID, c.Region, err)
 			case state != "running":
@@ -745,6 +749,51 @@ func (s *Store) EnsureSentinels(ctx context.Context, deploymentID string, candid
 		return nil
 	})
 	return waits, err
+}
+
+// Resealer re-seals a sentinel's sealed credentials for another sentinel
+// (ctrl's vault: vault.Source.Reseal).
+type Resealer interface {
+	Reseal(fromID string, blob []byte, toID string) ([]byte, error)
+}
+
+// inheritCredentials gives a sentinel EnsureSentinels just created the
+// sealed credentials of its environment's most recently changed sentinel
+// that has some, re-sealed for its id, in the same transaction (so its
+// first version already carries them). When that cannot be done (no
+// vault, a blob the vault cannot open), the deployment's history says so
+// and how to set them; the sentinel starts without.
+func (t *Tx) inheritCredentials(ctx context.Context, deploymentID string, c Sentinel, reseal Resealer) error {
+	var from string
+	var blob, names []byte
+	err := t.QueryRow(ctx, `SELECT id, encrypted_credentials, credential_names FROM sentinels
+WHERE environment_id = ? AND id <> ? AND encrypted_credentials IS NOT NULL ORDER BY updated_at DESC, id LIMIT 1`, c.EnvironmentID, c.ID).Scan(&from, &blob, &names)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // the environment's sentinels have none
+	}
+	if err != nil {
+		return fmt.Errorf("store: read the credentials of environment %s's sentinels: %w", c.EnvironmentID, err)
+	}
+	var list []string
+	if len(names) > 0 {
+		if err := json.Unmarshal(names, &list); err != nil {
+			return fmt.Errorf("sentinels.credential_names of %s is not a JSON array of strings: %w", from, err)
+		}
+	}
+	cannot := func(why string) error {
+		return t.noteOnce(ctx, deploymentID, fmt.Sprintf("sentinel %s in region %s starts without credentials: sentinel %s of the environment has sealed credentials, but %s; set them with `ctrl sentinel deploy %s --credentials-file FILE`", c.ID, c.Region, from, why, c.ID))
+	}
+	if reseal == nil {
+		return cannot("this ctrl has no vault keyring (vault.keyring_file) to re-seal them")
+	}
+	sealed, err := reseal.Reseal(from, blob, c.ID)
+	if err != nil {
+		return cannot(fmt.Sprintf("they could not be re-sealed for it (%v)", err))
+	}
+	if err := t.SetSentinelCredentials(ctx, c.ID, c.Region, sealed, list); err != nil {
+		return err
+	}
+	return t.noteOnce(ctx, deploymentID, fmt.Sprintf("sentinel %s in region %s inherits the sealed credentials of sentinel %s (%s)", c.ID, c.Region, from, strings.Join(list, ", ")))
 }
 
 // LiveDeployment returns an environment's live deployment ("" when none),

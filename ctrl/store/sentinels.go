@@ -299,27 +299,31 @@ func (s *Store) ListSentinels(ctx context.Context, f SentinelFilter, after strin
 	return out, nil
 }
 
-// SentinelImage is a sentinel's id and desired image.
+// SentinelImage is a sentinel's id and desired image, and whether it is
+// stopped.
 type SentinelImage struct {
-	ID    string `json:"id"`
-	Image string `json:"image"`
+	ID      string `json:"id"`
+	Image   string `json:"image"`
+	Stopped bool   `json:"stopped,omitempty"`
 }
 
-// RunningSentinels returns up to limit sentinels whose desired state is
-// running, with id > after, in id order (keyset pages for a fleet
-// rollout).
-func (s *Store) RunningSentinels(ctx context.Context, after string, limit int) ([]SentinelImage, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT id, image FROM sentinels WHERE desired_state = 'running' AND id > ? ORDER BY id LIMIT ?", after, limit)
+// RolloutSentinels returns up to limit sentinels, running or stopped,
+// with id > after, in id order (keyset pages for a fleet rollout, which
+// sets the image of stopped sentinels too: they start on it).
+func (s *Store) RolloutSentinels(ctx context.Context, after string, limit int) ([]SentinelImage, error) {
+	rows, err := s.db.QueryContext(ctx, "SELECT id, image, desired_state FROM sentinels WHERE id > ? ORDER BY id LIMIT ?", after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: list running sentinels: %w", err)
+		return nil, fmt.Errorf("store: list sentinels: %w", err)
 	}
 	defer rows.Close()
 	var out []SentinelImage
 	for rows.Next() {
 		var si SentinelImage
-		if err := rows.Scan(&si.ID, &si.Image); err != nil {
+		var state string
+		if err := rows.Scan(&si.ID, &si.Image, &state); err != nil {
 			return nil, err
 		}
+		si.Stopped = state != "running"
 		out = append(out, si)
 	}
 	return out, rows.Err()

@@ -70,7 +70,7 @@ func TestUnusedSentinelRecheckedUnderItsLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	waits, err := s.EnsureSentinels(ctx, "dep_race", []store.Sentinel{{ID: "sen_unused_candidate", Region: "eu", EnvironmentID: "env-race",
-		K8sName: "s-x", Image: "registry.test/sentinel:1", Replicas: 2, CPUMillicores: 100, MemoryMiB: 128}})
+		K8sName: "s-x", Image: "registry.test/sentinel:1", Replicas: 2, CPUMillicores: 100, MemoryMiB: 128}}, nil)
 	if err != nil || len(waits) != 1 || waits[0].ID != "sen_race" || waits[0].Ensured {
 		t.Fatalf("ensure: %+v %v; want to wait for the existing, never-ready sentinel", waits, err)
 	}
@@ -106,7 +106,7 @@ func TestUnusedSentinelRecheckedUnderItsLock(t *testing.T) {
 	}
 	for range 2 { // a step run twice answers the same and notes once
 		waits, err = s.EnsureSentinels(ctx, "dep_race2", []store.Sentinel{{ID: "sen_other", Region: "eu", EnvironmentID: "env-race",
-			K8sName: "s-y", Image: "registry.test/sentinel:1", Replicas: 2, CPUMillicores: 100, MemoryMiB: 128}})
+			K8sName: "s-y", Image: "registry.test/sentinel:1", Replicas: 2, CPUMillicores: 100, MemoryMiB: 128}}, nil)
 		if err != nil || len(waits) != 1 || waits[0] != (store.SentinelWait{ID: "sen_race", Region: "eu", Ensured: true}) {
 			t.Fatalf("ensure after the stop: %+v %v", waits, err)
 		}

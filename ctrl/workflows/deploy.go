@@ -67,6 +67,7 @@ type DeployResult struct {
 type deploy struct {
 	store    *store.Store
 	sentinel SentinelDefaults
+	vault    store.Resealer
 	timeout  time.Duration
 	hooks    Hooks
 	// bypassed counts stamps the deploy made itself (see stampVersions).
@@ -78,7 +79,7 @@ type deploy struct {
 // Notify (shared) ends its wait for readiness. See the package
 // documentation for the steps.
 func NewDeployWorkflow(d Deps) restate.ServiceDefinition {
-	w := &deploy{store: d.Store, sentinel: d.Sentinel, timeout: d.DeployTimeout, hooks: d.Hooks, bypassed: d.metrics().versioningBypassed, m: d.metrics().deploy}
+	w := &deploy{store: d.Store, sentinel: d.Sentinel, vault: d.Vault, timeout: d.DeployTimeout, hooks: d.Hooks, bypassed: d.metrics().versioningBypassed, m: d.metrics().deploy}
 	if w.timeout <= 0 {
 		w.timeout = 5 * time.Minute
 	}
@@ -248,7 +249,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 			return nil, restate.ToTerminalError(errors.New("ctrl has no sentinel.default_image configured: it cannot create the environment's sentinels"),
 				restate.WithErrorCode(codePrecondition))
 		}
-		return w.store.EnsureSentinels(rc, id, candidates)
+		return w.store.EnsureSentinels(rc, id, candidates, w.vault)
 	}); err != nil {
 		return Outcome{}, err
 	}

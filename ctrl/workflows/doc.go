@@ -126,7 +126,9 @@
 // window in which a report would find no awakeable (see deploy in
 // sentinel.go). Ready and failed are compare-and-sets on the owner, so a
 // late step never overwrites a newer deploy. No rollback of one sentinel.
-// A Deploy of a stopped sentinel sets it running again.
+// A Deploy of a stopped sentinel sets it running again, unless it says
+// KeepStopped (fleet rollouts): then it only sets the configuration, which
+// the sentinel starts on, and is ready at once.
 //
 // Sentinels end by a soft delete (store.StopSentinel: desired_state
 // stopped at a new version, the row stays): through the operator API's
@@ -138,8 +140,9 @@
 // # SentinelRolloutService: fleet rollouts
 //
 // A virtual object keyed "singleton", its state under "rollout". Rollout
-// lists the running sentinels in pages, records the previous image of each
-// one to change, splits them into waves by cumulative percentage
+// lists the sentinels in pages, running and stopped (a stopped one keeps
+// stopped and gets the image, so it starts on it; see KeepStopped),
+// records the previous image of each one to change, splits them into waves by cumulative percentage
 // (ComputeWaves) and launches the first. A launch sends every
 // SentinelService.Deploy of the wave from the exclusive handler, each with
 // an idempotency key of the run and launch, and starts a

@@ -296,7 +296,7 @@ func runBatch(ctx restate.Context, job rolloutJob) (restate.Void, error) {
 	futs := make([]restate.ResponseFuture[SentinelDeployResult], len(job.Items))
 	for i, it := range job.Items {
 		futs[i] = restate.Object[SentinelDeployResult](ctx, SentinelServiceName, it.ID, "Deploy").
-			RequestFuture(SentinelDeployRequest{Image: it.Image, TimeoutSeconds: job.TimeoutSeconds}, restate.WithIdempotencyKey(it.Key))
+			RequestFuture(SentinelDeployRequest{Image: it.Image, TimeoutSeconds: job.TimeoutSeconds, KeepStopped: true}, restate.WithIdempotencyKey(it.Key))
 	}
 	out := batchResult{Run: job.Run, Launch: job.Launch, Kind: job.Kind, Outcomes: make([]deployOutcome, len(job.Items))}
 	for i, f := range futs {
@@ -355,10 +355,13 @@ func precondition(format string, args ...any) error {
 	return restate.ToTerminalError(fmt.Errorf(format, args...), restate.WithErrorCode(codePrecondition))
 }
 
-// rollout starts a rollout: it lists the running sentinels page by page,
-// leaves out those already on the image, records every other one's
-// current image (what RollbackAll restores), splits them into waves and
-// starts the first.
+// rollout starts a rollout: it lists the sentinels page by page, running
+// and stopped, leaves out those already on the image, records every other
+// one's current image (what RollbackAll restores), splits them into waves
+// and starts the first. A stopped sentinel stays stopped: its deploy
+// (KeepStopped) sets its image and is ready at once, so it starts on the
+// new image, not on the one it had before the rollout; one stopped while
+// the rollout runs stays stopped the same way.
 func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (RolloutStatus, error) {
 	if err := req.Validate(); err != nil {
 		return RolloutStatus{}, restate.ToTerminalError(fmt.Errorf("rollout: %w", err), restate.WithErrorCode(codeInvalid))
@@ -386,7 +389,7 @@ func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (Rollo
 	after, listed := "", 0
 	for {
 		page, err := runStep(ctx, r.hooks, rolloutListSentinels, func(rc restate.RunContext) ([]store.SentinelImage, error) {
-			return r.store.RunningSentinels(rc, after, rolloutPageSize)
+			return r.store.RolloutSentinels(rc, after, rolloutPageSize)
 		})
 		if err != nil {
 			return RolloutStatus{}, err
@@ -418,9 +421,9 @@ func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (Rollo
 	}
 	if len(ids) == 0 {
 		st.State = RolloutCompleted
-		st.Message = fmt.Sprintf("nothing to do: all %d running sentinels already have image %s", listed, req.Image)
+		st.Message = fmt.Sprintf("nothing to do: all %d sentinels already have image %s", listed, req.Image)
 		if listed == 0 {
-			st.Message = "nothing to do: no sentinel is running"
+			st.Message = "nothing to do: there is no sentinel"
 		}
 		r.notify(ctx, st, fmt.Sprintf("Sentinel rollout %s of %s: %s.", st.Run, st.Image, st.Message))
 		if err := r.save(ctx, st); err != nil {
@@ -470,7 +473,7 @@ func (r *rollouts) launch(ctx restate.ObjectContext, st *rolloutState, kind stri
 	for i := range items {
 		items[i].Key = fmt.Sprintf("rollout/%s/%d/%s", st.Run, id, items[i].ID)
 		restate.ObjectSend(ctx, SentinelServiceName, items[i].ID, "Deploy").
-			Send(SentinelDeployRequest{Image: items[i].Image, TimeoutSeconds: st.DeployTimeoutSeconds}, restate.WithIdempotencyKey(items[i].Key))
+			Send(SentinelDeployRequest{Image: items[i].Image, TimeoutSeconds: st.DeployTimeoutSeconds, KeepStopped: true}, restate.WithIdempotencyKey(items[i].Key))
 	}
 	batches := 0
 	for b := range slices.Chunk(items, rolloutBatchSize) {

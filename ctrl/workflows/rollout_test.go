@@ -577,3 +577,39 @@ func TestStuckRollbackCanBeCancelled(t *testing.T) {
 		t.Fatalf("a new rollout after the cancelled rollback: %v, %v; want it started", st, err)
 	}
 }
+
+// TestRolloutSetsStoppedSentinelsImage: a rollout sets the image of
+// stopped sentinels too, without starting them, and counts them done; a
+// stopped sentinel then starts on the rolled-out image, not on the one it
+// had before the rollout.
+func TestRolloutSetsStoppedSentinelsImage(t *testing.T) {
+	e := newRolloutEnv(t)
+	ids := e.env.CreateSentinels(t, "eu", "sen-stop", imgV1, 4)
+	waitConverged(t, e.env.Store, ids...)
+	ctx := context.Background()
+	api := e.env.Sentinels(t)
+	stopped := ids[1]
+	if _, err := api.StopSentinel(ctx, &ctrlv1.StopSentinelRequest{SentinelId: stopped}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.api.StartRollout(ctx, &ctrlv1.StartRolloutRequest{Image: imgV2, WavePercentages: []int32{50, 100}}); err != nil {
+		t.Fatal(err)
+	}
+	st := e.waitState(t, 2*time.Minute, "completed", 0)
+	if st.GetTotal() != 4 || st.GetSucceeded() != 4 || st.GetFailed() != 0 {
+		t.Fatalf("rollout over 3 running and 1 stopped sentinel: %v", st)
+	}
+	for _, id := range ids {
+		r := getSentinel(t, e.env.Store, id)
+		if r.Image != imgV2 {
+			t.Errorf("sentinel %s (%s) is on %s after the rollout, want %s", id, r.DesiredState, r.Image, imgV2)
+		}
+		if want := map[bool]string{true: "stopped", false: "running"}[id == stopped]; r.DesiredState != want {
+			t.Errorf("sentinel %s is %s after the rollout, want %s", id, r.DesiredState, want)
+		}
+	}
+	resp, err := api.DeploySentinel(ctx, &ctrlv1.DeploySentinelRequest{SentinelId: stopped, Wait: true, TimeoutSeconds: 30})
+	if s := resp.GetSentinel(); err != nil || resp.GetResult() != "ready" || s.GetDesiredState() != "running" || s.GetImage() != imgV2 {
+		t.Fatalf("starting the stopped sentinel: %v, %v; want it running on %s", resp, err, imgV2)
+	}
+}

@@ -67,6 +67,12 @@ type SentinelDeployRequest struct {
 	// blob, the deploy keeps it (a fresh seal differs in every byte, and
 	// would roll the pods for nothing).
 	CredentialsSameAs []byte `json:"credentials_same_as,omitempty"`
+	// KeepStopped leaves a stopped sentinel stopped: its configuration
+	// (image, size, credentials) is set, and the deploy is ready at once,
+	// since nothing of it runs; it starts on that configuration when a
+	// deploy of its environment starts it again. Fleet rollouts send it.
+	// Without it, a deploy of a stopped sentinel starts it.
+	KeepStopped bool `json:"keep_stopped,omitempty"`
 }
 
 // MaxSealedCredentials bounds a sentinel's sealed credentials (the vault's
@@ -195,8 +201,9 @@ type deployWrite struct {
 //     and (when something changed) write the configuration with a new
 //     version; record this invocation as the owner of deploy_status =
 //     progressing. Nothing changed and already converged: ready at once.
-//     A stopped sentinel is set running again (a change, a new version); a
-//     missing one is a terminal error.
+//     A stopped sentinel is set running again (a change, a new version),
+//     unless the request says KeepStopped: then only its configuration is
+//     set and it is ready at once. A missing one is a terminal error.
 //  2. create an awakeable and store it (notifyReadyKey) with the owner;
 //  3. fence: an empty step; Restate acknowledges it only after it has
 //     applied every earlier entry, so from here on NotifyReady sees the
@@ -291,7 +298,10 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 			return nil
 		}
 		next := row.Sentinel
-		next.DesiredState = "running" // a deploy of a stopped sentinel starts it again
+		stopped := row.DesiredState != "running" && req.KeepStopped
+		if !stopped {
+			next.DesiredState = "running" // a deploy of a stopped sentinel starts it again
+		}
 		if req.Image != "" {
 			next.Image = req.Image
 		}
@@ -313,6 +323,17 @@ func (s *sentinels) write(ctx context.Context, id, request string, req SentinelD
 			if err := tx.SetSentinelCredentials(ctx, id, row.Region, req.EncryptedCredentials, req.CredentialNames); err != nil {
 				return err
 			}
+		}
+		if stopped {
+			// Nothing of it runs, so nothing to wait for: it starts on
+			// this configuration.
+			w.Ready, w.Changed = true, next != row.Sentinel || newCredentials
+			if next != row.Sentinel {
+				if err := tx.PutSentinel(ctx, next); err != nil {
+					return err
+				}
+			}
+			return tx.SetSentinelDeploy(ctx, id, request, store.SentinelReady, w.Changed)
 		}
 		if next == row.Sentinel && !newCredentials {
 			if SentinelConverged(row) {

@@ -26,6 +26,10 @@ type Deps struct {
 	// SentinelDeployTimeout is how long a SentinelService.Deploy waits for
 	// the cluster when its request does not say (sentinel.deploy_timeout).
 	SentinelDeployTimeout time.Duration
+	// Vault re-seals an environment's sentinel credentials for a sentinel
+	// a deploy creates; nil when ctrl has no keyring (the deploy then says
+	// the new sentinel starts without them).
+	Vault store.Resealer
 	// IngressKey signs ctrl's calls through Restate's ingress (see
 	// GatewayName): CtrlIngress refuses calls without its signature.
 	IngressKey []byte
