@@ -16,17 +16,18 @@ import (
 const Kind = "configmap.example.krane.dev"
 
 // Spec is the desired state of one resource, as JSON from ctrl.
+// The jsonschema tags make specSchema (schemas.go).
 type Spec struct {
-	Namespace string            `json:"namespace"`
-	Name      string            `json:"name"`
-	Data      map[string]string `json:"data"`
+	Namespace string            `json:"namespace" jsonschema:"required,pattern=^[a-z0-9]([-a-z0-9]*[a-z0-9])?$,maxLength=63"`
+	Name      string            `json:"name" jsonschema:"required,minLength=1,maxLength=253"`
+	Data      map[string]string `json:"data,omitempty"`
 }
 
 // Config is the plugin's `config {}` block in krane.hcl.
 type Config struct {
 	// AllowedNamespaces limits where ConfigMaps may be written; empty
 	// allows every namespace.
-	AllowedNamespaces []string `json:"allowed_namespaces"`
+	AllowedNamespaces []string `json:"allowed_namespaces,omitempty" jsonschema:"uniqueItems=true,pattern=^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"`
 }
 
 // Permissions are what the plugin's identity needs: it reads its own

@@ -1,30 +1,14 @@
 package main
 
-// configSchema is the JSON Schema of the `config {}` block: the host
-// checks the block against it before Configure, naming a wrong key.
-const configSchema = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
-  "type": "object",
-  "additionalProperties": false,
-  "properties": {
-    "allowed_namespaces": {
-      "type": "array",
-      "items": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
-    }
-  }
-}`
+import "krane.dev/sdk"
 
-// specSchema is the JSON Schema of a resource's spec. `--describe` prints
-// it and `ctrl kind register` takes it, so ctrl refuses a spec this plugin
-// would refuse before it reaches a cluster.
-const specSchema = `{
-  "$schema": "https://json-schema.org/draft/2020-12/schema",
-  "type": "object",
-  "additionalProperties": false,
-  "required": ["namespace", "name"],
-  "properties": {
-    "namespace": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
-    "name": {"type": "string", "minLength": 1, "maxLength": 253},
-    "data": {"type": "object", "additionalProperties": {"type": "string"}}
-  }
-}`
+// The schemas are generated from the Go types (Spec, Config, with their
+// jsonschema tags), so each is written once: the host checks a `config {}`
+// block against configSchema before Configure, naming a wrong key;
+// `--describe` prints specSchema and `ctrl kind register` takes it, so
+// ctrl refuses a spec this plugin would refuse before it reaches a
+// cluster. validate (controller.go) keeps what a schema cannot say.
+var (
+	configSchema = sdk.MustSchemaFor[Config]()
+	specSchema   = sdk.MustSchemaFor[Spec]()
+)
