@@ -18,6 +18,7 @@ BUF_VERSION                := v1.75.0
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 STATICCHECK_VERSION        := v0.8.2
+CYCLONEDX_GOMOD_VERSION    := v1.10.0
 # Test environment versions; internal/testenv/paths.go holds the same.
 export K8S_VERSION     := 1.36.3
 export ETCD_VERSION    := 3.6.6
@@ -34,7 +35,7 @@ PKGS ?= ./...
 SDK_PKGS ?= $(if $(filter ./...,$(PKGS)),./...,)
 MODULES := . sdk
 
-.PHONY: build test test-go deploy-check demo chaos fuzz bench bench-fleet bench-docs bench-smoke proto proto-check lint deps tools testenv clean help screenshots
+.PHONY: build release test test-go deploy-check demo chaos fuzz bench bench-fleet bench-docs bench-smoke proto proto-check lint deps tools testenv clean help screenshots
 .PHONY: $(addprefix bin/,$(BINARIES))
 
 help: ## list targets
@@ -54,6 +55,29 @@ bin/krane-plugin-cilium:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./plugins/cilium
 bin/krane-plugin-configmap:
 	$(GO) -C sdk build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@ ./examples/configmap
+
+# A release: `make release VERSION=vX.Y.Z` (or on a commit tagged vX.Y.Z).
+# Everything goes to dist/VERSION: static binaries (CGO_ENABLED=0, so the
+# images need no libc), SHA256SUMS, a CycloneDX SBOM of each module, and
+# the two images the Dockerfile describes as OCI image layouts, built
+# without a Docker daemon (cmd/release). Nothing is pushed: the sdk's tag
+# and the images' push are printed.
+RELEASE_DIR := dist/$(VERSION)
+release: $(STAMPS)/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION) ## version-stamped binaries, SHA256SUMS, SBOMs and the krane and ctrl images (OCI layouts) into dist/VERSION; prints the sdk tag to push
+	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "VERSION=$(VERSION) is not a release version (vX.Y.Z): tag the commit, or run make release VERSION=vX.Y.Z" >&2; exit 1; }
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/bin $(RELEASE_DIR)/sbom
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/krane ./cmd/krane
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/ctrl ./cmd/ctrl
+	for p in deployment sentinel cilium; do \
+	  CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/krane-plugin-$$p ./plugins/$$p; done
+	CGO_ENABLED=0 $(GO) -C sdk build -trimpath -ldflags '-s -w -X krane.dev/sdk.version=$(VERSION)' -o $(CURDIR)/$(RELEASE_DIR)/bin/krane-plugin-configmap ./examples/configmap
+	cyclonedx-gomod mod -json -licenses=false -output $(RELEASE_DIR)/sbom/krane.cdx.json .
+	cyclonedx-gomod mod -json -licenses=false -output $(RELEASE_DIR)/sbom/sdk.cdx.json sdk
+	$(GO) run ./cmd/release -bin $(RELEASE_DIR)/bin -out $(RELEASE_DIR)/images -version $(VERSION)
+	cd $(RELEASE_DIR) && sha256sum bin/* sbom/* > SHA256SUMS
+	@echo "==> $(RELEASE_DIR): binaries, SHA256SUMS, sbom/, images/ (OCI layouts)"
+	@echo "==> the sdk's tag (not pushed here): git tag sdk/$(VERSION) $$(git rev-parse HEAD) && git push origin sdk/$(VERSION)"
+	@echo "    plugin authors then: go get krane.dev/sdk@$(VERSION)"
 
 demo: deps testenv build ## bring up the whole system locally and show a deploy working (DEMO_EXIT=1: exit after the scenario)
 	$(GO) run ./cmd/demo -bin bin $(if $(filter 1,$(DEMO_EXIT)),-exit,)
@@ -172,6 +196,10 @@ $(STAMPS)/protoc-gen-go@%:
 	@mkdir -p $(STAMPS) && touch $@
 $(STAMPS)/protoc-gen-go-grpc@%:
 	GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$*
+	@mkdir -p $(STAMPS) && touch $@
+# Installed by `make release` only (not part of `make tools`).
+$(STAMPS)/cyclonedx-gomod@%:
+	GOBIN=$(TOOLS_BIN) $(GO) install github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$*
 	@mkdir -p $(STAMPS) && touch $@
 $(STAMPS)/staticcheck@%:
 	GOBIN=$(TOOLS_BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$*
