@@ -11,6 +11,7 @@ GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X krane.dev/internal/version.Version=$(VERSION)
 TOOLS_BIN := $(CURDIR)/.tools/bin
+STAMPS    := $(CURDIR)/.tools/stamps
 export PATH := $(TOOLS_BIN):$(PATH)
 
 # Pinned tool versions (generated code records them in its header).
@@ -184,7 +185,6 @@ deps: tools ## Go modules, Go tools, a MariaDB server for private test databases
 
 # Each tool is installed at its pinned version; a stamp per version makes a
 # version bump reinstall it.
-STAMPS := $(CURDIR)/.tools/stamps
 TOOL_STAMPS := $(STAMPS)/buf@$(BUF_VERSION) $(STAMPS)/protoc-gen-go@$(PROTOC_GEN_GO_VERSION) \
 	$(STAMPS)/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION) $(STAMPS)/staticcheck@$(STATICCHECK_VERSION)
 tools: $(TOOL_STAMPS) ## install the pinned Go tools into .tools/bin
