@@ -79,14 +79,14 @@ func (d *deployCmd) create() *cobra.Command {
 			if idempotencyKey == "" {
 				idempotencyKey = randomKey() // makes our own retries safe
 			}
-			r := &ctrlv1.CreateDeploymentRequest{
-				WorkspaceId: workspace, ProjectId: proj, AppId: app, EnvironmentId: environment, Image: image,
-				Regions: regions, Replicas: replicas, CpuMillicores: cpuMillis, MemoryMib: memoryMiB, EnvVars: vars, SecretEnv: secrets,
-				Port: port, Command: command, ShutdownSignal: sig, IdempotencyKey: idempotencyKey,
-				TimeoutSeconds: int32(timeout / time.Second),
-			}
+			w := &clusterv1.Workload{Image: image, CpuMillicores: cpuMillis, MemoryMib: memoryMiB, EnvVars: vars, Port: port, Command: command, ShutdownSignal: sig}
 			if hcPath != "" {
-				r.Healthcheck = &clusterv1.Healthcheck{Path: hcPath, Method: hcMethod, Port: hcPort}
+				w.Healthcheck = &clusterv1.Healthcheck{Path: hcPath, Method: hcMethod, Port: hcPort}
+			}
+			r := &ctrlv1.CreateDeploymentRequest{
+				WorkspaceId: workspace, ProjectId: proj, AppId: app, EnvironmentId: environment, Workload: w,
+				Regions: regions, Replicas: replicas, SecretEnv: secrets, IdempotencyKey: idempotencyKey,
+				TimeoutSeconds: int32(timeout / time.Second),
 			}
 			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
 			if err != nil {

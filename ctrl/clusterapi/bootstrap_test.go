@@ -28,15 +28,16 @@ func seedTopology(t *testing.T, s *store.Store, region string, first, n int, sta
 	for start := first; start < first+n; start += batch {
 		end := min(start+batch, first+n)
 		var dep, top strings.Builder
-		dep.WriteString(`INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name, image,
-  cpu_millicores, memory_mib, replicas, env_vars, command, created_at, updated_at) VALUES `)
+		dep.WriteString(`INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
+  replicas, workload, created_at, updated_at) VALUES `)
 		top.WriteString("INSERT INTO deployment_topology (deployment_id, region, desired_replicas, desired_status, version, created_at, updated_at) VALUES ")
 		for v := start; v < end; v++ {
 			if v > start {
 				dep.WriteString(",")
 				top.WriteString(",")
 			}
-			fmt.Fprintf(&dep, `('dep-%07d','ws','proj','env','app','ns-ws','dep-%07d','registry.example/app:%d',250,256,2,'{"PORT":"8080","LOG":"info"}','["/app","serve"]',0,0)`, v, v, v)
+			fmt.Fprintf(&dep, `('dep-%07d','ws','proj','env','app','ns-ws','dep-%07d',2,`+
+				`'{"version":1,"workload":{"image":"registry.example/app:%d","cpu_millicores":250,"memory_mib":256,"env_vars":{"PORT":"8080","LOG":"info"},"command":["/app","serve"]}}',0,0)`, v, v, v)
 			fmt.Fprintf(&top, "('dep-%07d','%s',2,'%s',%d,0,0)", v, region, status, v)
 		}
 		for _, q := range []string{dep.String(), top.String()} {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
@@ -34,12 +35,7 @@ func fastConfig(c *serve.Config) {
 }
 
 func deployment(id string, image string) store.Deployment {
-	return store.Deployment{
-		ID: id, WorkspaceID: "ws", ProjectID: "proj", EnvironmentID: "env", AppID: "app",
-		K8sNamespace: "ns-ws", K8sName: "dep-" + id, Image: image, CPUMillicores: 250, MemoryMiB: 256, Replicas: 2,
-		EnvVars: map[string]string{"LOG": "debug"}, Command: []string{"/app", "serve"}, Port: 8080,
-		Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/healthz", Port: 8080},
-	}
+	return store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "proj", EnvironmentID: "env", AppID: "app", K8sNamespace: "ns-ws", K8sName: "dep-" + id, Replicas: 2, Workload: &clusterv1.Workload{Image: image, CpuMillicores: 250, MemoryMib: 256, EnvVars: map[string]string{"LOG": "debug"}, Command: []string{"/app", "serve"}, Port: 8080, Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/healthz", Port: 8080}}}}
 }
 
 func putDeployment(t testing.TB, s *store.Store, id, region, image string, replicas int32, desired string) uint64 {
@@ -121,8 +117,12 @@ func TestWatchBootstrapsThenStreamsChangesAndKeepAlives(t *testing.T) {
 	}
 	want := &clusterv1.Deployment{Id: "d1", WorkspaceId: "ws", ProjectId: "proj", EnvironmentId: "env", AppId: "app",
 		K8SNamespace: "ns-ws", K8SName: "dep-d1", Image: "app:1", CpuMillicores: 250, MemoryMib: 256, Replicas: 2,
-		EnvVars: map[string]string{"LOG": "debug"}, Command: []string{"/app", "serve"}, Port: 8080, ShutdownSignal: "SIGTERM",
+		EnvVars: map[string]string{"LOG": "debug"}, Command: []string{"/app", "serve"}, Port: 8080,
 		Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/healthz", Port: 8080}}
+	// The workload, and its fields of the previous release at the top
+	// level for that release's plugins.
+	want.Workload = &clusterv1.Workload{Image: "app:1", CpuMillicores: 250, MemoryMib: 256, EnvVars: map[string]string{"LOG": "debug"},
+		Command: []string{"/app", "serve"}, Port: 8080, Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/healthz", Port: 8080}}
 	if !proto.Equal(&d, want) {
 		t.Fatalf("spec %v\nwant %v", &d, want)
 	}
@@ -411,7 +411,7 @@ func TestUnconvertibleRowIsSkippedLoggedAndCounted(t *testing.T) {
 	putDeployment(t, env.Store, "d1", "eu", "app:1", 1, "running")
 	bad := putDeployment(t, env.Store, "d2", "eu", "app:1", 1, "running")
 	// Valid JSON of the wrong shape: the row cannot become a Deployment.
-	if _, err := env.Store.DB().ExecContext(ctx, `UPDATE deployments SET env_vars = '[1, 2]' WHERE id = 'd2'`); err != nil {
+	if _, err := env.Store.DB().ExecContext(ctx, `UPDATE deployments SET workload = JSON_SET(workload, '$.workload.env_vars', JSON_ARRAY(1, 2)) WHERE id = 'd2'`); err != nil {
 		t.Fatal(err)
 	}
 	v3 := putDeployment(t, env.Store, "d3", "eu", "app:1", 1, "running")

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -161,7 +162,7 @@ func (c *Console) createDeployment(ctx context.Context, r *http.Request) (string
 	}
 	req := &ctrlv1.CreateDeploymentRequest{
 		WorkspaceId: field(r, "workspace"), ProjectId: field(r, "project"), AppId: field(r, "app"),
-		EnvironmentId: field(r, "environment"), Image: field(r, "image"), Regions: regions, Replicas: replicas,
+		EnvironmentId: field(r, "environment"), Workload: &clusterv1.Workload{Image: field(r, "image")}, Regions: regions, Replicas: replicas,
 		IdempotencyKey: field(r, "idempotency_key"),
 	}
 	resp, err := c.deploys.CreateDeployment(ctx, req)
@@ -169,7 +170,7 @@ func (c *Console) createDeployment(ctx context.Context, r *http.Request) (string
 		return "", "", err
 	}
 	id := resp.GetDeploymentId()
-	return "/deployments/" + id, fmt.Sprintf("Deployment %s of %s created; its deploy is running and this page follows it.", id, req.Image), nil
+	return "/deployments/" + id, fmt.Sprintf("Deployment %s of %s created; its deploy is running and this page follows it.", id, req.GetWorkload().GetImage()), nil
 }
 
 func field(r *http.Request, name string) string { return strings.TrimSpace(r.PostFormValue(name)) }

@@ -19,6 +19,7 @@ import (
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/console"
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
@@ -641,8 +642,7 @@ func TestDeploymentTimelineIsTheRecordedHistory(t *testing.T) {
 	env := startCtrlWith(t, ctrltest.Options{Restate: testenv.SharedRestate(t)})
 	ctx := context.Background()
 	const id = "dep_timeline"
-	if _, _, err := env.Store.CreateDeployment(ctx, store.Deployment{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-timeline", AppID: "app",
-		K8sNamespace: "ns", K8sName: "d-timeline", Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 128, Replicas: 1}, ""); err != nil {
+	if _, _, err := env.Store.CreateDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-timeline", AppID: "app", K8sNamespace: "ns", K8sName: "d-timeline", Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 128}}}, ""); err != nil {
 		t.Fatal(err)
 	}
 	notes := []string{"waiting for sentinel sen_x in local-a", "sentinel sen_x healthy on registry.test/sentinel:1"}

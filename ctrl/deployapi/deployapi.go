@@ -96,7 +96,10 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 		return nil, err
 	}
 	id := deployspec.NewDeploymentID()
-	spec := deployspec.FromCreateRequest(id, req)
+	spec, err := deployspec.FromCreateRequest(id, req)
+	if err != nil {
+		return nil, err
+	}
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -104,7 +107,7 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 		return nil, err
 	}
 	secretKeys := slices.Sorted(maps.Keys(secrets))
-	if err := deployspec.ValidSecretEnvKeys("secret_env", secretKeys, spec.EnvVars); err != nil {
+	if err := deployspec.ValidSecretEnvKeys("secret_env", secretKeys, spec.Workload.GetEnvVars()); err != nil {
 		return nil, err
 	}
 	if err := s.checkRegions(ctx, req.GetRegions()); err != nil {
@@ -164,7 +167,7 @@ func (s *Server) ensureStarted(ctx context.Context, id string) (*ctrlv1.CreateDe
 		return nil, fmt.Errorf("reading the deployment failed: %w", err)
 	}
 	if stored.Status == store.StatusPending {
-		req := workflows.DeployRequest{Deployment: deployspec.FromStore(stored), Regions: stored.Regions, TimeoutSeconds: stored.TimeoutSeconds}
+		req := workflows.DeployRequest{Deployment: stored.Spec, Regions: stored.Regions, TimeoutSeconds: stored.TimeoutSeconds}
 		if err := s.start(ctx, req); err != nil {
 			return nil, err
 		}
@@ -178,8 +181,7 @@ func (s *Server) create(ctx context.Context, spec deployspec.Spec, regions []str
 	if timeout == 0 {
 		timeout = int32(s.timeout / time.Second)
 	}
-	d := spec.Store()
-	d.Regions, d.TimeoutSeconds, d.IdempotencyKey = regions, timeout, key
+	d := store.Deployment{Spec: spec, Regions: regions, TimeoutSeconds: timeout, IdempotencyKey: key}
 	id, existed, err := s.store.CreateDeployment(ctx, d, note)
 	if err != nil {
 		return nil, fmt.Errorf("recording the deployment failed: %w", err)
@@ -190,7 +192,7 @@ func (s *Server) create(ctx context.Context, spec deployspec.Spec, regions []str
 	if err := s.start(ctx, workflows.DeployRequest{Deployment: spec, Regions: regions, TimeoutSeconds: timeout, Note: note}); err != nil {
 		return nil, err
 	}
-	s.log.Info("deployment created", "deployment", id, "environment", spec.EnvironmentID, "image", spec.Image, "by", caller(ctx))
+	s.log.Info("deployment created", "deployment", id, "environment", spec.EnvironmentID, "image", spec.Workload.GetImage(), "by", caller(ctx))
 	return &ctrlv1.CreateDeploymentResponse{DeploymentId: id}, nil
 }
 
@@ -240,8 +242,8 @@ func (s *Server) GetDeployment(ctx context.Context, req *ctrlv1.GetDeploymentReq
 	if err != nil {
 		return nil, fmt.Errorf("reading the deployment's history failed: %w", err)
 	}
-	out := deployspec.Info(d, states[d.ID], live == d.ID, true)
-	out.History = deployspec.History(events)
+	out := info(d, states[d.ID], live == d.ID, true)
+	out.History = history(events)
 	fitInstances(out, maxDeploymentBytes)
 	return out, nil
 }
@@ -309,7 +311,7 @@ func (s *Server) ListDeployments(ctx context.Context, req *ctrlv1.ListDeployment
 		return nil, fmt.Errorf("reading the live deployment failed: %w", err)
 	}
 	for _, d := range list {
-		resp.Deployments = append(resp.Deployments, deployspec.Info(d, states[d.ID], live == d.ID, false))
+		resp.Deployments = append(resp.Deployments, info(d, states[d.ID], live == d.ID, false))
 	}
 	return resp, nil
 }
@@ -381,7 +383,7 @@ func (s *Server) Rollback(ctx context.Context, req *ctrlv1.RollbackRequest) (*ct
 		return nil, err
 	}
 	id := deployspec.NewDeploymentID()
-	spec := deployspec.FromStore(target)
+	spec := target.Spec
 	spec.ID, spec.K8sName, spec.RolledBackFrom = id, deployspec.K8sName(id), live
 	if len(target.EncryptedEnv) > 0 {
 		// A blob opens only for the deployment it was sealed for.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
@@ -251,8 +252,7 @@ func TestSecretEnvValidation(t *testing.T) {
 	// Without a keyring, ctrl refuses to open (and says why), audited.
 	bare := ctrltest.Start(t, ctrltest.Options{})
 	c := bare.FakeCluster(t, "eu", "eu-1")
-	d := store.Deployment{ID: "dep_x", WorkspaceID: "w", ProjectID: "p", EnvironmentID: "e", AppID: "a", K8sNamespace: "ws-w", K8sName: "dep-x",
-		Image: "registry.test/app:1", CPUMillicores: 1, MemoryMiB: 1, Replicas: 1, EncryptedEnv: []byte("sealed elsewhere"), SecretEnvKeys: []string{"A"}}
+	d := store.Deployment{Spec: deployspec.Spec{ID: "dep_x", WorkspaceID: "w", ProjectID: "p", EnvironmentID: "e", AppID: "a", K8sNamespace: "ws-w", K8sName: "dep-x", Replicas: 1, EncryptedEnv: []byte("sealed elsewhere"), SecretEnvKeys: []string{"A"}, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 1, MemoryMib: 1}}}
 	if _, err := bare.Store.WriteTx(context.Background(), func(ctx context.Context, tx *store.Tx) error {
 		if err := tx.PutDeployment(ctx, d); err != nil {
 			return err

@@ -5,46 +5,36 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
 
 	"krane.dev/ctrl/api"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
-// Spec is a deployment's configuration as the workflow journals it (JSON).
-// EncryptedEnv is a sealed blob; plaintext secrets never appear here.
+// Spec is a deployment's configuration as the workflow journals it (JSON,
+// see json.go) and the store keeps it. What runs is Workload, one message
+// from the operator's request to the cluster's plugin; the rest is where,
+// how many and under which names. EncryptedEnv is a sealed blob; plaintext
+// secrets never appear here.
 type Spec struct {
-	ID             string            `json:"id"`
-	WorkspaceID    string            `json:"workspace_id"`
-	ProjectID      string            `json:"project_id"`
-	EnvironmentID  string            `json:"environment_id"`
-	AppID          string            `json:"app_id"`
-	K8sNamespace   string            `json:"k8s_namespace"`
-	K8sName        string            `json:"k8s_name"`
-	Image          string            `json:"image"`
-	CPUMillicores  int64             `json:"cpu_millicores"`
-	MemoryMiB      int64             `json:"memory_mib"`
-	Replicas       int32             `json:"replicas"`
-	EnvVars        map[string]string `json:"env_vars,omitempty"`
-	EncryptedEnv   []byte            `json:"encrypted_env,omitempty"`
-	SecretEnvKeys  []string          `json:"secret_env_keys,omitempty"`
-	Healthcheck    *Healthcheck      `json:"healthcheck,omitempty"`
-	Port           int32             `json:"port"`
-	Command        []string          `json:"command,omitempty"`
-	ShutdownSignal string            `json:"shutdown_signal,omitempty"`
-	RolledBackFrom string            `json:"rolled_back_from,omitempty"`
-}
-
-// Healthcheck is a deployment's probe (see krane.cluster.v1.Healthcheck).
-type Healthcheck struct {
-	Method              string `json:"method,omitempty"`
-	Path                string `json:"path,omitempty"`
-	Port                int32  `json:"port,omitempty"`
-	InitialDelaySeconds int32  `json:"initial_delay_seconds,omitempty"`
-	PeriodSeconds       int32  `json:"period_seconds,omitempty"`
-	TimeoutSeconds      int32  `json:"timeout_seconds,omitempty"`
-	FailureThreshold    int32  `json:"failure_threshold,omitempty"`
+	ID            string `json:"id"`
+	WorkspaceID   string `json:"workspace_id"`
+	ProjectID     string `json:"project_id"`
+	EnvironmentID string `json:"environment_id"`
+	AppID         string `json:"app_id"`
+	K8sNamespace  string `json:"k8s_namespace"`
+	K8sName       string `json:"k8s_name"`
+	// Replicas per region as the deploy asked for them (a scale changes the
+	// regions' topology and this count).
+	Replicas int32 `json:"replicas"`
+	// Workload is what runs, defaults filled in (WithDefaults).
+	Workload       *clusterv1.Workload `json:"-"`
+	EncryptedEnv   []byte              `json:"encrypted_env,omitempty"`
+	SecretEnvKeys  []string            `json:"secret_env_keys,omitempty"`
+	RolledBackFrom string              `json:"rolled_back_from,omitempty"`
 }
 
 // FieldError is invalid input: which field (as the API names it) and why.
@@ -156,70 +146,80 @@ func (s Spec) Validate() error {
 	if !dnsLabel.MatchString(s.K8sNamespace) {
 		return Errorf("k8s_namespace", "%q is not a DNS-1123 label", s.K8sNamespace)
 	}
-	if err := ValidImage("image", s.Image); err != nil {
-		return err
-	}
 	if s.Replicas < 1 || s.Replicas > MaxReplicas {
 		return Errorf("replicas", "%d is out of range 1..%d", s.Replicas, MaxReplicas)
 	}
-	if s.CPUMillicores < 1 || s.CPUMillicores > MaxCPUMillicores {
-		return Errorf("cpu_millicores", "%d is out of range 1..%d", s.CPUMillicores, MaxCPUMillicores)
+	if err := ValidWorkload(s.Workload); err != nil {
+		return err
 	}
-	if s.MemoryMiB < 1 || s.MemoryMiB > MaxMemoryMiB {
-		return Errorf("memory_mib", "%d is out of range 1..%d", s.MemoryMiB, MaxMemoryMiB)
-	}
-	if s.Port < 1 || s.Port > 65535 {
-		return Errorf("port", "%d is out of range 1..65535", s.Port)
-	}
-	if len(s.EnvVars) > maxEnvVars {
-		return Errorf("env_vars", "%d variables; at most %d", len(s.EnvVars), maxEnvVars)
-	}
-	keys := make([]string, 0, len(s.EnvVars))
-	for k := range s.EnvVars {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys) // report the same bad key every time
-	for _, k := range keys {
-		if !envNamePattern.MatchString(k) || len(k) > 256 {
-			return Errorf("env_vars", "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
-		}
-		if len(s.EnvVars[k]) > maxEnvValueBytes {
-			return Errorf("env_vars", "the value of %s is %d bytes; at most %d", k, len(s.EnvVars[k]), maxEnvValueBytes)
-		}
-	}
-	if err := ValidSecretEnvKeys("secret_env", s.SecretEnvKeys, s.EnvVars); err != nil {
+	if err := ValidSecretEnvKeys("secret_env", s.SecretEnvKeys, s.Workload.GetEnvVars()); err != nil {
 		return err
 	}
 	if (len(s.SecretEnvKeys) == 0) != (len(s.EncryptedEnv) == 0) {
 		return Errorf("secret_env", "the sealed environment and the names of its variables must come together")
 	}
-	if len(s.Command) > maxCommandArgs {
-		return Errorf("command", "%d arguments; at most %d", len(s.Command), maxCommandArgs)
+	if s.RolledBackFrom != "" && len(s.RolledBackFrom) > 64 {
+		return Errorf("rolled_back_from", "%q is too long", s.RolledBackFrom)
 	}
-	for i, a := range s.Command {
+	return nil
+}
+
+// ValidWorkload checks a workload with its defaults filled in
+// (WithDefaults); the error names the first bad field by its name in the
+// workload. Bounds the proto declares are checked before any handler
+// runs; these are the rules a bound cannot say.
+func ValidWorkload(w *clusterv1.Workload) error {
+	if w == nil {
+		return Errorf("workload", "a workload is required (its image at least)")
+	}
+	if err := ValidImage("image", w.GetImage()); err != nil {
+		return err
+	}
+	if c := w.GetCpuMillicores(); c < 1 || c > MaxCPUMillicores {
+		return Errorf("cpu_millicores", "%d is out of range 1..%d", c, MaxCPUMillicores)
+	}
+	if m := w.GetMemoryMib(); m < 1 || m > MaxMemoryMiB {
+		return Errorf("memory_mib", "%d is out of range 1..%d", m, MaxMemoryMiB)
+	}
+	if p := w.GetPort(); p < 1 || p > 65535 {
+		return Errorf("port", "%d is out of range 1..65535", p)
+	}
+	env := w.GetEnvVars()
+	if len(env) > maxEnvVars {
+		return Errorf("env_vars", "%d variables; at most %d", len(env), maxEnvVars)
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) { // the same bad key every time
+		if !envNamePattern.MatchString(k) || len(k) > 256 {
+			return Errorf("env_vars", "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
+		}
+		if len(env[k]) > maxEnvValueBytes {
+			return Errorf("env_vars", "the value of %s is %d bytes; at most %d", k, len(env[k]), maxEnvValueBytes)
+		}
+	}
+	if len(w.GetCommand()) > maxCommandArgs {
+		return Errorf("command", "%d arguments; at most %d", len(w.GetCommand()), maxCommandArgs)
+	}
+	for i, a := range w.GetCommand() {
 		if len(a) > maxArgBytes {
 			return Errorf(fmt.Sprintf("command[%d]", i), "%d bytes; at most %d", len(a), maxArgBytes)
 		}
 	}
-	if s.ShutdownSignal != "" && !slices.Contains(signals, s.ShutdownSignal) {
-		return Errorf("shutdown_signal", "%q is not one of %s", s.ShutdownSignal, strings.Join(signals, ", "))
+	if sig := w.GetShutdownSignal(); sig != "" && !slices.Contains(signals, sig) {
+		return Errorf("shutdown_signal", "%q is not one of %s", sig, strings.Join(signals, ", "))
 	}
-	if h := s.Healthcheck; h != nil {
-		if h.Method != "" && h.Method != "GET" && h.Method != "POST" {
-			return Errorf("healthcheck.method", "%q is not GET or POST", h.Method)
+	if h := w.GetHealthcheck(); h != nil {
+		if h.GetMethod() != "" && h.GetMethod() != "GET" && h.GetMethod() != "POST" {
+			return Errorf("healthcheck.method", "%q is not GET or POST", h.GetMethod())
 		}
-		if !strings.HasPrefix(h.Path, "/") {
-			return Errorf("healthcheck.path", "%q must start with '/'", h.Path)
+		if !strings.HasPrefix(h.GetPath(), "/") {
+			return Errorf("healthcheck.path", "%q must start with '/'", h.GetPath())
 		}
-		if h.Port < 0 || h.Port > 65535 {
-			return Errorf("healthcheck.port", "%d is out of range 0..65535 (0: the deployment's port)", h.Port)
+		if h.GetPort() < 0 || h.GetPort() > 65535 {
+			return Errorf("healthcheck.port", "%d is out of range 0..65535 (0: the deployment's port)", h.GetPort())
 		}
-		if h.InitialDelaySeconds < 0 || h.PeriodSeconds < 0 || h.TimeoutSeconds < 0 || h.FailureThreshold < 0 {
+		if h.GetInitialDelaySeconds() < 0 || h.GetPeriodSeconds() < 0 || h.GetTimeoutSeconds() < 0 || h.GetFailureThreshold() < 0 {
 			return Errorf("healthcheck", "delays, periods, timeouts and thresholds cannot be negative")
 		}
-	}
-	if s.RolledBackFrom != "" && len(s.RolledBackFrom) > 64 {
-		return Errorf("rolled_back_from", "%q is too long", s.RolledBackFrom)
 	}
 	return nil
 }

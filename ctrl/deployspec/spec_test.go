@@ -1,10 +1,16 @@
 package deployspec_test
 
 import (
+	"encoding/json"
+	"os/exec"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"krane.dev/ctrl/deployspec"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
 func TestIDsAndNames(t *testing.T) {
@@ -35,26 +41,94 @@ func TestIDsAndNames(t *testing.T) {
 }
 
 func TestSpecValidationNamesTheField(t *testing.T) {
-	good := deployspec.Spec{ID: "dep_x", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "e", AppID: "a", K8sName: "dep-x", K8sNamespace: "ws-ws",
-		Image: "registry.example.com:5000/team/app:1.2.3", Replicas: 1, CPUMillicores: 100, MemoryMiB: 128, Port: 8080}
-	if err := good.Validate(); err != nil {
+	good := func() deployspec.Spec {
+		return deployspec.Spec{ID: "dep_x", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "e", AppID: "a", K8sName: "dep-x", K8sNamespace: "ws-ws",
+			Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.example.com:5000/team/app:1.2.3", CpuMillicores: 100, MemoryMib: 128, Port: 8080}}
+	}
+	if err := good().Validate(); err != nil {
 		t.Fatal(err)
 	}
 	for field, mutate := range map[string]func(*deployspec.Spec){
-		"image":              func(s *deployspec.Spec) { s.Image = "Registry/App:latest" },
+		"image":              func(s *deployspec.Spec) { s.Workload.Image = "Registry/App:latest" },
 		"replicas":           func(s *deployspec.Spec) { s.Replicas = 0 },
 		"environment_id":     func(s *deployspec.Spec) { s.EnvironmentID = "bad env" },
-		"env_vars":           func(s *deployspec.Spec) { s.EnvVars = map[string]string{"1X": "y"} },
-		"port":               func(s *deployspec.Spec) { s.Port = 70000 },
-		"shutdown_signal":    func(s *deployspec.Spec) { s.ShutdownSignal = "SIGHUP" },
-		"healthcheck.path":   func(s *deployspec.Spec) { s.Healthcheck = &deployspec.Healthcheck{Path: "healthz"} },
-		"healthcheck.method": func(s *deployspec.Spec) { s.Healthcheck = &deployspec.Healthcheck{Method: "PUT", Path: "/"} },
+		"env_vars":           func(s *deployspec.Spec) { s.Workload.EnvVars = map[string]string{"1X": "y"} },
+		"port":               func(s *deployspec.Spec) { s.Workload.Port = 70000 },
+		"shutdown_signal":    func(s *deployspec.Spec) { s.Workload.ShutdownSignal = "SIGHUP" },
+		"healthcheck.path":   func(s *deployspec.Spec) { s.Workload.Healthcheck = &clusterv1.Healthcheck{Path: "healthz"} },
+		"healthcheck.method": func(s *deployspec.Spec) { s.Workload.Healthcheck = &clusterv1.Healthcheck{Method: "PUT", Path: "/"} },
+		"workload":           func(s *deployspec.Spec) { s.Workload = nil },
 	} {
-		s := good
+		s := good()
 		mutate(&s)
 		err := s.Validate()
 		if err == nil || !strings.HasPrefix(err.Error(), field+": ") {
 			t.Errorf("%s: error %v, want one naming the field", field, err)
+		}
+	}
+}
+
+// TestSpecJournalsItsWorkload: a Spec's JSON (what the deploy workflow
+// journals) round-trips its workload, and a Spec journaled by the
+// previous release (the workload's fields at its top level) reads back
+// with them as its workload.
+func TestSpecJournalsItsWorkload(t *testing.T) {
+	s := deployspec.Spec{ID: "dep_x", Replicas: 2, Workload: &clusterv1.Workload{Image: "img:1", Command: []string{"run", "--fast"},
+		EnvVars: map[string]string{"A": "1"}, CpuMillicores: 300, MemoryMib: 512, Port: 9000, ShutdownSignal: "SIGINT",
+		Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/healthz", PeriodSeconds: 5}}}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back deployspec.Spec
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.ID != s.ID || back.Replicas != 2 || !proto.Equal(back.Workload, s.Workload) {
+		t.Fatalf("round trip of %s: %+v", b, back)
+	}
+	old := `{"id":"dep_x","replicas":2,"image":"img:1","cpu_millicores":300,"memory_mib":512,"env_vars":{"A":"1"},` +
+		`"healthcheck":{"method":"GET","path":"/healthz","period_seconds":5},"port":9000,"command":["run","--fast"],"shutdown_signal":"SIGINT","k8s_name":"dep-x"}`
+	var fromOld deployspec.Spec
+	if err := json.Unmarshal([]byte(old), &fromOld); err != nil {
+		t.Fatal(err)
+	}
+	if fromOld.K8sName != "dep-x" || !proto.Equal(fromOld.Workload, s.Workload) {
+		t.Fatalf("the previous release's form read as %+v, workload %v", fromOld, fromOld.Workload)
+	}
+}
+
+// TestCreateRequestSetsItsWorkloadOnce: the workload comes from workload
+// or from the previous release's top-level fields, never from both, and
+// gets its defaults.
+func TestCreateRequestSetsItsWorkloadOnce(t *testing.T) {
+	w := &clusterv1.Workload{Image: "img:1", Port: 9000}
+	for _, req := range []*ctrlv1.CreateDeploymentRequest{{Workload: w}, {Image: "img:1", Port: 9000}} {
+		s, err := deployspec.FromCreateRequest("dep_x", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := &clusterv1.Workload{Image: "img:1", Port: 9000, CpuMillicores: deployspec.DefaultCPUMillicores, MemoryMib: deployspec.DefaultMemoryMiB,
+			ShutdownSignal: deployspec.DefaultShutdownSignal}
+		if !proto.Equal(s.Workload, want) || s.Replicas != deployspec.DefaultReplicas {
+			t.Fatalf("%v: workload %v, replicas %d; want %v", req, s.Workload, s.Replicas, want)
+		}
+	}
+	if _, err := deployspec.FromCreateRequest("dep_x", &ctrlv1.CreateDeploymentRequest{Workload: w, Image: "img:2"}); err == nil || !strings.HasPrefix(err.Error(), "workload: ") {
+		t.Fatalf("workload and a top-level field: %v, want an error naming workload", err)
+	}
+}
+
+// TestDomainImportsNoStore: the domain model depends on no table, not even
+// through another package; the store depends on it.
+func TestDomainImportsNoStore(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "krane.dev/ctrl/deployspec").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if pkg == "krane.dev/ctrl/store" || strings.HasPrefix(pkg, "krane.dev/ctrl/store/") {
+			t.Errorf("ctrl/deployspec depends on %s; the domain model imports no store", pkg)
 		}
 	}
 }

@@ -105,7 +105,7 @@ func TestGroupCommitKeptWritesReadAsSent(t *testing.T) {
 			if err := scale("kw-c", 6, "ready", "dropped too", nil)(ctx, tx); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, "UPDATE deployments SET image = 'img:gone' WHERE id = 'kw-c'"); err != nil {
+			if _, err := tx.Exec(ctx, "UPDATE deployments SET workload = JSON_SET(workload, '$.workload.image', 'img:gone') WHERE id = 'kw-c'"); err != nil {
 				return err
 			}
 			return errBoom
@@ -144,7 +144,7 @@ func TestGroupCommitKeptWritesReadAsSent(t *testing.T) {
 		t.Errorf("kw-c history %q; want %q", got, want)
 	}
 	var image string
-	if err := s.DB().QueryRow("SELECT image FROM deployments WHERE id = 'kw-c'").Scan(&image); err != nil || image != "img:1" {
+	if err := s.DB().QueryRow("SELECT JSON_UNQUOTE(JSON_EXTRACT(workload, '$.workload.image')) FROM deployments WHERE id = 'kw-c'").Scan(&image); err != nil || image != "img:1" {
 		t.Errorf("kw-c image %q (%v); the failed caller's write must roll back", image, err)
 	}
 	checkVersions(t, s, res, 3) // the seeding's

@@ -30,31 +30,26 @@ const (
 // InProgress lists the statuses of a deploy that has not finished.
 var InProgress = []string{StatusPending, StatusDeploying, StatusNetwork}
 
-const deploymentColumns = `id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name, image,
-  cpu_millicores, memory_mib, replicas, env_vars, encrypted_env, secret_env_keys, healthcheck, port, command, shutdown_signal,
-  status, error, idempotency_key, rolled_back_from, requested_regions, timeout_seconds, created_at, updated_at`
+const deploymentColumns = `id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
+  replicas, workload, encrypted_env, secret_env_keys, status, error, idempotency_key, rolled_back_from, requested_regions, timeout_seconds, created_at, updated_at`
 
 func scanDeploymentRow(s scanner) (Deployment, error) {
 	var (
 		d                         Deployment
-		envVars, command          []byte
-		healthcheck, regions      []byte
+		workload, regions         []byte
 		secretKeys                []byte
 		errMsg, idemKey, rollback sql.NullString
 		created, updated          int64
 	)
-	if err := s.Scan(&d.ID, &d.WorkspaceID, &d.ProjectID, &d.EnvironmentID, &d.AppID, &d.K8sNamespace, &d.K8sName, &d.Image,
-		&d.CPUMillicores, &d.MemoryMiB, &d.Replicas, &envVars, &d.EncryptedEnv, &secretKeys, &healthcheck, &d.Port, &command, &d.ShutdownSignal,
-		&d.Status, &errMsg, &idemKey, &rollback, &regions, &d.TimeoutSeconds, &created, &updated); err != nil {
+	if err := s.Scan(&d.ID, &d.WorkspaceID, &d.ProjectID, &d.EnvironmentID, &d.AppID, &d.K8sNamespace, &d.K8sName,
+		&d.Replicas, &workload, &d.EncryptedEnv, &secretKeys, &d.Status, &errMsg, &idemKey, &rollback, &regions, &d.TimeoutSeconds, &created, &updated); err != nil {
 		return Deployment{}, err
 	}
 	d.Error, d.IdempotencyKey, d.RolledBackFrom = errMsg.String, idemKey.String, rollback.String
 	d.CreatedAt, d.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-	if err := json.Unmarshal(envVars, &d.EnvVars); err != nil {
-		return Deployment{}, fmt.Errorf("deployments.env_vars of %s is not a JSON object of strings: %w", d.ID, err)
-	}
-	if err := json.Unmarshal(command, &d.Command); err != nil {
-		return Deployment{}, fmt.Errorf("deployments.command of %s is not a JSON array of strings: %w", d.ID, err)
+	var err error
+	if d.Workload, err = decodeWorkload(d.ID, workload); err != nil {
+		return Deployment{}, err
 	}
 	if len(secretKeys) > 0 && string(secretKeys) != "null" {
 		if err := json.Unmarshal(secretKeys, &d.SecretEnvKeys); err != nil {
@@ -66,13 +61,6 @@ func scanDeploymentRow(s scanner) (Deployment, error) {
 			return Deployment{}, fmt.Errorf("deployments.requested_regions of %s is not a JSON array of strings: %w", d.ID, err)
 		}
 	}
-	if len(healthcheck) > 0 && string(healthcheck) != "null" {
-		var h healthcheckJSON
-		if err := json.Unmarshal(healthcheck, &h); err != nil {
-			return Deployment{}, fmt.Errorf("deployments.healthcheck of %s is malformed: %w", d.ID, err)
-		}
-		d.Healthcheck = h.proto()
-	}
 	return d, nil
 }
 
@@ -83,25 +71,21 @@ func insertDeployment(ctx context.Context, tx *Tx, d Deployment, note string) er
 		return err
 	}
 	d.Status = StatusPending
-	d.applyDefaults()
-	envVars, _ := json.Marshal(d.EnvVars)
-	command, _ := json.Marshal(d.Command)
-	var healthcheck, regions sql.NullString
-	if d.Healthcheck != nil {
-		b, _ := json.Marshal(healthcheckFromProto(d.Healthcheck))
-		healthcheck = sql.NullString{String: string(b), Valid: true}
+	workload, err := encodeWorkload(d.Workload)
+	if err != nil {
+		return fmt.Errorf("store: create deployment %s: encode its workload: %w", d.ID, err)
 	}
+	var regions sql.NullString
 	if len(d.Regions) > 0 {
 		b, _ := json.Marshal(d.Regions)
 		regions = sql.NullString{String: string(b), Valid: true}
 	}
 	now := nowMillis()
 	if _, err := tx.Exec(ctx, `INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
-  image, cpu_millicores, memory_mib, replicas, env_vars, encrypted_env, secret_env_keys, healthcheck, port, command, shutdown_signal,
-  status, idempotency_key, rolled_back_from, requested_regions, timeout_seconds, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+  replicas, workload, encrypted_env, secret_env_keys, status, idempotency_key, rolled_back_from, requested_regions, timeout_seconds, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		d.ID, d.WorkspaceID, d.ProjectID, d.EnvironmentID, d.AppID, d.K8sNamespace, d.K8sName,
-		d.Image, d.CPUMillicores, d.MemoryMiB, d.Replicas, string(envVars), d.EncryptedEnv, secretKeysJSON(d.SecretEnvKeys), healthcheck, d.Port, string(command), d.ShutdownSignal,
+		d.Replicas, workload, d.EncryptedEnv, secretKeysJSON(d.SecretEnvKeys),
 		d.Status, nullString(d.IdempotencyKey), nullString(d.RolledBackFrom), regions, d.TimeoutSeconds, now, now); err != nil {
 		return fmt.Errorf("store: create deployment %s: %w", d.ID, err)
 	}

@@ -5,8 +5,10 @@ import (
 	"slices"
 	"testing"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // deployTopology writes a deployment with a running topology row and an
@@ -14,8 +16,7 @@ import (
 func deployTopology(t *testing.T, s *store.Store, id string, regions ...string) {
 	t.Helper()
 	ctx := context.Background()
-	if _, _, err := s.CreateDeployment(ctx, store.Deployment{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env", AppID: "app",
-		K8sNamespace: "ns", K8sName: "d-" + id, Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 128, Replicas: 1}, ""); err != nil {
+	if _, _, err := s.CreateDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env", AppID: "app", K8sNamespace: "ns", K8sName: "d-" + id, Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 128}}}, ""); err != nil {
 		t.Fatal(err)
 	}
 	var refs []store.Ref

@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/testenv"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // The group commit under the faults a production database has: a caller
@@ -19,9 +21,7 @@ import (
 
 // idemDeployment is a deployment created with an idempotency key.
 func idemDeployment(id, key string) store.Deployment {
-	return store.Deployment{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env", AppID: "app",
-		K8sNamespace: "ns", K8sName: "d-" + id, Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 128, Replicas: 1,
-		IdempotencyKey: key}
+	return store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env", AppID: "app", K8sNamespace: "ns", K8sName: "d-" + id, Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 128}}, IdempotencyKey: key}
 }
 
 // TestGroupCommitIdempotencyKeyRaceInOneBatch: two CreateDeployment calls

@@ -2,7 +2,6 @@ package store
 
 import (
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -96,8 +95,7 @@ var builtinKinds = map[string]*kindDef{
 		keyCols: []string{"deployment_id", "region"},
 		keyArgs: func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT dt.deployment_id, dt.region, dt.version, dt.desired_replicas, dt.desired_status,
-  d.workspace_id, d.project_id, d.environment_id, d.app_id, d.k8s_namespace, d.k8s_name, d.image,
-  d.cpu_millicores, d.memory_mib, d.env_vars, d.encrypted_env, d.healthcheck, d.port, d.command, d.shutdown_signal, d.status
+  d.workspace_id, d.project_id, d.environment_id, d.app_id, d.k8s_namespace, d.k8s_name, d.workload, d.encrypted_env, d.status
 FROM deployment_topology dt JOIN deployments d ON d.id = dt.deployment_id`,
 		regionCond: "dt.region = ?",
 		regionArgs: func(_, region string) []any { return []any{region} },
@@ -165,10 +163,9 @@ func scanDeployment(s scanner, kind string) (Change, error) {
 	c := Change{Kind: kind}
 	d := &clusterv1.Deployment{}
 	var desiredStatus, status string
-	var envVars, healthcheck, command []byte
+	var workload []byte
 	if err := s.Scan(&c.ID, &c.Region, &c.Version, &d.Replicas, &desiredStatus,
-		&d.WorkspaceId, &d.ProjectId, &d.EnvironmentId, &d.AppId, &d.K8SNamespace, &d.K8SName, &d.Image,
-		&d.CpuMillicores, &d.MemoryMib, &envVars, &d.EncryptedEnv, &healthcheck, &d.Port, &command, &d.ShutdownSignal, &status); err != nil {
+		&d.WorkspaceId, &d.ProjectId, &d.EnvironmentId, &d.AppId, &d.K8SNamespace, &d.K8SName, &workload, &d.EncryptedEnv, &status); err != nil {
 		return c, err
 	}
 	d.Id = c.ID
@@ -177,23 +174,13 @@ func scanDeployment(s scanner, kind string) (Change, error) {
 		c.TraceParent = deploytrace.TraceParent(c.ID)
 	}
 	c.Deleted = desiredStatus != "running" || d.Replicas <= 0
-	if err := json.Unmarshal(envVars, &d.EnvVars); err != nil {
-		c.Err = fmt.Errorf("deployments.env_vars of %s is not a JSON object of strings: %w", c.ID, err)
+	w, err := decodeWorkload(c.ID, workload)
+	if err != nil {
+		c.Err = err
 		return c, nil
 	}
-	if err := json.Unmarshal(command, &d.Command); err != nil {
-		c.Err = fmt.Errorf("deployments.command of %s is not a JSON array of strings: %w", c.ID, err)
-		return c, nil
-	}
-	if len(healthcheck) > 0 && string(healthcheck) != "null" {
-		var h healthcheckJSON
-		if err := json.Unmarshal(healthcheck, &h); err != nil {
-			c.Err = fmt.Errorf("deployments.healthcheck of %s is malformed: %w", c.ID, err)
-			return c, nil
-		}
-		d.Healthcheck = h.proto()
-	}
-	c.Spec = d
+	d.Workload = w
+	c.Spec = withLegacyFields(d)
 	return c, nil
 }
 
@@ -235,33 +222,6 @@ func scanResource(s scanner, _ string) (Change, error) {
 	}
 	c.Spec = st
 	return c, nil
-}
-
-// healthcheckJSON is how a healthcheck is stored (snake_case, stable).
-type healthcheckJSON struct {
-	Method              string `json:"method,omitempty"`
-	Path                string `json:"path,omitempty"`
-	Port                int32  `json:"port,omitempty"`
-	InitialDelaySeconds int32  `json:"initial_delay_seconds,omitempty"`
-	PeriodSeconds       int32  `json:"period_seconds,omitempty"`
-	TimeoutSeconds      int32  `json:"timeout_seconds,omitempty"`
-	FailureThreshold    int32  `json:"failure_threshold,omitempty"`
-}
-
-func (h healthcheckJSON) proto() *clusterv1.Healthcheck {
-	return &clusterv1.Healthcheck{
-		Method: h.Method, Path: h.Path, Port: h.Port,
-		InitialDelaySeconds: h.InitialDelaySeconds, PeriodSeconds: h.PeriodSeconds,
-		TimeoutSeconds: h.TimeoutSeconds, FailureThreshold: h.FailureThreshold,
-	}
-}
-
-func healthcheckFromProto(h *clusterv1.Healthcheck) healthcheckJSON {
-	return healthcheckJSON{
-		Method: h.GetMethod(), Path: h.GetPath(), Port: h.GetPort(),
-		InitialDelaySeconds: h.GetInitialDelaySeconds(), PeriodSeconds: h.GetPeriodSeconds(),
-		TimeoutSeconds: h.GetTimeoutSeconds(), FailureThreshold: h.GetFailureThreshold(),
-	}
 }
 
 // nullString maps "" to NULL.

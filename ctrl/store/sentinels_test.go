@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 func putTestSentinel(t *testing.T, s *store.Store, id, env, region string) {
@@ -65,8 +67,7 @@ func TestUnusedSentinelRecheckedUnderItsLock(t *testing.T) {
 	if err != nil || !slices.Contains(ids, "sen_race") {
 		t.Fatalf("unused sentinels: %v %v; want sen_race", ids, err)
 	}
-	if _, _, err := s.CreateDeployment(ctx, store.Deployment{ID: "dep_race", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-race", AppID: "app",
-		K8sNamespace: "ns", K8sName: "d-race", Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 128, Replicas: 1}, ""); err != nil {
+	if _, _, err := s.CreateDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: "dep_race", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-race", AppID: "app", K8sNamespace: "ns", K8sName: "d-race", Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 128}}}, ""); err != nil {
 		t.Fatal(err)
 	}
 	waits, err := s.EnsureSentinels(ctx, "dep_race", []store.Sentinel{{ID: "sen_unused_candidate", Region: "eu", EnvironmentID: "env-race",
@@ -100,8 +101,7 @@ func TestUnusedSentinelRecheckedUnderItsLock(t *testing.T) {
 	// The next deploy sets it running again, with a new version, and waits
 	// for it.
 	_, vStopped := sentinelState(t, s, "sen_race")
-	if _, _, err := s.CreateDeployment(ctx, store.Deployment{ID: "dep_race2", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-race", AppID: "app",
-		K8sNamespace: "ns", K8sName: "d-race2", Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 128, Replicas: 1}, ""); err != nil {
+	if _, _, err := s.CreateDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: "dep_race2", WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-race", AppID: "app", K8sNamespace: "ns", K8sName: "d-race2", Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 128}}}, ""); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 { // a step run twice answers the same and notes once

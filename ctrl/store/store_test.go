@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
@@ -101,12 +102,7 @@ func TestMigrationsCurrentOnEmptyDatabase(t *testing.T) {
 }
 
 func putDeployment(ctx context.Context, tx *store.Tx, id, region, image string, replicas int32, status string) error {
-	if err := tx.PutDeployment(ctx, store.Deployment{
-		ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env", AppID: "app",
-		K8sNamespace: "ns", K8sName: "d-" + id, Image: image, CPUMillicores: 100, MemoryMiB: 128, Replicas: replicas,
-		EnvVars: map[string]string{"A": "1"}, Command: []string{"serve", "--port=8080"},
-		Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/health", Port: 8080, PeriodSeconds: 10},
-	}); err != nil {
+	if err := tx.PutDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env", AppID: "app", K8sNamespace: "ns", K8sName: "d-" + id, Replicas: replicas, Workload: &clusterv1.Workload{Image: image, CpuMillicores: 100, MemoryMib: 128, EnvVars: map[string]string{"A": "1"}, Command: []string{"serve", "--port=8080"}, Healthcheck: &clusterv1.Healthcheck{Method: "GET", Path: "/health", Port: 8080, PeriodSeconds: 10}}}}); err != nil {
 		return err
 	}
 	return tx.PutTopology(ctx, store.Topology{DeploymentID: id, Region: region, DesiredReplicas: replicas, DesiredStatus: status})

@@ -10,33 +10,21 @@ import (
 	"fmt"
 	"time"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/internal/kinds"
-	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
-// Deployment is the content of a deployments row: one build of a workload,
-// the same in every region. Where and how many run is its topology.
+// Deployment is a deployments row: the deployment's Spec (one build of a
+// workload, the same in every region; where and how many run is its
+// topology) and its lifecycle. Its workload is one JSON document
+// (workload.go). Deployment is not JSON-encoded: the Spec's JSON methods
+// would stand for the whole of it.
 type Deployment struct {
-	ID, WorkspaceID, ProjectID, EnvironmentID, AppID string
-	K8sNamespace, K8sName                            string
-	Image                                            string
-	CPUMillicores, MemoryMiB                         int64
-	Replicas                                         int32
-	EnvVars                                          map[string]string
-	// EncryptedEnv is the sealed secret environment (ctrl/vault), bound to
-	// ID; SecretEnvKeys are its variables' names (never the values).
-	EncryptedEnv  []byte
-	SecretEnvKeys []string
-	Healthcheck   *clusterv1.Healthcheck
-	Port          int32
-	Command       []string
-	// ShutdownSignal: SIGTERM (default), SIGINT, SIGQUIT or SIGKILL.
-	ShutdownSignal string
+	deployspec.Spec
 	// Status: pending (default), deploying, network, ready, failed, stopped.
 	Status         string
 	Error          string
 	IdempotencyKey string
-	RolledBackFrom string
 	// Regions and TimeoutSeconds are what the deploy was asked for (empty
 	// regions: every region with a cluster). Written by CreateDeployment
 	// and EnsureDeployment only.
@@ -47,8 +35,8 @@ type Deployment struct {
 }
 
 func (d *Deployment) check() error {
-	if d.ID == "" || d.K8sName == "" || d.K8sNamespace == "" || d.Image == "" {
-		return fmt.Errorf("store: deployment %q needs an id, k8s namespace, k8s name and image", d.ID)
+	if d.ID == "" || d.K8sName == "" || d.K8sNamespace == "" || d.Workload.GetImage() == "" {
+		return fmt.Errorf("store: deployment %q needs an id, k8s namespace, k8s name and a workload's image", d.ID)
 	}
 	return nil
 }
@@ -63,20 +51,8 @@ func secretKeysJSON(keys []string) sql.NullString {
 }
 
 func (d *Deployment) applyDefaults() {
-	if d.EnvVars == nil {
-		d.EnvVars = map[string]string{}
-	}
-	if d.Command == nil {
-		d.Command = []string{}
-	}
-	if d.ShutdownSignal == "" {
-		d.ShutdownSignal = "SIGTERM"
-	}
 	if d.Status == "" {
 		d.Status = StatusPending
-	}
-	if d.Port == 0 {
-		d.Port = 8080
 	}
 }
 
@@ -88,30 +64,22 @@ func (t *Tx) PutDeployment(ctx context.Context, d Deployment) error {
 		return err
 	}
 	d.applyDefaults()
-	// JSON goes in as text: MySQL 8 refuses binary strings in JSON columns.
-	envVars, _ := json.Marshal(d.EnvVars)
-	command, _ := json.Marshal(d.Command)
-	var healthcheck sql.NullString
-	if d.Healthcheck != nil {
-		b, _ := json.Marshal(healthcheckFromProto(d.Healthcheck))
-		healthcheck = sql.NullString{String: string(b), Valid: true}
+	workload, err := encodeWorkload(d.Workload)
+	if err != nil {
+		return fmt.Errorf("store: write deployment %s: encode its workload: %w", d.ID, err)
 	}
 	now := nowMillis()
-	_, err := t.Exec(ctx, `INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
-  image, cpu_millicores, memory_mib, replicas, env_vars, encrypted_env, secret_env_keys, healthcheck, port, command, shutdown_signal,
-  status, error, idempotency_key, rolled_back_from, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = t.Exec(ctx, `INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
+  replicas, workload, encrypted_env, secret_env_keys, status, error, idempotency_key, rolled_back_from, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE workspace_id = VALUES(workspace_id), project_id = VALUES(project_id),
   environment_id = VALUES(environment_id), app_id = VALUES(app_id), k8s_namespace = VALUES(k8s_namespace),
-  k8s_name = VALUES(k8s_name), image = VALUES(image), cpu_millicores = VALUES(cpu_millicores),
-  memory_mib = VALUES(memory_mib), replicas = VALUES(replicas), env_vars = VALUES(env_vars),
-  encrypted_env = VALUES(encrypted_env), secret_env_keys = VALUES(secret_env_keys), healthcheck = VALUES(healthcheck), port = VALUES(port),
-  command = VALUES(command), shutdown_signal = VALUES(shutdown_signal), status = VALUES(status),
+  k8s_name = VALUES(k8s_name), replicas = VALUES(replicas), workload = VALUES(workload),
+  encrypted_env = VALUES(encrypted_env), secret_env_keys = VALUES(secret_env_keys), status = VALUES(status),
   error = VALUES(error), idempotency_key = VALUES(idempotency_key), rolled_back_from = VALUES(rolled_back_from),
   updated_at = VALUES(updated_at)`,
 		d.ID, d.WorkspaceID, d.ProjectID, d.EnvironmentID, d.AppID, d.K8sNamespace, d.K8sName,
-		d.Image, d.CPUMillicores, d.MemoryMiB, d.Replicas, string(envVars), d.EncryptedEnv, secretKeysJSON(d.SecretEnvKeys), healthcheck, d.Port, string(command),
-		d.ShutdownSignal, d.Status, nullString(d.Error), nullString(d.IdempotencyKey), nullString(d.RolledBackFrom), now, now)
+		d.Replicas, workload, d.EncryptedEnv, secretKeysJSON(d.SecretEnvKeys), d.Status, nullString(d.Error), nullString(d.IdempotencyKey), nullString(d.RolledBackFrom), now, now)
 	if err != nil {
 		return fmt.Errorf("store: write deployment %s: %w", d.ID, err)
 	}

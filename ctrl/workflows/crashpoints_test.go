@@ -20,6 +20,7 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -198,8 +199,8 @@ var crashScenarios = []scenario{
 		// records why on the row.
 		id := r.name(deployspec.NewDeploymentID(), "DEP")
 		spec := deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: r.prefix + "-env", AppID: "a", K8sName: deployspec.K8sName(id),
-			K8sNamespace: "ws-ws", Image: "registry.test/app:1", Replicas: 1, CPUMillicores: 100, MemoryMiB: 64, Port: 8080}
-		if _, _, err := r.env.Store.CreateDeployment(context.Background(), spec.Store(), "created by the crash-point suite"); err != nil {
+			K8sNamespace: "ws-ws", Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 64, Port: 8080}}
+		if _, _, err := r.env.Store.CreateDeployment(context.Background(), store.Deployment{Spec: spec}, "created by the crash-point suite"); err != nil {
 			r.t.Fatal(err)
 		}
 		spec.Replicas = 0
@@ -396,7 +397,7 @@ func dbState(t *testing.T, db *sql.DB, r *crashRun) string {
 	rows.Close()
 	var out []string
 	for _, q := range []string{
-		"SELECT 'deployments', id, environment_id, image, replicas, status, COALESCE(error, ''), rolled_back_from FROM deployments",
+		"SELECT 'deployments', id, environment_id, JSON_UNQUOTE(JSON_EXTRACT(workload, '$.workload.image')), replicas, status, COALESCE(error, ''), rolled_back_from FROM deployments",
 		"SELECT 'events', deployment_id, seq, status, COALESCE(message, '') FROM deployment_events",
 		"SELECT 'topology', deployment_id, region, desired_replicas, desired_status, version FROM deployment_topology",
 		"SELECT 'policies', id, region, deleted, version FROM cilium_network_policies",

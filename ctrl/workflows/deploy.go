@@ -176,8 +176,7 @@ func (w *deploy) deploy(ctx restate.WorkflowContext, req DeployRequest, p *progr
 		note = "created by the deploy workflow"
 	}
 	status, err := runStep(ctx, w.hooks, deployCreate, func(rc restate.RunContext) (string, error) {
-		d := req.Deployment.Store()
-		d.Regions, d.TimeoutSeconds = req.Regions, req.TimeoutSeconds
+		d := store.Deployment{Spec: req.Deployment, Regions: req.Regions, TimeoutSeconds: req.TimeoutSeconds}
 		return w.store.EnsureDeployment(rc, d, note)
 	})
 	if err != nil {
@@ -406,9 +405,9 @@ func (w *deploy) targetRegions(ctx context.Context, requested []string) ([]strin
 // deployment's pods on their port, in one region. Nothing else may reach
 // them: a policy with an ingress section puts the pods in default-deny.
 func IngressPolicy(s deployspec.Spec, region string) store.CiliumNetworkPolicy {
-	port := s.Port
+	port := s.Workload.GetPort()
 	if port == 0 {
-		port = 8080
+		port = deployspec.DefaultPort
 	}
 	policy, _ := json.Marshal(map[string]any{
 		"endpointSelector": map[string]any{"matchLabels": map[string]any{"unkey.com/deployment.id": s.ID}},

@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -427,7 +426,7 @@ func (n *Notifier) resync(ctx context.Context) {
 		if err != nil {
 			return true
 		}
-		req := DeployRequest{Deployment: deployspec.FromStore(d), Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
+		req := DeployRequest{Deployment: d.Spec, Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
 		if _, err := StartDeploy(ctx, n.o.Ingress, req); err != nil {
 			n.log.Warn("deploy resync: cannot start the workflow of a pending deployment", "deployment", u.ID, "error", err)
 		}

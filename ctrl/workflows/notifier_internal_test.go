@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/testenv"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 func openTestStore(t *testing.T, dsn string, pool store.PoolOptions) *store.Store {
@@ -32,8 +34,7 @@ func createInStatus(t *testing.T, st *store.Store, prefix, status string, update
 	var ids []string
 	for i := range n {
 		id := fmt.Sprintf("%s%03d", prefix, i)
-		if _, _, err := st.CreateDeployment(ctx, store.Deployment{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-" + id, AppID: "a",
-			K8sNamespace: "ws-ws", K8sName: id, Image: "registry.test/app:1", CPUMillicores: 100, MemoryMiB: 64, Replicas: 1}, ""); err != nil {
+		if _, _, err := st.CreateDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws", ProjectID: "p", EnvironmentID: "env-" + id, AppID: "a", K8sNamespace: "ws-ws", K8sName: id, Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 64}}}, ""); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)

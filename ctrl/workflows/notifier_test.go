@@ -10,6 +10,7 @@ import (
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // TestResyncStartsOrphanedDeploysAndFlagsOverdueOnes covers the Notifier's
@@ -21,8 +22,8 @@ func TestResyncStartsOrphanedDeploysAndFlagsOverdueOnes(t *testing.T) {
 	w := newWorld(t, ctrltest.Options{Configure: func(c *serve.Config) { c.Deploy.ResyncInterval = time.Second }}, "eu")
 	st, ctx := w.env.Store, context.Background()
 	spec := func(id, env string) store.Deployment {
-		return deployspec.Spec{ID: id, WorkspaceID: "ws1", ProjectID: "p", EnvironmentID: env, AppID: "a", K8sName: deployspec.K8sName(id),
-			K8sNamespace: "ws-ws1", Image: "registry.test/app:1", Replicas: 1, CPUMillicores: 100, MemoryMiB: 64, Port: 8080}.Store()
+		return store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "ws1", ProjectID: "p", EnvironmentID: env, AppID: "a", K8sName: deployspec.K8sName(id),
+			K8sNamespace: "ws-ws1", Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.test/app:1", CpuMillicores: 100, MemoryMib: 64, Port: 8080}}}
 	}
 
 	orphan := deployspec.NewDeploymentID()

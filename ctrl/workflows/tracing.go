@@ -94,7 +94,7 @@ func traceDecided(ctx context.Context, st *store.Store, d store.Deployment, stat
 		}
 	}
 	recordSpan(ctx, d.ID, deploytrace.Workflow, "", d.CreatedAt, now, failure,
-		attribute.String("krane.outcome", status), attribute.String("krane.environment_id", d.EnvironmentID), attribute.String("krane.image", d.Image))
+		attribute.String("krane.outcome", status), attribute.String("krane.environment_id", d.EnvironmentID), attribute.String("krane.image", d.Workload.GetImage()))
 	return nil
 }
 

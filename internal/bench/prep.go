@@ -69,16 +69,16 @@ func (b bulk) deployments(ctx context.Context, region, namespace, prefix string,
 	for start := 0; start < n; start += 1000 {
 		end := min(start+1000, n)
 		var sb strings.Builder
-		sb.WriteString(`INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name, image,
-cpu_millicores, memory_mib, replicas, env_vars, command, port, status, created_at, updated_at) VALUES `)
+		sb.WriteString(`INSERT INTO deployments (id, workspace_id, project_id, environment_id, app_id, k8s_namespace, k8s_name,
+replicas, workload, status, created_at, updated_at) VALUES `)
 		var args []any
 		for i := start; i < end; i++ {
 			if i > start {
 				sb.WriteString(",")
 			}
-			sb.WriteString("(?, 'bench', 'p', 'bench-env', 'a', ?, ?, ?, 100, 64, ?, '{\"MODE\":\"bench\"}', '[]', 8080, 'ready', ?, ?)")
+			sb.WriteString(`(?, 'bench', 'p', 'bench-env', 'a', ?, ?, ?, ?, 'ready', ?, ?)`)
 			id := fmt.Sprintf("%s-%05d", prefix, i)
-			args = append(args, id, namespace, id, "registry.local/bench/app:1", replicas, now, now)
+			args = append(args, id, namespace, id, replicas, benchWorkload, now, now)
 		}
 		if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
 			tx.Rollback()
@@ -106,3 +106,7 @@ cpu_millicores, memory_mib, desired_state, version, created_at, updated_at) VALU
 			return []any{id, region, "env-" + id, id, v, now, now}
 		})
 }
+
+// benchWorkload is the deployments.workload document of the benches'
+// deployments (ctrl/store's format, version 1).
+const benchWorkload = `{"version":1,"workload":{"image":"registry.local/bench/app:1","cpu_millicores":100,"memory_mib":64,"env_vars":{"MODE":"bench"},"port":8080}}`

@@ -12,7 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // Propagation measures ctrl commit -> object visible in the cluster's API
@@ -27,9 +29,7 @@ func Propagation(ctx context.Context, e *Env) ([]Figure, error) {
 	put := func(i int, replicas int32) error {
 		_, err := e.Store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
 			id := fmt.Sprintf("prop-%02d", i)
-			if err := tx.PutDeployment(ctx, store.Deployment{ID: id, WorkspaceID: "bench", ProjectID: "p", EnvironmentID: "bench-prop", AppID: "a",
-				K8sNamespace: ns, K8sName: id, Image: "registry.local/bench/prop:1", CPUMillicores: 100, MemoryMiB: 64, Replicas: replicas,
-				EnvVars: map[string]string{}, Port: 8080, Command: []string{}}); err != nil {
+			if err := tx.PutDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "bench", ProjectID: "p", EnvironmentID: "bench-prop", AppID: "a", K8sNamespace: ns, K8sName: id, Replicas: replicas, Workload: &clusterv1.Workload{Image: "registry.local/bench/prop:1", CpuMillicores: 100, MemoryMib: 64, EnvVars: map[string]string{}, Port: 8080, Command: []string{}}}}); err != nil {
 				return err
 			}
 			return tx.PutTopology(ctx, store.Topology{DeploymentID: id, Region: e.Region, DesiredReplicas: replicas, DesiredStatus: "running"})

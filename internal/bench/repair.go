@@ -11,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // RepairEdits is how many hand edits DriftRepair makes per kind (cmd/bench
@@ -45,9 +47,7 @@ func DriftRepair(ctx context.Context, e *Env) ([]Figure, error) {
 	_, err := e.Store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
 		for i := range objects {
 			id := fmt.Sprintf("repair-%02d", i)
-			if err := tx.PutDeployment(ctx, store.Deployment{ID: id, WorkspaceID: "bench", ProjectID: "p", EnvironmentID: "bench-repair", AppID: "a",
-				K8sNamespace: ns, K8sName: id, Image: image, CPUMillicores: 100, MemoryMiB: 64, Replicas: 1,
-				EnvVars: map[string]string{}, Port: 8080, Command: []string{}}); err != nil {
+			if err := tx.PutDeployment(ctx, store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "bench", ProjectID: "p", EnvironmentID: "bench-repair", AppID: "a", K8sNamespace: ns, K8sName: id, Replicas: 1, Workload: &clusterv1.Workload{Image: image, CpuMillicores: 100, MemoryMib: 64, EnvVars: map[string]string{}, Port: 8080, Command: []string{}}}}); err != nil {
 				return err
 			}
 			if err := tx.PutTopology(ctx, store.Topology{DeploymentID: id, Region: e.Region, DesiredReplicas: 1, DesiredStatus: "running"}); err != nil {

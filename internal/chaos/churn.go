@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"sync"
 
+	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
 // churn writes desired-state changes into ctrl's database at a steady rate:
@@ -79,12 +81,7 @@ func (c *churn) deployment(ctx context.Context) error {
 		status = "stopped"
 	}
 	_, err := c.s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-		d := store.Deployment{
-			ID: id, WorkspaceID: "chaos", ProjectID: "p", EnvironmentID: "chaos-env", AppID: "a",
-			K8sNamespace: chaosNS, K8sName: fmt.Sprintf("chaos-dep-%d", i), Image: image,
-			CPUMillicores: 100, MemoryMiB: 64, Replicas: replicas, EnvVars: map[string]string{"N": fmt.Sprint(c.written)},
-			Port: 8080, Command: []string{},
-		}
+		d := store.Deployment{Spec: deployspec.Spec{ID: id, WorkspaceID: "chaos", ProjectID: "p", EnvironmentID: "chaos-env", AppID: "a", K8sNamespace: chaosNS, K8sName: fmt.Sprintf("chaos-dep-%d", i), Replicas: replicas, Workload: &clusterv1.Workload{Image: image, CpuMillicores: 100, MemoryMib: 64, EnvVars: map[string]string{"N": fmt.Sprint(c.written)}, Port: 8080, Command: []string{}}}}
 		if err := tx.PutDeployment(ctx, d); err != nil {
 			return err
 		}

@@ -59,7 +59,7 @@ func buildReplicaSet(id string, version uint64, d *clusterv1.Deployment, cfg Con
 	labels := podLabels(id, d)
 	template := corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: labels},
-		Spec:       buildPodSpec(id, d, cfg),
+		Spec:       buildPodSpec(id, d, workloadOf(d), cfg),
 	}
 	// The hash covers the whole template but not the version, so a new
 	// version with the same workload keeps its pods.
@@ -105,9 +105,9 @@ func podLabels(id string, d *clusterv1.Deployment) map[string]string {
 	return l
 }
 
-func buildPodSpec(id string, d *clusterv1.Deployment, cfg Config) corev1.PodSpec {
+func buildPodSpec(id string, d *clusterv1.Deployment, w *clusterv1.Workload, cfg Config) corev1.PodSpec {
 	spec := corev1.PodSpec{
-		Containers:    []corev1.Container{buildContainer(id, d, cfg)},
+		Containers:    []corev1.Container{buildContainer(id, d, w, cfg)},
 		RestartPolicy: corev1.RestartPolicyAlways,
 		// User code gets no API credentials and no view of cluster services.
 		AutomountServiceAccountToken: ptr(false),
@@ -137,12 +137,12 @@ func buildPodSpec(id string, d *clusterv1.Deployment, cfg Config) corev1.PodSpec
 	if cfg.RuntimeClass != "" {
 		spec.RuntimeClassName = ptr(cfg.RuntimeClass)
 	}
-	spec.ImagePullSecrets = pullSecrets(d.GetImage(), cfg)
+	spec.ImagePullSecrets = pullSecrets(w.GetImage(), cfg)
 	// A signal to PID 1 from inside its own PID namespace is dropped unless
 	// the process handles it, and SIGKILL cannot be handled: a preStop
 	// `kill -KILL 1` would do nothing. The kubelet's own SIGKILL after the
 	// grace period does the job, so the grace period becomes 1s.
-	if d.GetShutdownSignal() == "SIGKILL" {
+	if w.GetShutdownSignal() == "SIGKILL" {
 		spec.TerminationGracePeriodSeconds = ptr(int64(1))
 	}
 	return spec
@@ -181,22 +181,22 @@ func spread(topologyKey, id string) corev1.TopologySpreadConstraint {
 	}
 }
 
-func buildContainer(id string, d *clusterv1.Deployment, cfg Config) corev1.Container {
-	port := containerPort(d)
+func buildContainer(id string, d *clusterv1.Deployment, w *clusterv1.Workload, cfg Config) corev1.Container {
+	port := containerPort(w)
 	// Canonical quantities: the API server stores "250m" and "256Mi" as
 	// built here, so the drift check sees no difference where there is none.
-	cpu := *resource.NewMilliQuantity(d.GetCpuMillicores(), resource.DecimalSI)
-	mem := *resource.NewQuantity(d.GetMemoryMib()*1024*1024, resource.BinarySI)
+	cpu := *resource.NewMilliQuantity(w.GetCpuMillicores(), resource.DecimalSI)
+	mem := *resource.NewQuantity(w.GetMemoryMib()*1024*1024, resource.BinarySI)
 	// Requests equal limits: the scheduler places what the workload may use,
 	// and the pod gets the Guaranteed QoS class (last to be evicted).
 	res := corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem}
 	c := corev1.Container{
 		Name:            containerName,
-		Image:           d.GetImage(),
-		Command:         slices.Clone(d.GetCommand()),
+		Image:           w.GetImage(),
+		Command:         slices.Clone(w.GetCommand()),
 		ImagePullPolicy: corev1.PullIfNotPresent,
 		Ports:           []corev1.ContainerPort{{Name: portName, ContainerPort: port}},
-		Env:             buildEnv(id, d, cfg),
+		Env:             buildEnv(id, d, w, cfg),
 		EnvFrom:         buildEnvFrom(d, cfg),
 		Resources:       corev1.ResourceRequirements{Limits: res, Requests: res.DeepCopy()},
 		// The last log lines become the crash message the status reports.
@@ -205,10 +205,10 @@ func buildContainer(id string, d *clusterv1.Deployment, cfg Config) corev1.Conta
 	if len(c.Command) == 0 {
 		c.Command = nil
 	}
-	if hc := d.GetHealthcheck(); hc != nil {
+	if hc := w.GetHealthcheck(); hc != nil {
 		c.ReadinessProbe, c.LivenessProbe = buildProbes(hc, port, cfg.ProbeDefaults)
 	}
-	if sig, ok := shutdownSignals[d.GetShutdownSignal()]; ok && sig != "TERM" && sig != "KILL" {
+	if sig, ok := shutdownSignals[w.GetShutdownSignal()]; ok && sig != "TERM" && sig != "KILL" {
 		// The kubelet sends SIGTERM when the hook returns, so the hook waits
 		// for PID 1 to exit (or for the grace period to end) after sending
 		// the workload's own signal. Needs /bin/sh in the image.
@@ -219,8 +219,8 @@ func buildContainer(id string, d *clusterv1.Deployment, cfg Config) corev1.Conta
 	return c
 }
 
-func containerPort(d *clusterv1.Deployment) int32 {
-	if p := d.GetPort(); p > 0 {
+func containerPort(w *clusterv1.Workload) int32 {
+	if p := w.GetPort(); p > 0 {
 		return p
 	}
 	return defaultPort
@@ -229,7 +229,7 @@ func containerPort(d *clusterv1.Deployment) int32 {
 // buildEnv returns Krane's variables, then the spec's sorted by name (a
 // map has no order, and a reordered list would be a template change), then
 // the sealed blob when pass_encrypted_env asks for it.
-func buildEnv(id string, d *clusterv1.Deployment, cfg Config) []corev1.EnvVar {
+func buildEnv(id string, d *clusterv1.Deployment, w *clusterv1.Workload, cfg Config) []corev1.EnvVar {
 	names := cfg.EnvVarNames
 	env := []corev1.EnvVar{
 		{Name: names.WorkspaceID, Value: d.GetWorkspaceId()},
@@ -237,8 +237,8 @@ func buildEnv(id string, d *clusterv1.Deployment, cfg Config) []corev1.EnvVar {
 		{Name: names.EnvironmentID, Value: d.GetEnvironmentId()},
 		{Name: names.DeploymentID, Value: id},
 	}
-	for _, name := range slices.Sorted(maps.Keys(d.GetEnvVars())) {
-		env = append(env, corev1.EnvVar{Name: name, Value: d.GetEnvVars()[name]})
+	for _, name := range slices.Sorted(maps.Keys(w.GetEnvVars())) {
+		env = append(env, corev1.EnvVar{Name: name, Value: w.GetEnvVars()[name]})
 	}
 	if sealed := d.GetEncryptedEnv(); len(sealed) > 0 && cfg.PassEncryptedEnv {
 		env = append(env, corev1.EnvVar{Name: names.EncryptedEnv, Value: base64.StdEncoding.EncodeToString(sealed)})
@@ -302,9 +302,34 @@ func buildProbes(hc *clusterv1.Healthcheck, port int32, def ProbeDefaults) (read
 	return readiness, liveness
 }
 
-// specHash identifies the desired spec (deterministic proto encoding).
+// workloadOf is what d runs: d.workload, or, from a ctrl of the previous
+// release that sends none, the same values in d's top-level fields (read
+// for one more release; they never grow).
+func workloadOf(d *clusterv1.Deployment) *clusterv1.Workload {
+	if w := d.GetWorkload(); w != nil {
+		return w
+	}
+	return &clusterv1.Workload{Image: d.GetImage(), Command: d.GetCommand(), EnvVars: d.GetEnvVars(), CpuMillicores: d.GetCpuMillicores(),
+		MemoryMib: d.GetMemoryMib(), Port: d.GetPort(), Healthcheck: d.GetHealthcheck(), ShutdownSignal: d.GetShutdownSignal()}
+}
+
+// specHash identifies the desired spec (deterministic proto encoding). It
+// hashes the previous release's form (the workload's fields of that
+// release at d's top level, only newer ones in d.workload), so objects
+// applied before ctrl sent workloads keep their hash and are not written
+// again for it.
 func specHash(d *clusterv1.Deployment) string {
-	data, _ := proto.MarshalOptions{Deterministic: true}.Marshal(d)
+	w := workloadOf(d)
+	n := proto.CloneOf(d)
+	n.Image, n.Command, n.EnvVars, n.CpuMillicores = w.GetImage(), w.GetCommand(), w.GetEnvVars(), w.GetCpuMillicores()
+	n.MemoryMib, n.Port, n.Healthcheck, n.ShutdownSignal = w.GetMemoryMib(), w.GetPort(), w.GetHealthcheck(), w.GetShutdownSignal()
+	n.Workload = proto.CloneOf(w)
+	n.Workload.Image, n.Workload.Command, n.Workload.EnvVars, n.Workload.CpuMillicores = "", nil, nil, 0
+	n.Workload.MemoryMib, n.Workload.Port, n.Workload.Healthcheck, n.Workload.ShutdownSignal = 0, 0, nil, ""
+	if proto.Size(n.Workload) == 0 {
+		n.Workload = nil
+	}
+	data, _ := proto.MarshalOptions{Deterministic: true}.Marshal(n)
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:12])
 }

@@ -60,23 +60,24 @@ func validate(id string, d *clusterv1.Deployment, cfg Config) error {
 	if errs := validation.IsDNS1123Label(d.GetK8SName()); len(errs) > 0 {
 		return sdk.InvalidField("k8s_name", "%q: %s", d.GetK8SName(), errs[0])
 	}
-	if err := kube.ValidateImage("image", d.GetImage()); err != nil {
+	w := workloadOf(d)
+	if err := kube.ValidateImage("image", w.GetImage()); err != nil {
 		return err
 	}
-	if c := d.GetCpuMillicores(); c < 1 || c > cfg.MaxCPUMillicores {
+	if c := w.GetCpuMillicores(); c < 1 || c > cfg.MaxCPUMillicores {
 		return sdk.InvalidField("cpu_millicores", "%d is out of range 1..%d", c, cfg.MaxCPUMillicores)
 	}
-	if m := d.GetMemoryMib(); m < 1 || m > cfg.MaxMemoryMiB {
+	if m := w.GetMemoryMib(); m < 1 || m > cfg.MaxMemoryMiB {
 		return sdk.InvalidField("memory_mib", "%d is out of range 1..%d", m, cfg.MaxMemoryMiB)
 	}
 	if r := d.GetReplicas(); r < 0 || r > cfg.MaxReplicas {
 		return sdk.InvalidField("replicas", "%d is out of range 0..%d", r, cfg.MaxReplicas)
 	}
-	if p := d.GetPort(); p < 0 || p > 65535 {
+	if p := w.GetPort(); p < 0 || p > 65535 {
 		return sdk.InvalidField("port", "%d is out of range 1..65535 (0 means %d)", p, defaultPort)
 	}
 	reserved := cfg.EnvVarNames.list()
-	for name, value := range d.GetEnvVars() {
+	for name, value := range w.GetEnvVars() {
 		if !cIdentifier.MatchString(name) {
 			return sdk.InvalidField("env_vars", "name %q: want letters, digits and _, not starting with a digit", name)
 		}
@@ -87,17 +88,17 @@ func validate(id string, d *clusterv1.Deployment, cfg Config) error {
 			return sdk.InvalidField("env_vars", "value of %q contains a NUL byte", name)
 		}
 	}
-	for i, arg := range d.GetCommand() {
+	for i, arg := range w.GetCommand() {
 		if strings.ContainsRune(arg, 0) || (i == 0 && arg == "") {
 			return sdk.InvalidField("command", "argument %d is empty or contains a NUL byte", i)
 		}
 	}
-	if s := d.GetShutdownSignal(); s != "" {
+	if s := w.GetShutdownSignal(); s != "" {
 		if _, ok := shutdownSignals[s]; !ok {
 			return sdk.InvalidField("shutdown_signal", "%q: want SIGTERM, SIGINT, SIGQUIT or SIGKILL", s)
 		}
 	}
-	if hc := d.GetHealthcheck(); hc != nil {
+	if hc := w.GetHealthcheck(); hc != nil {
 		return validateHealthcheck(hc)
 	}
 	return nil

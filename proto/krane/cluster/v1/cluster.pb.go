@@ -136,7 +136,7 @@ func (x Instance_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Instance_Status.Descriptor instead.
 func (Instance_Status) EnumDescriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23, 0}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24, 0}
 }
 
 type WatchRequest struct {
@@ -1339,8 +1339,15 @@ type Deployment struct {
 	Command      []string     `protobuf:"bytes,16,rep,name=command,proto3" json:"command,omitempty"`
 	// SIGTERM (default), SIGINT, SIGQUIT or SIGKILL.
 	ShutdownSignal string `protobuf:"bytes,17,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What runs. ctrl sends it and, for plugins older than it, the same
+	// values in the fields above (image, cpu_millicores, memory_mib,
+	// env_vars, healthcheck, port, command, shutdown_signal), which it keeps
+	// filling for one more release; a plugin reads workload when it is set
+	// and those fields otherwise. Fields added to the workload are only
+	// here.
+	Workload      *Workload `protobuf:"bytes,18,opt,name=workload,proto3" json:"workload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
@@ -1492,6 +1499,124 @@ func (x *Deployment) GetShutdownSignal() string {
 	return ""
 }
 
+func (x *Deployment) GetWorkload() *Workload {
+	if x != nil {
+		return x.Workload
+	}
+	return nil
+}
+
+// Workload is what a deployment runs, one shape from the operator's
+// request through ctrl's store to the cluster's plugin: the operators'
+// API takes it (CreateDeploymentRequest.workload), ctrl stores it as one
+// JSON document (its proto field names) and streams it in
+// Deployment.workload. Where and how many (regions, replicas), names
+// and sealed secrets are the deployment's, not the workload's.
+type Workload struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A container image reference: [registry[:port]/]name[:tag][@sha256:digest].
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// The container's command (its entrypoint and arguments); empty: the image's.
+	Command []string          `protobuf:"bytes,2,rep,name=command,proto3" json:"command,omitempty"`
+	EnvVars map[string]string `protobuf:"bytes,3,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// CPU and memory, as both request and limit; 0 in a request: ctrl's default.
+	CpuMillicores int64 `protobuf:"varint,4,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
+	MemoryMib     int64 `protobuf:"varint,5,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// The port the container serves on; 0 in a request: 8080.
+	Port        int32        `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"`
+	Healthcheck *Healthcheck `protobuf:"bytes,7,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
+	// SIGTERM (default), SIGINT, SIGQUIT or SIGKILL.
+	ShutdownSignal string `protobuf:"bytes,8,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Workload) Reset() {
+	*x = Workload{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Workload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Workload) ProtoMessage() {}
+
+func (x *Workload) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Workload.ProtoReflect.Descriptor instead.
+func (*Workload) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Workload) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *Workload) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *Workload) GetEnvVars() map[string]string {
+	if x != nil {
+		return x.EnvVars
+	}
+	return nil
+}
+
+func (x *Workload) GetCpuMillicores() int64 {
+	if x != nil {
+		return x.CpuMillicores
+	}
+	return 0
+}
+
+func (x *Workload) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *Workload) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *Workload) GetHealthcheck() *Healthcheck {
+	if x != nil {
+		return x.Healthcheck
+	}
+	return nil
+}
+
+func (x *Workload) GetShutdownSignal() string {
+	if x != nil {
+		return x.ShutdownSignal
+	}
+	return ""
+}
+
 type Healthcheck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// GET or POST.
@@ -1508,7 +1633,7 @@ type Healthcheck struct {
 
 func (x *Healthcheck) Reset() {
 	*x = Healthcheck{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1645,7 @@ func (x *Healthcheck) String() string {
 func (*Healthcheck) ProtoMessage() {}
 
 func (x *Healthcheck) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[19]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1658,7 @@ func (x *Healthcheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Healthcheck.ProtoReflect.Descriptor instead.
 func (*Healthcheck) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Healthcheck) GetMethod() string {
@@ -1608,7 +1733,7 @@ type Sentinel struct {
 
 func (x *Sentinel) Reset() {
 	*x = Sentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1745,7 @@ func (x *Sentinel) String() string {
 func (*Sentinel) ProtoMessage() {}
 
 func (x *Sentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[20]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1758,7 @@ func (x *Sentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sentinel.ProtoReflect.Descriptor instead.
 func (*Sentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Sentinel) GetId() string {
@@ -1728,7 +1853,7 @@ type CiliumNetworkPolicy struct {
 
 func (x *CiliumNetworkPolicy) Reset() {
 	*x = CiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1865,7 @@ func (x *CiliumNetworkPolicy) String() string {
 func (*CiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[21]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +1878,7 @@ func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CiliumNetworkPolicy) GetId() string {
@@ -1803,7 +1928,7 @@ type DeploymentStatus struct {
 
 func (x *DeploymentStatus) Reset() {
 	*x = DeploymentStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1940,7 @@ func (x *DeploymentStatus) String() string {
 func (*DeploymentStatus) ProtoMessage() {}
 
 func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1953,7 @@ func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentStatus.ProtoReflect.Descriptor instead.
 func (*DeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeploymentStatus) GetDeploymentId() string {
@@ -1909,7 +2034,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2046,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2059,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Instance) GetK8SName() string {
@@ -2024,7 +2149,7 @@ type SentinelStatus struct {
 
 func (x *SentinelStatus) Reset() {
 	*x = SentinelStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2161,7 @@ func (x *SentinelStatus) String() string {
 func (*SentinelStatus) ProtoMessage() {}
 
 func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2174,7 @@ func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelStatus.ProtoReflect.Descriptor instead.
 func (*SentinelStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SentinelStatus) GetSentinelId() string {
@@ -2142,7 +2267,7 @@ type CiliumNetworkPolicyStatus struct {
 
 func (x *CiliumNetworkPolicyStatus) Reset() {
 	*x = CiliumNetworkPolicyStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2154,7 +2279,7 @@ func (x *CiliumNetworkPolicyStatus) String() string {
 func (*CiliumNetworkPolicyStatus) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2167,7 +2292,7 @@ func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyStatus.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CiliumNetworkPolicyStatus) GetId() string {
@@ -2208,7 +2333,7 @@ type WatchDeploymentsRequest struct {
 
 func (x *WatchDeploymentsRequest) Reset() {
 	*x = WatchDeploymentsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2345,7 @@ func (x *WatchDeploymentsRequest) String() string {
 func (*WatchDeploymentsRequest) ProtoMessage() {}
 
 func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2358,7 @@ func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchDeploymentsRequest) GetRegion() string {
@@ -2260,7 +2385,7 @@ type WatchSentinelsRequest struct {
 
 func (x *WatchSentinelsRequest) Reset() {
 	*x = WatchSentinelsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2397,7 @@ func (x *WatchSentinelsRequest) String() string {
 func (*WatchSentinelsRequest) ProtoMessage() {}
 
 func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2410,7 @@ func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchSentinelsRequest) GetRegion() string {
@@ -2312,7 +2437,7 @@ type WatchCiliumNetworkPoliciesRequest struct {
 
 func (x *WatchCiliumNetworkPoliciesRequest) Reset() {
 	*x = WatchCiliumNetworkPoliciesRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2449,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) String() string {
 func (*WatchCiliumNetworkPoliciesRequest) ProtoMessage() {}
 
 func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2462,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use WatchCiliumNetworkPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*WatchCiliumNetworkPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchCiliumNetworkPoliciesRequest) GetRegion() string {
@@ -2368,7 +2493,7 @@ type DeploymentState struct {
 
 func (x *DeploymentState) Reset() {
 	*x = DeploymentState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2505,7 @@ func (x *DeploymentState) String() string {
 func (*DeploymentState) ProtoMessage() {}
 
 func (x *DeploymentState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2518,7 @@ func (x *DeploymentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentState.ProtoReflect.Descriptor instead.
 func (*DeploymentState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeploymentState) GetVersion() uint64 {
@@ -2455,7 +2580,7 @@ type DeleteDeployment struct {
 
 func (x *DeleteDeployment) Reset() {
 	*x = DeleteDeployment{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2592,7 @@ func (x *DeleteDeployment) String() string {
 func (*DeleteDeployment) ProtoMessage() {}
 
 func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2605,7 @@ func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeployment.ProtoReflect.Descriptor instead.
 func (*DeleteDeployment) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteDeployment) GetId() string {
@@ -2518,7 +2643,7 @@ type SentinelState struct {
 
 func (x *SentinelState) Reset() {
 	*x = SentinelState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2655,7 @@ func (x *SentinelState) String() string {
 func (*SentinelState) ProtoMessage() {}
 
 func (x *SentinelState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2668,7 @@ func (x *SentinelState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelState.ProtoReflect.Descriptor instead.
 func (*SentinelState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SentinelState) GetVersion() uint64 {
@@ -2604,7 +2729,7 @@ type DeleteSentinel struct {
 
 func (x *DeleteSentinel) Reset() {
 	*x = DeleteSentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2741,7 @@ func (x *DeleteSentinel) String() string {
 func (*DeleteSentinel) ProtoMessage() {}
 
 func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2754,7 @@ func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSentinel.ProtoReflect.Descriptor instead.
 func (*DeleteSentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteSentinel) GetId() string {
@@ -2660,7 +2785,7 @@ type CiliumNetworkPolicyState struct {
 
 func (x *CiliumNetworkPolicyState) Reset() {
 	*x = CiliumNetworkPolicyState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +2797,7 @@ func (x *CiliumNetworkPolicyState) String() string {
 func (*CiliumNetworkPolicyState) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +2810,7 @@ func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyState.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CiliumNetworkPolicyState) GetVersion() uint64 {
@@ -2747,7 +2872,7 @@ type DeleteCiliumNetworkPolicy struct {
 
 func (x *DeleteCiliumNetworkPolicy) Reset() {
 	*x = DeleteCiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2759,7 +2884,7 @@ func (x *DeleteCiliumNetworkPolicy) String() string {
 func (*DeleteCiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2772,7 +2897,7 @@ func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*DeleteCiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteCiliumNetworkPolicy) GetId() string {
@@ -2805,7 +2930,7 @@ type GetDesiredDeploymentStateRequest struct {
 
 func (x *GetDesiredDeploymentStateRequest) Reset() {
 	*x = GetDesiredDeploymentStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +2942,7 @@ func (x *GetDesiredDeploymentStateRequest) String() string {
 func (*GetDesiredDeploymentStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +2955,7 @@ func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredDeploymentStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredDeploymentStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetDesiredDeploymentStateRequest) GetDeploymentId() string {
@@ -2849,7 +2974,7 @@ type GetDesiredSentinelStateRequest struct {
 
 func (x *GetDesiredSentinelStateRequest) Reset() {
 	*x = GetDesiredSentinelStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +2986,7 @@ func (x *GetDesiredSentinelStateRequest) String() string {
 func (*GetDesiredSentinelStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +2999,7 @@ func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredSentinelStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredSentinelStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetDesiredSentinelStateRequest) GetSentinelId() string {
@@ -2895,7 +3020,7 @@ type ReportDeploymentStatusRequest struct {
 
 func (x *ReportDeploymentStatusRequest) Reset() {
 	*x = ReportDeploymentStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +3032,7 @@ func (x *ReportDeploymentStatusRequest) String() string {
 func (*ReportDeploymentStatusRequest) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +3045,7 @@ func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReportDeploymentStatusRequest) GetStatus() *DeploymentStatus {
@@ -2953,7 +3078,7 @@ type ReportDeploymentStatusResponse struct {
 
 func (x *ReportDeploymentStatusResponse) Reset() {
 	*x = ReportDeploymentStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3090,7 @@ func (x *ReportDeploymentStatusResponse) String() string {
 func (*ReportDeploymentStatusResponse) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3103,7 @@ func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReportDeploymentStatusResponse) GetAccepted() bool {
@@ -2999,7 +3124,7 @@ type ReportSentinelStatusRequest struct {
 
 func (x *ReportSentinelStatusRequest) Reset() {
 	*x = ReportSentinelStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +3136,7 @@ func (x *ReportSentinelStatusRequest) String() string {
 func (*ReportSentinelStatusRequest) ProtoMessage() {}
 
 func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3149,7 @@ func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReportSentinelStatusRequest) GetStatus() *SentinelStatus {
@@ -3057,7 +3182,7 @@ type ReportSentinelStatusResponse struct {
 
 func (x *ReportSentinelStatusResponse) Reset() {
 	*x = ReportSentinelStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3194,7 @@ func (x *ReportSentinelStatusResponse) String() string {
 func (*ReportSentinelStatusResponse) ProtoMessage() {}
 
 func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3207,7 @@ func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{40}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReportSentinelStatusResponse) GetAccepted() bool {
@@ -3197,7 +3322,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x03env\x18\x01 \x03(\v2-.krane.cluster.v1.DecryptEnvResponse.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x05\n" +
 	"\n" +
 	"Deployment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -3219,7 +3344,22 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\vhealthcheck\x18\x0e \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x12\x12\n" +
 	"\x04port\x18\x0f \x01(\x05R\x04port\x12\x18\n" +
 	"\acommand\x18\x10 \x03(\tR\acommand\x12'\n" +
-	"\x0fshutdown_signal\x18\x11 \x01(\tR\x0eshutdownSignal\x1a:\n" +
+	"\x0fshutdown_signal\x18\x11 \x01(\tR\x0eshutdownSignal\x126\n" +
+	"\bworkload\x18\x12 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
+	"\fEnvVarsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x03\n" +
+	"\bWorkload\x12\x1e\n" +
+	"\x05image\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\x05image\x12*\n" +
+	"\acommand\x18\x02 \x03(\tB\x10\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03(\x80 R\acommand\x12\\\n" +
+	"\benv_vars\x18\x03 \x03(\v2'.krane.cluster.v1.Workload.EnvVarsEntryB\x18\xbaH\x15\x9a\x01\x12\x10\xe8\a\"\x05r\x03(\x80\x02*\x06r\x04(\x80\x80\x02R\aenvVars\x122\n" +
+	"\x0ecpu_millicores\x18\x04 \x01(\x03B\v\xbaH\b\"\x06\x18\x80\xd0\x0f(\x00R\rcpuMillicores\x12*\n" +
+	"\n" +
+	"memory_mib\x18\x05 \x01(\x03B\v\xbaH\b\"\x06\x18\x80\x80@(\x00R\tmemoryMib\x12\x1f\n" +
+	"\x04port\x18\x06 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04port\x12?\n" +
+	"\vhealthcheck\x18\a \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x120\n" +
+	"\x0fshutdown_signal\x18\b \x01(\tB\a\xbaH\x04r\x02(\x10R\x0eshutdownSignal\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x02\n" +
@@ -3396,7 +3536,7 @@ func file_krane_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_cluster_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(Health)(0),                               // 0: krane.cluster.v1.Health
 	(Instance_Status)(0),                      // 1: krane.cluster.v1.Instance.Status
@@ -3419,99 +3559,104 @@ var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(*DecryptEnvRequest)(nil),                 // 18: krane.cluster.v1.DecryptEnvRequest
 	(*DecryptEnvResponse)(nil),                // 19: krane.cluster.v1.DecryptEnvResponse
 	(*Deployment)(nil),                        // 20: krane.cluster.v1.Deployment
-	(*Healthcheck)(nil),                       // 21: krane.cluster.v1.Healthcheck
-	(*Sentinel)(nil),                          // 22: krane.cluster.v1.Sentinel
-	(*CiliumNetworkPolicy)(nil),               // 23: krane.cluster.v1.CiliumNetworkPolicy
-	(*DeploymentStatus)(nil),                  // 24: krane.cluster.v1.DeploymentStatus
-	(*Instance)(nil),                          // 25: krane.cluster.v1.Instance
-	(*SentinelStatus)(nil),                    // 26: krane.cluster.v1.SentinelStatus
-	(*CiliumNetworkPolicyStatus)(nil),         // 27: krane.cluster.v1.CiliumNetworkPolicyStatus
-	(*WatchDeploymentsRequest)(nil),           // 28: krane.cluster.v1.WatchDeploymentsRequest
-	(*WatchSentinelsRequest)(nil),             // 29: krane.cluster.v1.WatchSentinelsRequest
-	(*WatchCiliumNetworkPoliciesRequest)(nil), // 30: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	(*DeploymentState)(nil),                   // 31: krane.cluster.v1.DeploymentState
-	(*DeleteDeployment)(nil),                  // 32: krane.cluster.v1.DeleteDeployment
-	(*SentinelState)(nil),                     // 33: krane.cluster.v1.SentinelState
-	(*DeleteSentinel)(nil),                    // 34: krane.cluster.v1.DeleteSentinel
-	(*CiliumNetworkPolicyState)(nil),          // 35: krane.cluster.v1.CiliumNetworkPolicyState
-	(*DeleteCiliumNetworkPolicy)(nil),         // 36: krane.cluster.v1.DeleteCiliumNetworkPolicy
-	(*GetDesiredDeploymentStateRequest)(nil),  // 37: krane.cluster.v1.GetDesiredDeploymentStateRequest
-	(*GetDesiredSentinelStateRequest)(nil),    // 38: krane.cluster.v1.GetDesiredSentinelStateRequest
-	(*ReportDeploymentStatusRequest)(nil),     // 39: krane.cluster.v1.ReportDeploymentStatusRequest
-	(*ReportDeploymentStatusResponse)(nil),    // 40: krane.cluster.v1.ReportDeploymentStatusResponse
-	(*ReportSentinelStatusRequest)(nil),       // 41: krane.cluster.v1.ReportSentinelStatusRequest
-	(*ReportSentinelStatusResponse)(nil),      // 42: krane.cluster.v1.ReportSentinelStatusResponse
-	nil,                                       // 43: krane.cluster.v1.HeartbeatRequest.CursorsEntry
-	nil,                                       // 44: krane.cluster.v1.HeartbeatRequest.ParkedEntry
-	nil,                                       // 45: krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	nil,                                       // 46: krane.cluster.v1.Deployment.EnvVarsEntry
-	(*anypb.Any)(nil),                         // 47: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 48: google.protobuf.Timestamp
+	(*Workload)(nil),                          // 21: krane.cluster.v1.Workload
+	(*Healthcheck)(nil),                       // 22: krane.cluster.v1.Healthcheck
+	(*Sentinel)(nil),                          // 23: krane.cluster.v1.Sentinel
+	(*CiliumNetworkPolicy)(nil),               // 24: krane.cluster.v1.CiliumNetworkPolicy
+	(*DeploymentStatus)(nil),                  // 25: krane.cluster.v1.DeploymentStatus
+	(*Instance)(nil),                          // 26: krane.cluster.v1.Instance
+	(*SentinelStatus)(nil),                    // 27: krane.cluster.v1.SentinelStatus
+	(*CiliumNetworkPolicyStatus)(nil),         // 28: krane.cluster.v1.CiliumNetworkPolicyStatus
+	(*WatchDeploymentsRequest)(nil),           // 29: krane.cluster.v1.WatchDeploymentsRequest
+	(*WatchSentinelsRequest)(nil),             // 30: krane.cluster.v1.WatchSentinelsRequest
+	(*WatchCiliumNetworkPoliciesRequest)(nil), // 31: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	(*DeploymentState)(nil),                   // 32: krane.cluster.v1.DeploymentState
+	(*DeleteDeployment)(nil),                  // 33: krane.cluster.v1.DeleteDeployment
+	(*SentinelState)(nil),                     // 34: krane.cluster.v1.SentinelState
+	(*DeleteSentinel)(nil),                    // 35: krane.cluster.v1.DeleteSentinel
+	(*CiliumNetworkPolicyState)(nil),          // 36: krane.cluster.v1.CiliumNetworkPolicyState
+	(*DeleteCiliumNetworkPolicy)(nil),         // 37: krane.cluster.v1.DeleteCiliumNetworkPolicy
+	(*GetDesiredDeploymentStateRequest)(nil),  // 38: krane.cluster.v1.GetDesiredDeploymentStateRequest
+	(*GetDesiredSentinelStateRequest)(nil),    // 39: krane.cluster.v1.GetDesiredSentinelStateRequest
+	(*ReportDeploymentStatusRequest)(nil),     // 40: krane.cluster.v1.ReportDeploymentStatusRequest
+	(*ReportDeploymentStatusResponse)(nil),    // 41: krane.cluster.v1.ReportDeploymentStatusResponse
+	(*ReportSentinelStatusRequest)(nil),       // 42: krane.cluster.v1.ReportSentinelStatusRequest
+	(*ReportSentinelStatusResponse)(nil),      // 43: krane.cluster.v1.ReportSentinelStatusResponse
+	nil,                                       // 44: krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	nil,                                       // 45: krane.cluster.v1.HeartbeatRequest.ParkedEntry
+	nil,                                       // 46: krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	nil,                                       // 47: krane.cluster.v1.Deployment.EnvVarsEntry
+	nil,                                       // 48: krane.cluster.v1.Workload.EnvVarsEntry
+	(*anypb.Any)(nil),                         // 49: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 50: google.protobuf.Timestamp
 }
 var file_krane_cluster_v1_cluster_proto_depIdxs = []int32{
 	4,  // 0: krane.cluster.v1.WatchEvent.change:type_name -> krane.cluster.v1.ResourceChange
 	5,  // 1: krane.cluster.v1.WatchEvent.bootstrap_complete:type_name -> krane.cluster.v1.BootstrapComplete
 	6,  // 2: krane.cluster.v1.WatchEvent.keep_alive:type_name -> krane.cluster.v1.KeepAlive
-	47, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
-	48, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
-	48, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	47, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
+	49, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
+	50, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
+	50, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	49, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
 	10, // 7: krane.cluster.v1.ReportStatusRequest.apply_error:type_name -> krane.cluster.v1.ApplyError
 	9,  // 8: krane.cluster.v1.ReportStatusesRequest.reports:type_name -> krane.cluster.v1.ReportStatusRequest
 	14, // 9: krane.cluster.v1.ReportStatusesResponse.results:type_name -> krane.cluster.v1.ReportStatusResult
-	43, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	44, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
 	16, // 11: krane.cluster.v1.HeartbeatRequest.controllers:type_name -> krane.cluster.v1.ControllerStatus
-	44, // 12: krane.cluster.v1.HeartbeatRequest.parked:type_name -> krane.cluster.v1.HeartbeatRequest.ParkedEntry
-	45, // 13: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	46, // 14: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
-	21, // 15: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	25, // 16: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
-	1,  // 17: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
-	48, // 18: krane.cluster.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
-	0,  // 19: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
-	20, // 20: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
-	32, // 21: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
-	22, // 22: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
-	34, // 23: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
-	23, // 24: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
-	36, // 25: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
-	24, // 26: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
-	48, // 27: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	26, // 28: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
-	48, // 29: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	2,  // 30: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
-	7,  // 31: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
-	8,  // 32: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
-	9,  // 33: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
-	12, // 34: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
-	15, // 35: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
-	18, // 36: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
-	28, // 37: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
-	29, // 38: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
-	30, // 39: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	37, // 40: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
-	38, // 41: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
-	39, // 42: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
-	41, // 43: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
-	3,  // 44: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
-	3,  // 45: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
-	4,  // 46: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
-	11, // 47: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
-	13, // 48: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
-	17, // 49: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
-	19, // 50: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
-	31, // 51: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
-	33, // 52: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
-	35, // 53: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
-	31, // 54: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
-	33, // 55: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
-	40, // 56: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
-	42, // 57: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
-	44, // [44:58] is the sub-list for method output_type
-	30, // [30:44] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	45, // 12: krane.cluster.v1.HeartbeatRequest.parked:type_name -> krane.cluster.v1.HeartbeatRequest.ParkedEntry
+	46, // 13: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	47, // 14: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
+	22, // 15: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	21, // 16: krane.cluster.v1.Deployment.workload:type_name -> krane.cluster.v1.Workload
+	48, // 17: krane.cluster.v1.Workload.env_vars:type_name -> krane.cluster.v1.Workload.EnvVarsEntry
+	22, // 18: krane.cluster.v1.Workload.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	26, // 19: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
+	1,  // 20: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
+	50, // 21: krane.cluster.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 22: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
+	20, // 23: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
+	33, // 24: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
+	23, // 25: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
+	35, // 26: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
+	24, // 27: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
+	37, // 28: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
+	25, // 29: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
+	50, // 30: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	27, // 31: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
+	50, // 32: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	2,  // 33: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
+	7,  // 34: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
+	8,  // 35: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
+	9,  // 36: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
+	12, // 37: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
+	15, // 38: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
+	18, // 39: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
+	29, // 40: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
+	30, // 41: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
+	31, // 42: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	38, // 43: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
+	39, // 44: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
+	40, // 45: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
+	42, // 46: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
+	3,  // 47: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
+	3,  // 48: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
+	4,  // 49: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
+	11, // 50: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
+	13, // 51: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
+	17, // 52: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
+	19, // 53: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
+	32, // 54: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
+	34, // 55: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
+	36, // 56: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
+	32, // 57: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
+	34, // 58: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
+	41, // 59: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
+	43, // 60: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
+	47, // [47:61] is the sub-list for method output_type
+	33, // [33:47] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_krane_cluster_v1_cluster_proto_init() }
@@ -3524,15 +3669,15 @@ func file_krane_cluster_v1_cluster_proto_init() {
 		(*WatchEvent_BootstrapComplete)(nil),
 		(*WatchEvent_KeepAlive)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[29].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[30].OneofWrappers = []any{
 		(*DeploymentState_Apply)(nil),
 		(*DeploymentState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[31].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[32].OneofWrappers = []any{
 		(*SentinelState_Apply)(nil),
 		(*SentinelState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[33].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[34].OneofWrappers = []any{
 		(*CiliumNetworkPolicyState_Apply)(nil),
 		(*CiliumNetworkPolicyState_Delete)(nil),
 	}
@@ -3542,7 +3687,7 @@ func file_krane_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_cluster_v1_cluster_proto_rawDesc), len(file_krane_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   45,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -91,6 +91,10 @@ func (DeploymentStatus) EnumDescriptor() ([]byte, []int) {
 	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{0}
 }
 
+// CreateDeploymentRequest: what runs is workload. The top-level image,
+// cpu_millicores, memory_mib, env_vars, healthcheck, port, command and
+// shutdown_signal are its fields as this API took them before; they are
+// still accepted for one release, when workload is not set.
 type CreateDeploymentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkspaceId   string                 `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
@@ -112,8 +116,11 @@ type CreateDeploymentRequest struct {
 	IdempotencyKey string            `protobuf:"bytes,16,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// How long the workflow waits for every region to run; 0 = server default.
 	TimeoutSeconds int32 `protobuf:"varint,17,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What runs (image, command, environment, size, port, probes, shutdown).
+	// Set either workload or the top-level fields it replaces, not both.
+	Workload      *v1.Workload `protobuf:"bytes,18,opt,name=workload,proto3" json:"workload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateDeploymentRequest) Reset() {
@@ -265,6 +272,13 @@ func (x *CreateDeploymentRequest) GetTimeoutSeconds() int32 {
 	return 0
 }
 
+func (x *CreateDeploymentRequest) GetWorkload() *v1.Workload {
+	if x != nil {
+		return x.Workload
+	}
+	return nil
+}
+
 type CreateDeploymentResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	DeploymentId  string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
@@ -386,7 +400,12 @@ type DeploymentInfo struct {
 	// The deployment's history, oldest first (GetDeployment only): every
 	// status change, and what the deploy noted on the way (e.g. that it
 	// stamped its rows itself because the VersioningService did not answer).
-	History       []*DeploymentEvent `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	History []*DeploymentEvent `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	// What runs, defaults filled in. The top-level image, cpu_millicores,
+	// memory_mib, port, command, env_vars, healthcheck and shutdown_signal
+	// repeat its fields for clients of the previous release (for one more
+	// release; new fields are only here).
+	Workload      *v1.Workload `protobuf:"bytes,24,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -578,6 +597,13 @@ func (x *DeploymentInfo) GetShutdownSignal() string {
 func (x *DeploymentInfo) GetHistory() []*DeploymentEvent {
 	if x != nil {
 		return x.History
+	}
+	return nil
+}
+
+func (x *DeploymentInfo) GetWorkload() *v1.Workload {
+	if x != nil {
+		return x.Workload
 	}
 	return nil
 }
@@ -3749,7 +3775,7 @@ var File_krane_ctrl_v1_ctrl_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\n" +
-	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xaa\b\n" +
+	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xe2\b\n" +
 	"\x17CreateDeploymentRequest\x12*\n" +
 	"\fworkspace_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\vworkspaceId\x12&\n" +
 	"\n" +
@@ -3773,7 +3799,8 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x10\x80\x02\"\x05r\x03(\x80 R\acommand\x120\n" +
 	"\x0fshutdown_signal\x18\x0f \x01(\tB\a\xbaH\x04r\x02(\x10R\x0eshutdownSignal\x121\n" +
 	"\x0fidempotency_key\x18\x10 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x0eidempotencyKey\x124\n" +
-	"\x0ftimeout_seconds\x18\x11 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\x0etimeoutSeconds\x1a:\n" +
+	"\x0ftimeout_seconds\x18\x11 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\x0etimeoutSeconds\x126\n" +
+	"\bworkload\x18\x12 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
@@ -3783,7 +3810,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x18CreateDeploymentResponse\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"D\n" +
 	"\x14GetDeploymentRequest\x12,\n" +
-	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\xcf\a\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\x87\b\n" +
 	"\x0eDeploymentInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x1d\n" +
@@ -3812,7 +3839,8 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
 	"\x0fshutdown_signal\x18\x16 \x01(\tR\x0eshutdownSignal\x128\n" +
-	"\ahistory\x18\x17 \x03(\v2\x1e.krane.ctrl.v1.DeploymentEventR\ahistory\x1a:\n" +
+	"\ahistory\x18\x17 \x03(\v2\x1e.krane.ctrl.v1.DeploymentEventR\ahistory\x126\n" +
+	"\bworkload\x18\x18 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
@@ -4184,104 +4212,107 @@ var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
 	nil,                              // 54: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
 	nil,                              // 55: krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
 	(*v1.Healthcheck)(nil),           // 56: krane.cluster.v1.Healthcheck
-	(*timestamppb.Timestamp)(nil),    // 57: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 58: krane.cluster.v1.Health
-	(*structpb.Struct)(nil),          // 59: google.protobuf.Struct
+	(*v1.Workload)(nil),              // 57: krane.cluster.v1.Workload
+	(*timestamppb.Timestamp)(nil),    // 58: google.protobuf.Timestamp
+	(v1.Health)(0),                   // 59: krane.cluster.v1.Health
+	(*structpb.Struct)(nil),          // 60: google.protobuf.Struct
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
 	52, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
 	53, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
 	56, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	0,  // 3: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	54, // 4: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	56, // 5: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	6,  // 6: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	57, // 7: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	57, // 8: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 9: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
-	0,  // 10: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	57, // 11: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
-	7,  // 12: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
-	4,  // 13: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
-	22, // 14: krane.ctrl.v1.StopSentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	55, // 15: krane.ctrl.v1.DeploySentinelRequest.credentials:type_name -> krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
-	22, // 16: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	58, // 17: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	57, // 18: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
-	22, // 19: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
-	31, // 20: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
-	32, // 21: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	57, // 22: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	57, // 23: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	57, // 24: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
-	57, // 25: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
-	35, // 26: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
-	59, // 27: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
-	38, // 28: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
-	41, // 29: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
-	42, // 30: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
-	42, // 31: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
-	38, // 32: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
-	47, // 33: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
-	59, // 34: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
-	57, // 35: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
-	49, // 36: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
-	48, // 37: krane.ctrl.v1.ResourceRegion.clusters:type_name -> krane.ctrl.v1.ClusterReport
-	57, // 38: krane.ctrl.v1.ClusterReport.observed_at:type_name -> google.protobuf.Timestamp
-	59, // 39: krane.ctrl.v1.ClusterReport.status:type_name -> google.protobuf.Struct
-	57, // 40: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
-	46, // 41: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
-	1,  // 42: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 43: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	8,  // 44: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	10, // 45: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	11, // 46: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	13, // 47: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	15, // 48: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	19, // 49: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	21, // 50: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	23, // 51: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	17, // 52: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
-	25, // 53: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	26, // 54: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	27, // 55: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	28, // 56: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	29, // 57: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	33, // 58: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
-	34, // 59: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
-	36, // 60: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
-	39, // 61: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
-	43, // 62: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
-	45, // 63: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
-	50, // 64: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
-	2,  // 65: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 66: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	9,  // 67: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 68: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	12, // 69: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	14, // 70: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	16, // 71: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	20, // 72: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	22, // 73: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	24, // 74: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	18, // 75: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
-	31, // 76: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 77: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 78: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 79: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	30, // 80: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	35, // 81: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
-	35, // 82: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
-	37, // 83: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
-	40, // 84: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
-	44, // 85: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
-	46, // 86: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
-	51, // 87: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
-	65, // [65:88] is the sub-list for method output_type
-	42, // [42:65] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	57, // 3: krane.ctrl.v1.CreateDeploymentRequest.workload:type_name -> krane.cluster.v1.Workload
+	0,  // 4: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
+	54, // 5: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	56, // 6: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	6,  // 7: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
+	58, // 8: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	58, // 9: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 10: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
+	57, // 11: krane.ctrl.v1.DeploymentInfo.workload:type_name -> krane.cluster.v1.Workload
+	0,  // 12: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
+	58, // 13: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
+	7,  // 14: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
+	4,  // 15: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
+	22, // 16: krane.ctrl.v1.StopSentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	55, // 17: krane.ctrl.v1.DeploySentinelRequest.credentials:type_name -> krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
+	22, // 18: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	59, // 19: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	58, // 20: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	22, // 21: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
+	31, // 22: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
+	32, // 23: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
+	58, // 24: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	58, // 25: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	58, // 26: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
+	58, // 27: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
+	35, // 28: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
+	60, // 29: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
+	38, // 30: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
+	41, // 31: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
+	42, // 32: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
+	42, // 33: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
+	38, // 34: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
+	47, // 35: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
+	60, // 36: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
+	58, // 37: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
+	49, // 38: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
+	48, // 39: krane.ctrl.v1.ResourceRegion.clusters:type_name -> krane.ctrl.v1.ClusterReport
+	58, // 40: krane.ctrl.v1.ClusterReport.observed_at:type_name -> google.protobuf.Timestamp
+	60, // 41: krane.ctrl.v1.ClusterReport.status:type_name -> google.protobuf.Struct
+	58, // 42: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 43: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
+	1,  // 44: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	3,  // 45: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	8,  // 46: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	10, // 47: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	11, // 48: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	13, // 49: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	15, // 50: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	19, // 51: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	21, // 52: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	23, // 53: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	17, // 54: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
+	25, // 55: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	26, // 56: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	27, // 57: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	28, // 58: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	29, // 59: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	33, // 60: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
+	34, // 61: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
+	36, // 62: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
+	39, // 63: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
+	43, // 64: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
+	45, // 65: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
+	50, // 66: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
+	2,  // 67: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	4,  // 68: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	9,  // 69: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	2,  // 70: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	12, // 71: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	14, // 72: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	16, // 73: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	20, // 74: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	22, // 75: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	24, // 76: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	18, // 77: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
+	31, // 78: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 79: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 80: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	31, // 81: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	30, // 82: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	35, // 83: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
+	35, // 84: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
+	37, // 85: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
+	40, // 86: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
+	44, // 87: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
+	46, // 88: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
+	51, // 89: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
+	67, // [67:90] is the sub-list for method output_type
+	44, // [44:67] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_krane_ctrl_v1_ctrl_proto_init() }
