@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -58,6 +59,7 @@ func (d *deployCmd) create() *cobra.Command {
 		environment, image   string
 		idempotencyKey, sig  string
 		regions, command     []string
+		workloadFile         string
 	)
 	cmd := &cobra.Command{
 		Use:   "create --workspace W --project P --app A --environment E --image I [--region R]...",
@@ -79,9 +81,27 @@ func (d *deployCmd) create() *cobra.Command {
 			if idempotencyKey == "" {
 				idempotencyKey = randomKey() // makes our own retries safe
 			}
-			w := &clusterv1.Workload{Image: image, CpuMillicores: cpuMillis, MemoryMib: memoryMiB, EnvVars: vars, Port: port, Command: command, ShutdownSignal: sig}
-			if hcPath != "" {
-				w.Healthcheck = &clusterv1.Healthcheck{Path: hcPath, Method: hcMethod, Port: hcPort}
+			w, err := readWorkload(workloadFile)
+			if err != nil {
+				return err
+			}
+			// A flag given wins over the file.
+			set := cmd.Flags().Changed
+			for _, f := range []struct {
+				name  string
+				apply func()
+			}{
+				{"image", func() { w.Image = image }}, {"cpu", func() { w.CpuMillicores = cpuMillis }}, {"memory", func() { w.MemoryMib = memoryMiB }},
+				{"env", func() { w.EnvVars = vars }}, {"port", func() { w.Port = port }}, {"command", func() { w.Command = command }},
+				{"shutdown-signal", func() { w.ShutdownSignal = sig }},
+				{"healthcheck-path", func() { w.Healthcheck = &clusterv1.Healthcheck{Path: hcPath, Method: hcMethod, Port: hcPort} }},
+			} {
+				if set(f.name) {
+					f.apply()
+				}
+			}
+			if w.GetImage() == "" {
+				return fmt.Errorf("an image is required: --image, or \"image\" in --workload")
 			}
 			r := &ctrlv1.CreateDeploymentRequest{
 				WorkspaceId: workspace, ProjectId: proj, AppId: app, EnvironmentId: environment, Workload: w,
@@ -107,7 +127,9 @@ func (d *deployCmd) create() *cobra.Command {
 	f.StringVar(&proj, "project", "", "project id (required)")
 	f.StringVar(&app, "app", "", "app id (required)")
 	f.StringVar(&environment, "environment", "", "environment id (required)")
-	f.StringVar(&image, "image", "", "container image, e.g. registry.example.com/team/app:1.2.3 (required)")
+	f.StringVar(&image, "image", "", "container image, e.g. registry.example.com/team/app:1.2.3 (required, here or in --workload)")
+	f.StringVar(&workloadFile, "workload", "", "file of the workload as JSON (krane.cluster.v1.Workload, proto field names: image, command, env_vars, cpu_millicores, ...); "+
+		"the flags below win over it, and it sets what they cannot")
 	f.StringSliceVar(&regions, "region", nil, "region to run in (repeat or comma-separate); default every region with a registered cluster")
 	f.Int32Var(&replicas, "replicas", 0, "instances per region (0: 1)")
 	f.Int64Var(&cpuMillis, "cpu", 0, "CPU per instance in millicores (0: 250)")
@@ -126,7 +148,7 @@ func (d *deployCmd) create() *cobra.Command {
 	f.StringVar(&idempotencyKey, "idempotency-key", "", "repeat a create safely: the same key returns the same deployment (default: a random key per command)")
 	f.BoolVar(&wait, "wait", false, "follow the deploy and exit 0 only when it is ready")
 	f.DurationVar(&waitTimeout, "wait-timeout", 30*time.Minute, "give up following after this long (the deploy itself goes on)")
-	for _, name := range []string{"workspace", "project", "app", "environment", "image"} {
+	for _, name := range []string{"workspace", "project", "app", "environment"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
 	return cmd
@@ -659,4 +681,21 @@ func randomKey() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return "cli-" + hex.EncodeToString(b)
+}
+
+// readWorkload reads a --workload file (protojson of
+// krane.cluster.v1.Workload); no file is an empty workload.
+func readWorkload(path string) (*clusterv1.Workload, error) {
+	w := &clusterv1.Workload{}
+	if path == "" {
+		return w, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--workload: %w", err)
+	}
+	if err := protojson.Unmarshal(b, w); err != nil {
+		return nil, fmt.Errorf("--workload %s is not a workload as JSON (krane.cluster.v1.Workload, e.g. {\"image\": \"registry.example.com/app:1\", \"port\": 9000}): %w", path, err)
+	}
+	return w, nil
 }

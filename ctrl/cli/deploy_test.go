@@ -1,7 +1,10 @@
 package cli_test
 
 import (
+	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -9,6 +12,7 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/internal/testenv"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
 // deployEnv is a ctrl with Restate, two fake clusters, and CTRL_ADDR /
@@ -220,6 +224,16 @@ func TestDeployCLIErrorsSayWhatToDo(t *testing.T) {
 	if code, _, errOut := run(t, append(create, "--environment", "prod", "--image", "Bad Image")...); code == 0 || !strings.Contains(errOut, "image: ") {
 		t.Fatalf("bad image: %d %q", code, errOut)
 	}
+	if code, _, errOut := run(t, append(create, "--environment", "prod")...); code == 0 || !strings.Contains(errOut, "--image, or \"image\" in --workload") {
+		t.Fatalf("no image: %d %q", code, errOut)
+	}
+	bad := filepath.Join(t.TempDir(), "workload.json")
+	if err := os.WriteFile(bad, []byte(`{"image": "registry.test/app:1", "no_such_field": 1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := run(t, append(create, "--environment", "prod", "--workload", bad)...); code == 0 || !strings.Contains(errOut, "is not a workload as JSON") {
+		t.Fatalf("a workload file with an unknown field: %d %q", code, errOut)
+	}
 	t.Setenv("CTRL_TOKEN", "")
 	if code, _, errOut := run(t, "deploy", "list", "--environment", "prod"); code == 0 || !strings.Contains(errOut, "CTRL_TOKEN") {
 		t.Fatalf("no token: %d %q", code, errOut)
@@ -241,5 +255,27 @@ func TestRestateRegisterCommandIsIdempotent(t *testing.T) {
 	code, out, errOut = run(t, "restate", "register", "--restate-admin-url", r.AdminURL(), "--restate-endpoint-url", url, "--force")
 	if code != 0 || !strings.HasPrefix(out, "forced "+url) {
 		t.Fatalf("restate register --force: %d %q %q", code, out, errOut)
+	}
+}
+
+// TestDeployCreateTakesAWorkloadFile: --workload sets the workload from a
+// file (every field, including those no flag sets), and a flag given wins
+// over the file.
+func TestDeployCreateTakesAWorkloadFile(t *testing.T) {
+	env, _ := deployEnv(t)
+	file := filepath.Join(t.TempDir(), "workload.json")
+	if err := os.WriteFile(file, []byte(`{"image": "registry.test/app:1", "port": 9000, "command": ["/app", "serve"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, append(create, "--environment", "wl", "--region", "eu", "--workload", file, "--image", "registry.test/app:2")...)
+	if code != 0 {
+		t.Fatalf("create --workload: %d %q", code, errOut)
+	}
+	d, err := env.Deployments(t).GetDeployment(context.Background(), &ctrlv1.GetDeploymentRequest{DeploymentId: strings.TrimSpace(out)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := d.GetWorkload(); w.GetImage() != "registry.test/app:2" || w.GetPort() != 9000 || strings.Join(w.GetCommand(), " ") != "/app serve" {
+		t.Fatalf("the workload created from the file and --image: %v", w)
 	}
 }
