@@ -138,6 +138,9 @@ func buildPodSpec(id string, d *clusterv1.Deployment, w *clusterv1.Workload, cfg
 		spec.RuntimeClassName = ptr(cfg.RuntimeClass)
 	}
 	spec.ImagePullSecrets = pullSecrets(w.GetImage(), cfg)
+	if g := w.GetTerminationGracePeriodSeconds(); g > 0 {
+		spec.TerminationGracePeriodSeconds = ptr(int64(g))
+	}
 	// A signal to PID 1 from inside its own PID namespace is dropped unless
 	// the process handles it, and SIGKILL cannot be handled: a preStop
 	// `kill -KILL 1` would do nothing. The kubelet's own SIGKILL after the

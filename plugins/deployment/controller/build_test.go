@@ -238,6 +238,30 @@ func TestShutdownSignal(t *testing.T) {
 	}
 }
 
+// TestTerminationGracePeriod: the workload's grace period is the pod's;
+// 0 leaves Kubernetes' default; SIGKILL keeps its 1 s.
+func TestTerminationGracePeriod(t *testing.T) {
+	for _, tc := range []struct {
+		grace     int32
+		signal    string
+		wantGrace *int64
+	}{
+		{0, "", nil},
+		{45, "", ptr(int64(45))},
+		{45, "SIGINT", ptr(int64(45))},
+		{45, "SIGKILL", ptr(int64(1))},
+	} {
+		d := validSpec()
+		d.Workload = workloadOf(d)
+		d.Workload.TerminationGracePeriodSeconds, d.Workload.ShutdownSignal = tc.grace, tc.signal
+		pod := buildReplicaSet("dep_1", 1, d, Defaults()).Spec.Template.Spec
+		if (pod.TerminationGracePeriodSeconds == nil) != (tc.wantGrace == nil) ||
+			tc.wantGrace != nil && *pod.TerminationGracePeriodSeconds != *tc.wantGrace {
+			t.Errorf("grace %d, %q: the pod's grace period is %v, want %v", tc.grace, tc.signal, pod.TerminationGracePeriodSeconds, tc.wantGrace)
+		}
+	}
+}
+
 func TestConfigShapesThePod(t *testing.T) {
 	cfg, err := ParseConfig([]byte(`{
 		"runtime_class": "",

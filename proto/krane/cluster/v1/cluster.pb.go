@@ -1527,8 +1527,12 @@ type Workload struct {
 	Healthcheck *Healthcheck `protobuf:"bytes,7,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
 	// SIGTERM (default), SIGINT, SIGQUIT or SIGKILL.
 	ShutdownSignal string `protobuf:"bytes,8,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How long a stopping instance has after its shutdown signal before it
+	// is killed, in seconds; 0: Kubernetes' default (30 s). With
+	// shutdown_signal SIGKILL it is 1 s whatever this says.
+	TerminationGracePeriodSeconds int32 `protobuf:"varint,9,opt,name=termination_grace_period_seconds,json=terminationGracePeriodSeconds,proto3" json:"termination_grace_period_seconds,omitempty"`
+	unknownFields                 protoimpl.UnknownFields
+	sizeCache                     protoimpl.SizeCache
 }
 
 func (x *Workload) Reset() {
@@ -1615,6 +1619,13 @@ func (x *Workload) GetShutdownSignal() string {
 		return x.ShutdownSignal
 	}
 	return ""
+}
+
+func (x *Workload) GetTerminationGracePeriodSeconds() int32 {
+	if x != nil {
+		return x.TerminationGracePeriodSeconds
+	}
+	return 0
 }
 
 type Healthcheck struct {
@@ -3348,7 +3359,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\bworkload\x18\x12 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x04\n" +
 	"\bWorkload\x12\x1e\n" +
 	"\x05image\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\x05image\x12*\n" +
 	"\acommand\x18\x02 \x03(\tB\x10\xbaH\r\x92\x01\n" +
@@ -3359,7 +3370,9 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"memory_mib\x18\x05 \x01(\x03B\v\xbaH\b\"\x06\x18\x80\x80@(\x00R\tmemoryMib\x12\x1f\n" +
 	"\x04port\x18\x06 \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04port\x12?\n" +
 	"\vhealthcheck\x18\a \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x120\n" +
-	"\x0fshutdown_signal\x18\b \x01(\tB\a\xbaH\x04r\x02(\x10R\x0eshutdownSignal\x1a:\n" +
+	"\x0fshutdown_signal\x18\b \x01(\tB\a\xbaH\x04r\x02(\x10R\x0eshutdownSignal\x12S\n" +
+	" termination_grace_period_seconds\x18\t \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\x1dterminationGracePeriodSeconds\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x02\n" +
