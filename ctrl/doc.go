@@ -18,11 +18,16 @@
 //   - deploytrace: the span names and derived trace ids of one deploy;
 //   - vault: sealing deployments' secret environments and sentinels'
 //     credentials, and opening them for the clusters that run them;
-//   - workflows: the Restate services (VersioningService, DeployWorkflow,
-//     SentinelService, SentinelRolloutService, SentinelRolloutWorker and
-//     CtrlIngress, the signed gateway for ctrl's own calls), their endpoint
-//     and registration, and the Notifier that wakes deploys when clusters
-//     report;
+//   - workflows: the durable handlers Restate runs (VersioningService,
+//     DeployWorkflow, SentinelService, SentinelRolloutService,
+//     SentinelRolloutWorker and CtrlIngress, the signed gateway for ctrl's
+//     own calls) and the signed ingress client that calls them;
+//   - restateendpoint: the HTTP endpoint Restate calls those services on,
+//     its request identity keys, and its registration with Restate;
+//   - background: the loops Restate does not run (the Notifier that wakes
+//     deploys when clusters report, the sentinel sweeper);
+//   - rules: the domain rules the handlers apply (when a deploy is decided,
+//     how a rollout cuts its waves);
 //   - api: what every gRPC service shares at its boundary: the one
 //     field-error type, the one mapping of errors to gRPC statuses (an
 //     interceptor) and paging with its page-token codec;

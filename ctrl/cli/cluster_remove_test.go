@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/rules"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
@@ -44,7 +44,7 @@ func TestClusterRemoveEndsItsStreamDeletesItsRowsAndStopsHoldingDeploysBack(t *t
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := workflows.Evaluate(states[id]); o.Decided() || !strings.Contains(o.Message, "cluster eu-2: 0/1 running") {
+	if o := rules.Evaluate(states[id]); o.Decided() || !strings.Contains(o.Message, "cluster eu-2: 0/1 running") {
 		t.Fatalf("the deploy with eu-2 live: %+v, want it waiting for eu-2", o)
 	}
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/workflows"
 )
@@ -39,7 +40,7 @@ func newRestate() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
 			services := workflows.Services(workflows.Deps{}) // only their names and handlers are used
-			res, err := workflows.Register(ctx, cfg.Restate.AdminURL, url, services, workflows.RegisterOptions{Force: force})
+			res, err := restateendpoint.Register(ctx, cfg.Restate.AdminURL, url, services, restateendpoint.RegisterOptions{Force: force})
 			if err != nil {
 				return err
 			}
@@ -74,7 +75,7 @@ func newIdentityKey() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := args[0]
 			if create {
-				data, public, err := workflows.NewIdentityKeyPEM()
+				data, public, err := restateendpoint.NewIdentityKeyPEM()
 				if err != nil {
 					return err
 				}
@@ -96,7 +97,7 @@ func newIdentityKey() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("read Restate's request identity private key: %w", err)
 			}
-			public, err := workflows.IdentityKeyOfPEM(data)
+			public, err := restateendpoint.IdentityKeyOfPEM(data)
 			if err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}

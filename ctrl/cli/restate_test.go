@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/restateendpoint"
 )
 
 // TestIdentityKeyCreatesAndReadsTheKey: --create writes a private key only
@@ -20,7 +20,7 @@ func TestIdentityKeyCreatesAndReadsTheKey(t *testing.T) {
 		t.Fatalf("identity-key --create: exit %d: %s", code, errOut)
 	}
 	created = strings.TrimSpace(created)
-	if err := workflows.CheckIdentityKey(created); err != nil {
+	if err := restateendpoint.CheckIdentityKey(created); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
@@ -54,7 +54,7 @@ func TestIdentityKeyReadsOpenSSLKeys(t *testing.T) {
 		return p
 	}
 	code, out, errOut := run(t, "restate", "identity-key", gen("ed.pem", "-algorithm", "ed25519"))
-	if code != 0 || workflows.CheckIdentityKey(strings.TrimSpace(out)) != nil {
+	if code != 0 || restateendpoint.CheckIdentityKey(strings.TrimSpace(out)) != nil {
 		t.Fatalf("an openssl ed25519 key: exit %d, %q, %s", code, out, errOut)
 	}
 	code, _, errOut = run(t, "restate", "identity-key", gen("ec.pem", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"))

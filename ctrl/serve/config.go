@@ -18,7 +18,7 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
 
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/restateendpoint"
 )
 
 // Config is ctrl's configuration. Every key can be set in the YAML file
@@ -466,7 +466,7 @@ func (c Config) validateRestate() []error {
 			"without it anyone who reaches restate.endpoint.listen runs ctrl's handlers. Set restate.allow_unsigned=true only where nothing but Restate reaches it"))
 	}
 	for _, k := range keys {
-		if err := workflows.CheckIdentityKey(k); err != nil {
+		if err := restateendpoint.CheckIdentityKey(k); err != nil {
 			errs = append(errs, fmt.Errorf("restate.identity_keys: %w", err))
 		}
 	}

@@ -12,8 +12,11 @@ import (
 	restate "github.com/restatedev/sdk-go"
 	"google.golang.org/grpc"
 
+	"krane.dev/ctrl/background"
 	"krane.dev/ctrl/deployapi"
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/fleetapi"
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -23,10 +26,10 @@ import (
 // calls, its registration, the Notifier (the reports listener) and the
 // deploy API registered on the gRPC server.
 type restateStack struct {
-	endpoint   *workflows.Endpoint
+	endpoint   *restateendpoint.Endpoint
 	lis        net.Listener
 	url        string
-	notifier   *workflows.Notifier
+	notifier   *background.Notifier
 	registered chan struct{}
 	wg         sync.WaitGroup
 }
@@ -49,7 +52,7 @@ func EndpointURL(cfg Config, listening string) (string, error) {
 	if cfg.Restate.Endpoint.URL != "" {
 		return cfg.Restate.Endpoint.URL, nil
 	}
-	return workflows.EndpointURL(listening)
+	return restateendpoint.EndpointURL(listening)
 }
 
 // startRestate starts the endpoint, the Notifier and background
@@ -71,7 +74,12 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		deps.Vault = keys // a nil *vault.Source would be a non-nil Resealer
 	}
 	services := workflows.Services(deps)
-	endpoint, err := workflows.NewEndpoint(services, log, cfg.Restate.IdentityKeyList())
+	if reg != nil {
+		// The deployments' fleet gauges, read from MySQL on each scrape,
+		// beside the deploy workflow's own metrics.
+		reg.MustRegister(fleetapi.NewDeploymentCollector(st, log))
+	}
+	endpoint, err := restateendpoint.NewEndpoint(services, log, cfg.Restate.IdentityKeyList())
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +95,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	ingress := workflows.NewIngressClient(cfg.Restate.IngressURL, key)
 	r := &restateStack{
 		endpoint: endpoint, lis: lis, url: url, registered: make(chan struct{}),
-		notifier: workflows.NewNotifier(workflows.NotifierOptions{
+		notifier: background.NewNotifier(background.NotifierOptions{
 			Store: st, Ingress: ingress, Log: log, Registerer: reg,
 			ResyncInterval: cfg.Deploy.ResyncInterval, DefaultTimeout: cfg.Deploy.Timeout,
 			SentinelTimeout: cfg.Sentinel.DeployTimeout,
@@ -107,7 +115,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		}
 	})
 	r.wg.Go(func() { r.notifier.Run(ctx) })
-	sweeper := workflows.NewSentinelSweeper(workflows.SentinelSweeperOptions{Store: st, Log: log, Registerer: reg, IdleAfter: cfg.Sentinel.IdleStopAfter})
+	sweeper := background.NewSentinelSweeper(background.SentinelSweeperOptions{Store: st, Log: log, Registerer: reg, IdleAfter: cfg.Sentinel.IdleStopAfter})
 	r.wg.Go(func() { sweeper.Run(ctx) })
 	if cfg.Restate.RegisterOnStart {
 		r.wg.Go(func() { r.register(ctx, cfg.Restate.AdminURL, services, log) })
@@ -123,7 +131,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 func (r *restateStack) register(ctx context.Context, admin string, services []restate.ServiceDefinition, log hclog.Logger) {
 	backoff := 500 * time.Millisecond
 	for {
-		res, err := workflows.Register(ctx, admin, r.url, services, workflows.RegisterOptions{})
+		res, err := restateendpoint.Register(ctx, admin, r.url, services, restateendpoint.RegisterOptions{})
 		if err == nil {
 			log.Info("registered with Restate", "action", res.Action, "deployment", res.DeploymentID, "reason", res.Reason, "url", r.url)
 			close(r.registered)

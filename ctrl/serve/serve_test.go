@@ -26,8 +26,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/serve"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -209,7 +209,7 @@ func TestStartRejectsBadTLSFilesClearly(t *testing.T) {
 }
 
 // identityKey is a well-formed request identity public key.
-var identityKey = workflows.IdentityKey(make([]byte, 32))
+var identityKey = restateendpoint.IdentityKey(make([]byte, 32))
 
 func TestRestateConfigKeysAndValidation(t *testing.T) {
 	dir := t.TempDir()

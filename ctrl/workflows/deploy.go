@@ -12,6 +12,7 @@ import (
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 )
@@ -376,7 +377,7 @@ func (w *deploy) evaluate(ctx context.Context, id string) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	return Evaluate(states[id]), nil
+	return rules.Evaluate(states[id]), nil
 }
 
 // targetRegions: the requested regions, each of which must have a

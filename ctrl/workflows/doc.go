@@ -1,7 +1,12 @@
-// Package workflows is ctrl's durable side, run by Restate: the
-// VersioningService, the DeployWorkflow, the SentinelService and the
-// SentinelRolloutService, the endpoint Restate calls them on, its
-// registration, and the Notifier that wakes deploys when clusters report.
+// Package workflows is ctrl's durable side, run by Restate: the handlers
+// of the VersioningService, the DeployWorkflow, the SentinelService, the
+// SentinelRolloutService and its worker, and CtrlIngress, and the signed
+// ingress client ctrl calls them with. The rest lives by concern: the
+// endpoint Restate calls them on and its registration in
+// ctrl/restateendpoint, the loops Restate does not run (the Notifier that
+// wakes deploys when clusters report, the sentinel sweeper) in
+// ctrl/background, and the rules the handlers apply (when a deploy is
+// decided, how a rollout cuts its waves) in ctrl/rules.
 //
 // # VersioningService: exactly-once versions, no lost change
 //
@@ -198,7 +203,7 @@
 // # Upgrading ctrl
 //
 // Restate pins an invocation to the deployment (endpoint URL) it started
-// on. Register re-registers a known URL with force only when the handlers
+// on. restateendpoint.Register re-registers a known URL with force only when the handlers
 // differ or another deployment took over one of the services; an in-place
 // upgrade then replays in-flight invocations on the new code. A change to a
 // handler's sequence of steps therefore breaks the invocations in flight
@@ -212,5 +217,5 @@
 //
 // Write the service in its own file with a constructor taking Deps, add it
 // to the services declaration (services.go) and to ctrl/doc.go, and `ctrl serve` serves and registers it on the next start
-// (Register sees new handlers and re-registers with force).
+// (restateendpoint.Register sees new handlers and re-registers with force).
 package workflows

@@ -10,6 +10,7 @@ import (
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
 )
 
@@ -63,7 +64,7 @@ const (
 // RolloutRequest starts a fleet rollout (SentinelRolloutService.Rollout).
 type RolloutRequest struct {
 	Image string `json:"image"`
-	// WavePercentages are cumulative; empty means DefaultWavePercentages.
+	// WavePercentages are cumulative; empty means rules.DefaultWavePercentages.
 	WavePercentages []int32 `json:"wave_percentages,omitempty"`
 	// SlackWebhookURL receives a message at every transition.
 	SlackWebhookURL string `json:"slack_webhook_url,omitempty"`
@@ -80,7 +81,7 @@ func (r RolloutRequest) Validate() error {
 		return err
 	}
 	if len(r.WavePercentages) > 0 {
-		if err := ValidWavePercentages("wave_percentages", r.WavePercentages); err != nil {
+		if err := rules.ValidWavePercentages("wave_percentages", r.WavePercentages); err != nil {
 			return err
 		}
 	}
@@ -381,7 +382,7 @@ func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (Rollo
 	}
 	pcts := req.WavePercentages
 	if len(pcts) == 0 {
-		pcts = DefaultWavePercentages
+		pcts = rules.DefaultWavePercentages
 	}
 
 	var ids []string
@@ -416,7 +417,7 @@ func (r *rollouts) rollout(ctx restate.ObjectContext, req RolloutRequest) (Rollo
 		SlackWebhookURL: req.SlackWebhookURL, BakeSeconds: req.BakeSeconds, DeployTimeoutSeconds: req.DeployTimeoutSeconds,
 	}
 	st.Run = fmt.Sprintf("r%d-%06x", st.Runs, rnd.Uint32()&0xffffff)
-	for _, w := range ComputeWaves(ids, pcts) {
+	for _, w := range rules.ComputeWaves(ids, pcts) {
 		st.Waves = append(st.Waves, waveState{Percentage: w.Percentage, IDs: w.IDs, State: WavePending})
 	}
 	if len(ids) == 0 {

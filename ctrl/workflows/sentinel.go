@@ -13,6 +13,7 @@ import (
 
 	"krane.dev/ctrl/actual"
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
@@ -464,7 +465,7 @@ func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outco
 	var permanent []string
 	for _, e := range applyErrors {
 		if e.Permanent && e.Version >= r.Version {
-			permanent = append(permanent, applyErrorText(e))
+			permanent = append(permanent, rules.ApplyErrorText(e))
 		}
 	}
 	if len(permanent) > 0 {
@@ -518,7 +519,7 @@ func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outco
 	why := strings.Join(whys, "; ")
 	for _, e := range applyErrors { // retryable: the cluster keeps trying
 		if !e.Permanent {
-			why += "; retrying: " + applyErrorText(e)
+			why += "; retrying: " + rules.ApplyErrorText(e)
 		}
 	}
 	return Outcome{Message: why}

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"krane.dev/ctrl/background"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -208,7 +208,7 @@ func TestUnusedSentinelIsStopped(t *testing.T) {
 	eu := w.clusters["eu"]
 	st := w.env.Store
 	ctx := context.Background()
-	sw := workflows.NewSentinelSweeper(workflows.SentinelSweeperOptions{Store: st, IdleAfter: time.Hour})
+	sw := background.NewSentinelSweeper(background.SentinelSweeperOptions{Store: st, IdleAfter: time.Hour})
 	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
 	sweep := func(now time.Time, want ...string) {
 		t.Helper()

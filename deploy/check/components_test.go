@@ -13,8 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/serve"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/host/config"
 )
 
@@ -123,7 +123,7 @@ func checkCtrl(t *testing.T, in *install) *ctrlInstall {
 		if !strings.HasPrefix(k, "secret:") {
 			t.Errorf("%s: restate.identity_keys must come from a Secret (CTRL_RESTATE_IDENTITY_KEYS from secretKeyRef), not from the configuration", w)
 		}
-		_, public, err := workflows.NewIdentityKeyPEM()
+		_, public, err := restateendpoint.NewIdentityKeyPEM()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	corev1 "k8s.io/api/core/v1"
 
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/internal/testenv"
 )
 
@@ -402,7 +402,7 @@ func httpOK(ctx context.Context, url string) bool {
 // `ctrl restate identity-key --create` and `openssl genpkey -algorithm
 // ed25519` make) for Restate's request signing.
 func identityKey(dir string) (string, error) {
-	data, _, err := workflows.NewIdentityKeyPEM()
+	data, _, err := restateendpoint.NewIdentityKeyPEM()
 	if err != nil {
 		return "", err
 	}

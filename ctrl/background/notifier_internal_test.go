@@ -1,4 +1,4 @@
-package workflows
+package background
 
 import (
 	"context"
@@ -137,3 +137,5 @@ func TestReportsOfFinishedDeploysAreNotRead(t *testing.T) {
 		t.Fatalf("queued after one evaluation each: %v, want only the pending deployment", got)
 	}
 }
+
+func TestMain(m *testing.M) { testenv.Main(m) }

@@ -1,11 +1,11 @@
-package workflows_test
+package rules_test
 
 import (
 	"testing"
 
 	"krane.dev/ctrl/actual"
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 )
 
 // region is a region at version 1 whose one counted cluster, <name>-1,
@@ -64,29 +64,29 @@ func TestEvaluate(t *testing.T) {
 		message string
 	}{
 		{"every region running", []store.RegionState{region("eu", 2, pod("a", "running", "", ""), pod("b", "running", "", "")),
-			region("us", 1, pod("c", "running", "", ""))}, workflows.ResultReady, ""},
+			region("us", 1, pod("c", "running", "", ""))}, rules.ResultReady, ""},
 		{"more running than desired is ready", []store.RegionState{region("eu", 1, pod("a", "running", "", ""), pod("b", "running", "", ""))},
-			workflows.ResultReady, ""},
-		{"a stopped region does not count", []store.RegionState{region("eu", 1, pod("a", "running", "", "")), stopped}, workflows.ResultReady, ""},
+			rules.ResultReady, ""},
+		{"a stopped region does not count", []store.RegionState{region("eu", 1, pod("a", "running", "", "")), stopped}, rules.ResultReady, ""},
 		{"one region short", []store.RegionState{region("eu", 2, pod("a", "running", "", ""), pod("b", "pending", "ContainerCreating", "")),
 			region("us", 1)}, "", "region eu: 1/2 running (pod b ContainerCreating); region us: 0/1 running (no instance reported yet)"},
 		{"failed pod", []store.RegionState{region("eu", 2, pod("web-0", "failed", "ImagePullBackOff", "Back-off pulling image \"x\""), pod("web-1", "running", "", ""))},
-			workflows.ResultFailed, "region eu: 1/2 running: pod web-0 ImagePullBackOff: Back-off pulling image \"x\""},
-		{"many failed pods are summarised", []store.RegionState{many}, workflows.ResultFailed,
+			rules.ResultFailed, "region eu: 1/2 running: pod web-0 ImagePullBackOff: Back-off pulling image \"x\""},
+		{"many failed pods are summarised", []store.RegionState{many}, rules.ResultFailed,
 			"region eu: 0/5 running: pod a CrashLoopBackOff, pod b CrashLoopBackOff, pod c CrashLoopBackOff and 1 more"},
-		{"permanent apply error", []store.RegionState{region("eu", 1, pod("a", "running", "", "")), withApplyErr}, workflows.ResultFailed,
+		{"permanent apply error", []store.RegionState{region("eu", 1, pod("a", "running", "", "")), withApplyErr}, rules.ResultFailed,
 			"region us: image: not a valid reference (cluster us-1 could not apply version 42)"},
 		{"retryable apply error waits", []store.RegionState{retrying}, "",
 			"region us: 0/1 running (no instance reported yet; retrying: apiserver unreachable (cluster us-1 could not apply version 7))"},
 		{"no topology", nil, "", "no region is set to run the deployment"},
-		{"a cluster that does not count holds nothing back", []store.RegionState{goneCluster}, workflows.ResultReady, ""},
+		{"a cluster that does not count holds nothing back", []store.RegionState{goneCluster}, rules.ResultReady, ""},
 		{"every counted cluster must report the current version", []store.RegionState{twoCounted}, "",
 			"region eu, cluster eu-2: 1/1 running (version 2 not reported yet)"},
 		{"no live cluster", []store.RegionState{noneLive}, "",
 			"region eu: no live cluster serves deployments (a cluster counts while its last heartbeat is at most 2m0s old)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			o := workflows.Evaluate(c.regions)
+			o := rules.Evaluate(c.regions)
 			if o.Result != c.result || o.Message != c.message {
 				t.Fatalf("Evaluate = %+v\nwant result %q message %q", o, c.result, c.message)
 			}

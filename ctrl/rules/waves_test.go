@@ -1,4 +1,4 @@
-package workflows_test
+package rules_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/rules"
 )
 
 func ids(n int) []string {
@@ -17,7 +17,7 @@ func ids(n int) []string {
 	return out
 }
 
-func sizes(waves []workflows.PlannedWave) []int {
+func sizes(waves []rules.PlannedWave) []int {
 	out := make([]int, len(waves))
 	for i, w := range waves {
 		out[i] = len(w.IDs)
@@ -26,7 +26,7 @@ func sizes(waves []workflows.PlannedWave) []int {
 }
 
 func TestComputeWaves(t *testing.T) {
-	def := workflows.DefaultWavePercentages
+	def := rules.DefaultWavePercentages
 	for _, c := range []struct {
 		n     int
 		pcts  []int32
@@ -43,7 +43,7 @@ func TestComputeWaves(t *testing.T) {
 		{10, []int32{20, 60, 100}, []int{2, 4, 4}, []int32{20, 60, 100}},
 		{0, def, []int{}, []int32{}},
 	} {
-		waves := workflows.ComputeWaves(ids(c.n), c.pcts)
+		waves := rules.ComputeWaves(ids(c.n), c.pcts)
 		var pct []int32
 		for _, w := range waves {
 			pct = append(pct, w.Percentage)
@@ -58,11 +58,11 @@ func TestComputeWaves(t *testing.T) {
 // the cumulative size never exceeds the percentage's share (rounded up),
 // for every fleet size up to 1000 and several plans.
 func TestComputeWavesProperties(t *testing.T) {
-	plans := [][]int32{workflows.DefaultWavePercentages, {100}, {50, 100}, {1, 2, 3, 100}, {10, 20, 30, 40, 50, 60, 70, 80, 90, 100}}
+	plans := [][]int32{rules.DefaultWavePercentages, {100}, {50, 100}, {1, 2, 3, 100}, {10, 20, 30, 40, 50, 60, 70, 80, 90, 100}}
 	for _, p := range plans {
 		for n := 0; n <= 1000; n++ {
 			in := ids(n)
-			waves := workflows.ComputeWaves(in, p)
+			waves := rules.ComputeWaves(in, p)
 			var all []string
 			for i, w := range waves {
 				if len(w.IDs) == 0 {
@@ -84,7 +84,7 @@ func TestComputeWavesProperties(t *testing.T) {
 }
 
 func TestValidWavePercentages(t *testing.T) {
-	if err := workflows.ValidWavePercentages("wave_percentages", workflows.DefaultWavePercentages); err != nil {
+	if err := rules.ValidWavePercentages("wave_percentages", rules.DefaultWavePercentages); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -100,7 +100,7 @@ func TestValidWavePercentages(t *testing.T) {
 		{[]int32{50, 101}, "wave_percentages[1]: 101 is out of range"},
 		{make([]int32, 21), "give 1 to 20"},
 	} {
-		err := workflows.ValidWavePercentages("wave_percentages", c.p)
+		err := rules.ValidWavePercentages("wave_percentages", c.p)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.p, err, c.want)
 		}

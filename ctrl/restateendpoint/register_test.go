@@ -1,4 +1,4 @@
-package workflows_test
+package restateendpoint_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	restate "github.com/restatedev/sdk-go"
 
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 )
@@ -29,7 +30,7 @@ type swappable struct{ h atomic.Pointer[http.Handler] }
 
 func (s *swappable) set(t *testing.T, services []restate.ServiceDefinition) {
 	t.Helper()
-	ep, err := workflows.NewEndpoint(services, nil, nil)
+	ep, err := restateendpoint.NewEndpoint(services, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,9 +44,9 @@ func TestRegisterIsIdempotentAndForcesOnlyWhenStale(t *testing.T) {
 	r := testenv.SharedRestate(t)
 	ctx := context.Background()
 	const name = "RegisterProbe"
-	register := func(url string, services []restate.ServiceDefinition, force bool, want string) workflows.RegisterResult {
+	register := func(url string, services []restate.ServiceDefinition, force bool, want string) restateendpoint.RegisterResult {
 		t.Helper()
-		res, err := workflows.Register(ctx, r.AdminURL(), url, services, workflows.RegisterOptions{Force: force})
+		res, err := restateendpoint.Register(ctx, r.AdminURL(), url, services, restateendpoint.RegisterOptions{Force: force})
 		if err != nil || res.Action != want {
 			t.Fatalf("register %s: %+v, %v; want %q", url, res, err, want)
 		}
@@ -63,37 +64,37 @@ func TestRegisterIsIdempotentAndForcesOnlyWhenStale(t *testing.T) {
 	v1 := probe(name, "Echo")
 	a.set(t, v1)
 	urlA := testenv.ServeH2C(t, a)
-	register(urlA, v1, false, workflows.RegisterCreated)
-	register(urlA+"/", v1, false, workflows.RegisterUnchanged)
+	register(urlA, v1, false, restateendpoint.RegisterCreated)
+	register(urlA+"/", v1, false, restateendpoint.RegisterUnchanged)
 	call("Echo", "Echo:x")
 
 	// In-place upgrade: same URL, a new handler. Without force Restate
 	// would keep the old schema and answer 404 for it.
 	v2 := probe(name, "Echo", "Shout")
 	a.set(t, v2)
-	if res := register(urlA, v2, false, workflows.RegisterForced); !strings.Contains(res.Reason, "handlers differ") {
+	if res := register(urlA, v2, false, restateendpoint.RegisterForced); !strings.Contains(res.Reason, "handlers differ") {
 		t.Fatalf("reason %q, want the handler difference", res.Reason)
 	}
 	call("Shout", "Shout:x")
-	register(urlA, v2, false, workflows.RegisterUnchanged)
+	register(urlA, v2, false, restateendpoint.RegisterUnchanged)
 
 	// Another endpoint takes the service over; registering the first one
 	// again takes it back, saying why.
 	b := &swappable{}
 	b.set(t, v2)
 	urlB := testenv.ServeH2C(t, b)
-	register(urlB, v2, false, workflows.RegisterCreated)
-	if res := register(urlA, v2, false, workflows.RegisterForced); !strings.Contains(res.Reason, "registered after this endpoint") {
+	register(urlB, v2, false, restateendpoint.RegisterCreated)
+	if res := register(urlA, v2, false, restateendpoint.RegisterForced); !strings.Contains(res.Reason, "registered after this endpoint") {
 		t.Fatalf("reason %q, want the takeover", res.Reason)
 	}
-	register(urlA, v2, false, workflows.RegisterUnchanged)
-	register(urlA, v2, true, workflows.RegisterForced)
+	register(urlA, v2, false, restateendpoint.RegisterUnchanged)
+	register(urlA, v2, true, restateendpoint.RegisterForced)
 }
 
 // TestSignatureListsHandlersWithKinds: every handler is private to
 // Restate's ingress but CtrlIngress.Call, ctrl's signed way in.
 func TestSignatureListsHandlersWithKinds(t *testing.T) {
-	sig := workflows.Signature(workflows.Services(workflows.Deps{}))
+	sig := restateendpoint.Signature(workflows.Services(workflows.Deps{}))
 	want := []string{
 		"CtrlIngress(service).Call()",
 		"DeployWorkflow(workflow).Notify(shared) private",
@@ -115,3 +116,5 @@ func TestSignatureListsHandlersWithKinds(t *testing.T) {
 		t.Fatalf("signature\n%s\nwant\n%s", strings.Join(sig, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+func TestMain(m *testing.M) { testenv.Main(m) }

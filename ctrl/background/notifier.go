@@ -1,4 +1,4 @@
-package workflows
+package background
 
 import (
 	"context"
@@ -10,14 +10,16 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
+	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/kinds"
 )
 
 // NotifierOptions configure a Notifier. Zero values take the defaults.
 type NotifierOptions struct {
 	Store   *store.Store
-	Ingress *Ingress
+	Ingress *workflows.Ingress
 	Log     hclog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
@@ -64,7 +66,7 @@ type NotifierOptions struct {
 //
 // Sentinels work the same way, in a queue of their own: a report (or an
 // apply error) on a sentinel whose deploy is progressing is evaluated
-// (EvaluateSentinel); when it decides the deploy, SentinelService.NotifyReady
+// (workflows.EvaluateSentinel); when it decides the deploy, SentinelService.NotifyReady
 // or NotifyFailed is called for the deploy that owns the row
 // (deploy_request). Every resync pass queues every progressing sentinel
 // again. The Deploy's own database check after storing its awakeable
@@ -322,13 +324,13 @@ func (n *Notifier) evaluate(ctx context.Context, id string) {
 		n.log.Warn("cannot read a reported deployment's regions; the resync pass will retry", "deployment", id, "error", err)
 		return
 	}
-	o := Evaluate(states[id])
+	o := rules.Evaluate(states[id])
 	if !o.Decided() {
 		return
 	}
 	backoff := 250 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := NotifyDeploy(ctx, n.o.Ingress, id, o)
+		err := workflows.NotifyDeploy(ctx, n.o.Ingress, id, o)
 		if err == nil {
 			n.sent.Inc()
 			n.log.Debug("notified a deploy", "deployment", id, "result", o.Result)
@@ -366,14 +368,14 @@ func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
 		n.log.Warn("cannot read a reported sentinel's apply errors; the resync pass will retry", "sentinel", id, "error", err)
 		return
 	}
-	o := EvaluateSentinel(row, errs)
+	o := workflows.EvaluateSentinel(row, errs)
 	if !o.Decided() {
 		return
 	}
-	notice := SentinelNotice{Request: row.DeployRequest, Result: o.Result, Message: o.Message}
+	notice := workflows.SentinelNotice{Request: row.DeployRequest, Result: o.Result, Message: o.Message}
 	backoff := 250 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		res, err := NotifySentinel(ctx, n.o.Ingress, id, notice)
+		res, err := workflows.NotifySentinel(ctx, n.o.Ingress, id, notice)
 		if err == nil {
 			if res.Woken {
 				n.sentinelWoken.Inc()
@@ -426,8 +428,8 @@ func (n *Notifier) resync(ctx context.Context) {
 		if err != nil {
 			return true
 		}
-		req := DeployRequest{Deployment: d.Spec, Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
-		if _, err := StartDeploy(ctx, n.o.Ingress, req); err != nil {
+		req := workflows.DeployRequest{Deployment: d.Spec, Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
+		if _, err := workflows.StartDeploy(ctx, n.o.Ingress, req); err != nil {
 			n.log.Warn("deploy resync: cannot start the workflow of a pending deployment", "deployment", u.ID, "error", err)
 		}
 		return true

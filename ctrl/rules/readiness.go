@@ -1,4 +1,4 @@
-package workflows
+package rules
 
 import (
 	"fmt"
@@ -62,7 +62,7 @@ func Evaluate(regions []store.RegionState) Outcome {
 		var bad []string
 		for _, e := range r.ApplyErrors {
 			if e.Permanent && counted[e.ClusterID] {
-				bad = append(bad, applyErrorText(e))
+				bad = append(bad, ApplyErrorText(e))
 			}
 		}
 		if len(bad) > 0 {
@@ -108,7 +108,7 @@ func Evaluate(regions []store.RegionState) Outcome {
 				}
 				for _, e := range r.ApplyErrors { // retryable: the cluster keeps trying
 					if e.ClusterID == id {
-						detail += "; retrying: " + applyErrorText(e)
+						detail += "; retrying: " + ApplyErrorText(e)
 					}
 				}
 				waiting = append(waiting, head+" ("+detail+")")
@@ -142,9 +142,9 @@ func instanceText(in store.Instance) string {
 	return s
 }
 
-// applyErrorText: "image: not a valid reference (cluster us-1 could not
+// ApplyErrorText words an apply error for a message: "image: not a valid reference (cluster us-1 could not
 // apply version 42)".
-func applyErrorText(e store.ApplyError) string {
+func ApplyErrorText(e store.ApplyError) string {
 	msg := e.Message
 	if e.Field != "" && !strings.HasPrefix(msg, e.Field) {
 		msg = e.Field + ": " + msg
