@@ -4,7 +4,7 @@
 //
 //   - Notifier wakes waiting deploys (DeployWorkflow) and sentinel deploys
 //     (SentinelService) when clusters report, decides them with the rules
-//     of ctrl/rules and workflows.EvaluateSentinel, and periodically
+//     of ctrl/rules (Evaluate, EvaluateSentinel), and periodically
 //     resyncs: it starts deploys whose workflow never started and counts
 //     the overdue ones.
 //   - SentinelSweeper stops the sentinels nothing uses any more

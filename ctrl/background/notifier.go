@@ -66,7 +66,7 @@ type NotifierOptions struct {
 //
 // Sentinels work the same way, in a queue of their own: a report (or an
 // apply error) on a sentinel whose deploy is progressing is evaluated
-// (workflows.EvaluateSentinel); when it decides the deploy, SentinelService.NotifyReady
+// (rules.EvaluateSentinel); when it decides the deploy, SentinelService.NotifyReady
 // or NotifyFailed is called for the deploy that owns the row
 // (deploy_request). Every resync pass queues every progressing sentinel
 // again. The Deploy's own database check after storing its awakeable
@@ -368,7 +368,7 @@ func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
 		n.log.Warn("cannot read a reported sentinel's apply errors; the resync pass will retry", "sentinel", id, "error", err)
 		return
 	}
-	o := workflows.EvaluateSentinel(row, errs)
+	o := rules.EvaluateSentinel(row, errs)
 	if !o.Decided() {
 		return
 	}

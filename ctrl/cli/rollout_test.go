@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/rules"
 )
 
 const (
@@ -29,7 +29,7 @@ func sentinelEnv(t *testing.T, n int) (*ctrltest.Env, *ctrltest.SentinelCluster,
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			r, err := env.Store.GetSentinel(t.Context(), id)
-			if err == nil && workflows.SentinelConverged(r) {
+			if err == nil && rules.SentinelConverged(r) {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -5,6 +5,8 @@
 //   - when a deploy is decided (Evaluate: ready, failed with which
 //     instances and why, or what each region still lacks), from the
 //     actual state ctrl/actual aggregates;
+//   - when a sentinel's deploy is decided (EvaluateSentinel,
+//     SentinelConverged), by the same aggregation;
 //   - how a fleet rollout cuts its sentinels into waves (ComputeWaves,
 //     ValidWavePercentages).
 //

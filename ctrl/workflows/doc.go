@@ -6,7 +6,10 @@
 // ctrl/restateendpoint, the loops Restate does not run (the Notifier that
 // wakes deploys when clusters report, the sentinel sweeper) in
 // ctrl/background, and the rules the handlers apply (when a deploy is
-// decided, how a rollout cuts its waves) in ctrl/rules.
+// decided, how a rollout cuts its waves, when a sentinel has converged) in
+// ctrl/rules. The deploy metrics (metrics.go) stay here: they are the
+// handlers' own instrumentation, counted only inside the Run body whose
+// compare-and-set moved a row, which no other package sees.
 //
 // # VersioningService: exactly-once versions, no lost change
 //
@@ -124,7 +127,7 @@
 // new version in one transaction with deploy_status = progressing owned by
 // the invocation (deploy_request), and waits, on an awakeable stored under
 // "notify_ready_awakeable", until the cluster reports the sentinel healthy
-// on the image at that version (SentinelConverged), a permanent apply error
+// on the image at that version (rules.SentinelConverged), a permanent apply error
 // fails it, or the timeout (sentinel.deploy_timeout, or the request's). The
 // Notifier calls NotifyReady or NotifyFailed (shared) for the owner; a
 // fence step and a database check after storing the awakeable close the
