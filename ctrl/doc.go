@@ -21,13 +21,15 @@
 //   - workflows: the durable handlers Restate runs (VersioningService,
 //     DeployWorkflow, SentinelService, SentinelRolloutService,
 //     SentinelRolloutWorker and CtrlIngress, the signed gateway for ctrl's
-//     own calls) and the signed ingress client that calls them;
+//     own calls);
 //   - restateendpoint: the HTTP endpoint Restate calls those services on,
 //     its request identity keys, and its registration with Restate;
+//   - restateingress: the signed client of Restate's ingress through which
+//     ctrl calls those services from outside Restate;
 //   - background: the loops Restate does not run (the Notifier that wakes
 //     deploys when clusters report, the sentinel sweeper);
-//   - rules: the domain rules the handlers apply (when a deploy is decided,
-//     how a rollout cuts its waves);
+//   - rules: the domain rules the handlers apply (when a deploy or a
+//     sentinel's deploy is decided, how a rollout cuts its waves);
 //   - api: what every gRPC service shares at its boundary: the one
 //     field-error type, the one mapping of errors to gRPC statuses (an
 //     interceptor) and paging with its page-token codec;

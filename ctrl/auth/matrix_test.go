@@ -24,9 +24,9 @@ import (
 	"krane.dev/ctrl/cli"
 	"krane.dev/ctrl/deployapi"
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -168,7 +168,7 @@ const deadRestate = "http://127.0.0.1:1"
 // production handler behind the production interceptors.
 func startWithOperatorAPIs(t *testing.T, o ctrltest.Options) *ctrltest.Env {
 	o.Deps.RegisterServices = func(gs *grpc.Server, st *store.Store) error {
-		dead := workflows.NewIngressClient(deadRestate, []byte("no key"))
+		dead := restateingress.NewIngressClient(deadRestate, []byte("no key"))
 		deployapi.New(deployapi.Options{Store: st, Ingress: dead}).Register(gs)
 		deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: dead, Waiting: dead}).Register(gs)
 		return nil

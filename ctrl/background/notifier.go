@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -19,7 +20,7 @@ import (
 // NotifierOptions configure a Notifier. Zero values take the defaults.
 type NotifierOptions struct {
 	Store   *store.Store
-	Ingress *workflows.Ingress
+	Ingress *restateingress.Ingress
 	Log     hclog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
@@ -330,7 +331,7 @@ func (n *Notifier) evaluate(ctx context.Context, id string) {
 	}
 	backoff := 250 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := workflows.NotifyDeploy(ctx, n.o.Ingress, id, o)
+		err := restateingress.NotifyDeploy(ctx, n.o.Ingress, id, o)
 		if err == nil {
 			n.sent.Inc()
 			n.log.Debug("notified a deploy", "deployment", id, "result", o.Result)
@@ -375,7 +376,7 @@ func (n *Notifier) evaluateSentinel(ctx context.Context, id string) {
 	notice := workflows.SentinelNotice{Request: row.DeployRequest, Result: o.Result, Message: o.Message}
 	backoff := 250 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		res, err := workflows.NotifySentinel(ctx, n.o.Ingress, id, notice)
+		res, err := restateingress.NotifySentinel(ctx, n.o.Ingress, id, notice)
 		if err == nil {
 			if res.Woken {
 				n.sentinelWoken.Inc()
@@ -429,7 +430,7 @@ func (n *Notifier) resync(ctx context.Context) {
 			return true
 		}
 		req := workflows.DeployRequest{Deployment: d.Spec, Regions: d.Regions, TimeoutSeconds: d.TimeoutSeconds}
-		if _, err := workflows.StartDeploy(ctx, n.o.Ingress, req); err != nil {
+		if _, err := restateingress.StartDeploy(ctx, n.o.Ingress, req); err != nil {
 			n.log.Warn("deploy resync: cannot start the workflow of a pending deployment", "deployment", u.ID, "error", err)
 		}
 		return true

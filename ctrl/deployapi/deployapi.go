@@ -33,6 +33,7 @@ import (
 	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -43,7 +44,7 @@ import (
 // Options configure a Server.
 type Options struct {
 	Store   *store.Store
-	Ingress *workflows.Ingress
+	Ingress *restateingress.Ingress
 	Log     hclog.Logger
 	// DefaultTimeout is deploy.timeout: a deploy's wait when its request
 	// says none (stored with the deployment).
@@ -61,7 +62,7 @@ type Options struct {
 type Server struct {
 	ctrlv1.UnimplementedDeploymentServiceServer
 	store   *store.Store
-	ingress *workflows.Ingress
+	ingress *restateingress.Ingress
 	log     hclog.Logger
 	timeout time.Duration
 	vault   *vault.Source
@@ -199,7 +200,7 @@ func (s *Server) create(ctx context.Context, spec deployspec.Spec, regions []str
 // start starts a deployment's workflow (again: Restate keeps one per id).
 func (s *Server) start(ctx context.Context, req workflows.DeployRequest) error {
 	id := req.Deployment.ID
-	if _, err := workflows.StartDeploy(ctx, s.ingress, req); err != nil {
+	if _, err := restateingress.StartDeploy(ctx, s.ingress, req); err != nil {
 		s.log.Warn("cannot start a deploy workflow", "deployment", id, "error", err)
 		return status.Errorf(codes.Unavailable, "deployment %s is recorded (pending) but its deploy workflow could not be started in Restate (%v); "+
 			"call again with the same idempotency_key, or ctrl starts it by itself within a couple of minutes", id, err)
@@ -485,7 +486,7 @@ func (s *Server) StopDeployment(ctx context.Context, req *ctrlv1.StopDeploymentR
 	if before == store.StatusDeploying || before == store.StatusNetwork {
 		// End the workflow's wait now rather than at its timeout; if this
 		// fails, its next check sees the stopped status anyway.
-		if err := workflows.NotifyDeploy(ctx, s.ingress, d.ID, workflows.Outcome{Result: workflows.ResultStopped}); err != nil {
+		if err := restateingress.NotifyDeploy(ctx, s.ingress, d.ID, workflows.Outcome{Result: workflows.ResultStopped}); err != nil {
 			s.log.Warn("cannot tell a deploy workflow its deployment was stopped", "deployment", d.ID, "error", err)
 		}
 	}

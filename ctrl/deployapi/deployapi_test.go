@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/ctrl/workflows"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -182,7 +182,7 @@ func TestStopDuringDeployEndsTheWorkflowAtOnce(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	res, err := workflows.DeployOutcome(wctx, env.Ingress(t, false), id)
+	res, err := restateingress.DeployOutcome(wctx, env.Ingress(t, false), id)
 	if err != nil || res.Status != "stopped" {
 		t.Fatalf("workflow result %+v, %v; want stopped well before its 600 s timeout", res, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/workflows"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
@@ -32,7 +33,7 @@ func (r *Rollouts) StartRollout(ctx context.Context, req *ctrlv1.StartRolloutReq
 	if err := in.Validate(); err != nil {
 		return nil, err
 	}
-	st, err := workflows.StartRollout(ctx, r.s.ingress, in)
+	st, err := restateingress.StartRollout(ctx, r.s.ingress, in)
 	if err != nil {
 		return nil, restateError(ctx, err, "starting the rollout")
 	}
@@ -42,7 +43,7 @@ func (r *Rollouts) StartRollout(ctx context.Context, req *ctrlv1.StartRolloutReq
 
 // GetRolloutStatus answers at once, even while a wave is in flight.
 func (r *Rollouts) GetRolloutStatus(ctx context.Context, _ *ctrlv1.GetRolloutStatusRequest) (*ctrlv1.RolloutStatus, error) {
-	st, err := workflows.GetRolloutStatus(ctx, r.s.ingress)
+	st, err := restateingress.GetRolloutStatus(ctx, r.s.ingress)
 	if err != nil {
 		return nil, restateError(ctx, err, "reading the rollout")
 	}
@@ -51,7 +52,7 @@ func (r *Rollouts) GetRolloutStatus(ctx context.Context, _ *ctrlv1.GetRolloutSta
 
 // ResumeRollout continues a paused rollout.
 func (r *Rollouts) ResumeRollout(ctx context.Context, req *ctrlv1.ResumeRolloutRequest) (*ctrlv1.RolloutStatus, error) {
-	st, err := workflows.ResumeRollout(ctx, r.s.ingress, workflows.ResumeRequest{RetryFailed: req.GetRetryFailed()})
+	st, err := restateingress.ResumeRollout(ctx, r.s.ingress, workflows.ResumeRequest{RetryFailed: req.GetRetryFailed()})
 	if err != nil {
 		return nil, restateError(ctx, err, "resuming the rollout")
 	}
@@ -61,7 +62,7 @@ func (r *Rollouts) ResumeRollout(ctx context.Context, req *ctrlv1.ResumeRolloutR
 
 // CancelRollout stops a rollout before its next wave.
 func (r *Rollouts) CancelRollout(ctx context.Context, _ *ctrlv1.CancelRolloutRequest) (*ctrlv1.RolloutStatus, error) {
-	st, err := workflows.CancelRollout(ctx, r.s.ingress)
+	st, err := restateingress.CancelRollout(ctx, r.s.ingress)
 	if err != nil {
 		return nil, restateError(ctx, err, "cancelling the rollout")
 	}
@@ -73,7 +74,7 @@ func (r *Rollouts) CancelRollout(ctx context.Context, _ *ctrlv1.CancelRolloutReq
 // previous image and returns once they all answered (the caller's deadline
 // bounds the wait; the rollback goes on without it).
 func (r *Rollouts) RollbackAll(ctx context.Context, _ *ctrlv1.RollbackAllRequest) (*ctrlv1.RollbackAllResponse, error) {
-	st, err := workflows.StartRollbackAll(ctx, r.s.ingress)
+	st, err := restateingress.StartRollbackAll(ctx, r.s.ingress)
 	if err != nil {
 		return nil, restateError(ctx, err, "starting the rollback")
 	}
@@ -85,7 +86,7 @@ func (r *Rollouts) RollbackAll(ctx context.Context, _ *ctrlv1.RollbackAllRequest
 				"the rollback of rollout %s goes on (%d of %d back so far); follow it with GetRolloutStatus", st.Run, st.Reverted, st.RollbackTotal)
 		case <-time.After(rollbackPoll):
 		}
-		if st, err = workflows.GetRolloutStatus(ctx, r.s.ingress); err != nil {
+		if st, err = restateingress.GetRolloutStatus(ctx, r.s.ingress); err != nil {
 			if status.Code(restateError(ctx, err, "")) == codes.Unavailable && ctx.Err() == nil {
 				continue // Restate briefly away: keep waiting
 			}

@@ -18,6 +18,7 @@ import (
 
 	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -31,7 +32,7 @@ type SentinelOptions struct {
 	Store *store.Store
 	// Ingress answers within 30 s; Waiting has no overall timeout (the
 	// caller's deadline bounds it), for deploys that wait minutes.
-	Ingress, Waiting *workflows.Ingress
+	Ingress, Waiting *restateingress.Ingress
 	Log              hclog.Logger
 	// LiveClusterWithin: see Options.
 	LiveClusterWithin time.Duration
@@ -48,7 +49,7 @@ type Sentinels struct {
 	store *store.Store
 	// ingress answers within 30 s; waiting has no overall timeout (the
 	// caller's deadline bounds it) for deploys that wait minutes.
-	ingress, waiting *workflows.Ingress
+	ingress, waiting *restateingress.Ingress
 	log              hclog.Logger
 	live             time.Duration
 	vault            *vault.Source
@@ -103,7 +104,7 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 	if err := checkServed(ctx, s.store, []string{row.Region}, kinds.Sentinel, s.live); err != nil {
 		return nil, err
 	}
-	inv, err := workflows.StartSentinelDeploy(ctx, s.ingress, row.ID, dr)
+	inv, err := restateingress.StartSentinelDeploy(ctx, s.ingress, row.ID, dr)
 	if err != nil {
 		return nil, restateError(ctx, err, "starting the sentinel deploy in Restate")
 	}
@@ -111,7 +112,7 @@ func (s *Sentinels) DeploySentinel(ctx context.Context, req *ctrlv1.DeploySentin
 		"invocation", inv, "by", caller(ctx))
 	resp := &ctrlv1.DeploySentinelResponse{InvocationId: inv}
 	if req.GetWait() {
-		res, err := workflows.SentinelDeployOutcome(ctx, s.waiting, inv)
+		res, err := restateingress.SentinelDeployOutcome(ctx, s.waiting, inv)
 		if err != nil {
 			return nil, restateError(ctx, err, "waiting for the sentinel deploy")
 		}

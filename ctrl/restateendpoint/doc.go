@@ -4,5 +4,7 @@
 // they are set), the request identity keys, and Register, which makes
 // Restate's admin API route ctrl's services to that endpoint (again, with
 // force, only when the handlers differ). The handlers themselves are in
-// ctrl/workflows; ctrl serve and `ctrl restate register` wire the two.
+// ctrl/workflows, and the client ctrl calls them with from outside
+// Restate in ctrl/restateingress; ctrl serve and `ctrl restate register`
+// wire them.
 package restateendpoint

@@ -17,6 +17,7 @@ import (
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/restateendpoint"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
@@ -92,7 +93,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		lis.Close()
 		return nil, err
 	}
-	ingress := workflows.NewIngressClient(cfg.Restate.IngressURL, key)
+	ingress := restateingress.NewIngressClient(cfg.Restate.IngressURL, key)
 	r := &restateStack{
 		endpoint: endpoint, lis: lis, url: url, registered: make(chan struct{}),
 		notifier: background.NewNotifier(background.NotifierOptions{
@@ -106,7 +107,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	// the ClusterService.
 	deployapi.New(deployapi.Options{Store: st, Ingress: ingress, Log: log, DefaultTimeout: cfg.Deploy.Timeout, Vault: keys,
 		LiveClusterWithin: cfg.Deploy.LiveClusterWithin}).Register(gs)
-	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: workflows.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log,
+	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: restateingress.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log,
 		LiveClusterWithin: cfg.Deploy.LiveClusterWithin, Vault: keys}).Register(gs)
 
 	r.wg.Go(func() {

@@ -16,6 +16,7 @@ import (
 
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -204,7 +205,7 @@ var crashScenarios = []scenario{
 			r.t.Fatal(err)
 		}
 		spec.Replicas = 0
-		if _, err := workflows.StartDeploy(context.Background(), r.env.Ingress(r.t, false), workflows.DeployRequest{Deployment: spec}); err != nil {
+		if _, err := restateingress.StartDeploy(context.Background(), r.env.Ingress(r.t, false), workflows.DeployRequest{Deployment: spec}); err != nil {
 			r.t.Fatal(err)
 		}
 		return r.deployResult(id)
@@ -222,7 +223,7 @@ var crashScenarios = []scenario{
 		r.slack = newSlackSink(r.t)
 		ctx := context.Background()
 		// One sentinel per wave: the waves' versions come in one order.
-		st, err := workflows.StartRollout(ctx, r.env.Ingress(r.t, false), workflows.RolloutRequest{Image: imgV2, WavePercentages: []int32{50, 100},
+		st, err := restateingress.StartRollout(ctx, r.env.Ingress(r.t, false), workflows.RolloutRequest{Image: imgV2, WavePercentages: []int32{50, 100},
 			SlackWebhookURL: r.slack.srv.URL, DeployTimeoutSeconds: 60})
 		if err != nil {
 			r.t.Fatal(err)
@@ -233,7 +234,7 @@ var crashScenarios = []scenario{
 				r.t.Fatalf("rollout %s after 120s: %s", st.State, st.Message)
 			}
 			time.Sleep(50 * time.Millisecond)
-			if st, err = workflows.GetRolloutStatus(ctx, r.env.Ingress(r.t, false)); err != nil {
+			if st, err = restateingress.GetRolloutStatus(ctx, r.env.Ingress(r.t, false)); err != nil {
 				r.t.Fatal(err)
 			}
 		}
@@ -274,7 +275,7 @@ func (r *crashRun) deployResult(id string) any {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	res, err := workflows.DeployOutcome(ctx, r.env.Ingress(r.t, true), id)
+	res, err := restateingress.DeployOutcome(ctx, r.env.Ingress(r.t, true), id)
 	if err != nil {
 		if ctx.Err() != nil {
 			r.t.Fatalf("deploy %s did not end in 120s", id)
@@ -297,11 +298,11 @@ func (r *crashRun) sentinelDeploy(id string, timeout int32) any {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	inv, err := workflows.StartSentinelDeploy(ctx, r.env.Ingress(r.t, false), id, workflows.SentinelDeployRequest{Image: imgV2, TimeoutSeconds: timeout})
+	inv, err := restateingress.StartSentinelDeploy(ctx, r.env.Ingress(r.t, false), id, workflows.SentinelDeployRequest{Image: imgV2, TimeoutSeconds: timeout})
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	res, err := workflows.SentinelDeployOutcome(ctx, r.env.Ingress(r.t, true), inv)
+	res, err := restateingress.SentinelDeployOutcome(ctx, r.env.Ingress(r.t, true), inv)
 	if err != nil {
 		r.t.Fatalf("sentinel deploy: %v", err)
 	}

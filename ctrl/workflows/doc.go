@@ -1,9 +1,9 @@
 // Package workflows is ctrl's durable side, run by Restate: the handlers
 // of the VersioningService, the DeployWorkflow, the SentinelService, the
-// SentinelRolloutService and its worker, and CtrlIngress, and the signed
-// ingress client ctrl calls them with. The rest lives by concern: the
-// endpoint Restate calls them on and its registration in
-// ctrl/restateendpoint, the loops Restate does not run (the Notifier that
+// SentinelRolloutService and its worker, and CtrlIngress. The rest lives
+// by concern: the endpoint Restate calls them on and its registration in
+// ctrl/restateendpoint, the signed ingress client ctrl calls them with in
+// ctrl/restateingress, the loops Restate does not run (the Notifier that
 // wakes deploys when clusters report, the sentinel sweeper) in
 // ctrl/background, and the rules the handlers apply (when a deploy is
 // decided, how a rollout cuts its waves, when a sentinel has converged) in

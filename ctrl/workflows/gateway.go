@@ -43,8 +43,9 @@ const signatureMaxAge = 5 * time.Minute
 // gatewayVerify is CtrlIngress's one step: the signature check.
 var gatewayVerify = newStep(GatewayName, "verify")
 
-// gatewayCall asks CtrlIngress to call a private handler.
-type gatewayCall struct {
+// GatewayCall asks CtrlIngress to call a private handler: the body of
+// CtrlIngress.Call, which ctrl/restateingress signs and sends.
+type GatewayCall struct {
 	Service string `json:"service"`
 	Key     string `json:"key,omitempty"`
 	Handler string `json:"handler"`
@@ -60,9 +61,9 @@ type gatewayCall struct {
 	Nonce string `json:"nonce"`
 }
 
-// gatewayResult is CtrlIngress.Call's answer: the id of the invocation it
+// GatewayResult is CtrlIngress.Call's answer: the id of the invocation it
 // started.
-type gatewayResult struct {
+type GatewayResult struct {
 	InvocationID string `json:"invocation_id"`
 }
 
@@ -78,8 +79,8 @@ var gatewayRoutes = map[string]struct {
 	VersioningServiceName: {"object", []string{"Stamp"}},
 }
 
-// signBody is the signature header's value for a Call body.
-func signBody(key, body []byte) string {
+// SignBody is the signature header's value for a Call body.
+func SignBody(key, body []byte) string {
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
 	return "v1=" + hex.EncodeToString(m.Sum(nil))
@@ -105,7 +106,7 @@ func NewGateway(d Deps) restate.ServiceDefinition {
 // verify checks a Call's signature, age and nonce. It runs in a step: its
 // answer is journaled, so a later retry of the invocation reuses it (and
 // a retry of the step itself finds the nonce used by its own invocation).
-func (g *gateway) verify(rc restate.RunContext, in gatewayCall) (string, error) {
+func (g *gateway) verify(rc restate.RunContext, in GatewayCall) (string, error) {
 	if refused := g.checkSignature(rc, in); refused != "" {
 		return refused, nil
 	}
@@ -123,7 +124,7 @@ func (g *gateway) verify(rc restate.RunContext, in gatewayCall) (string, error) 
 }
 
 // checkSignature checks a Call's signature and age.
-func (g *gateway) checkSignature(rc restate.RunContext, in gatewayCall) string {
+func (g *gateway) checkSignature(rc restate.RunContext, in GatewayCall) string {
 	if len(g.key) == 0 {
 		return "this ctrl has no ingress key"
 	}
@@ -136,7 +137,7 @@ func (g *gateway) checkSignature(rc restate.RunContext, in gatewayCall) string {
 	if sig == "" {
 		return "the call carries no " + SignatureHeader + " header"
 	}
-	if !hmac.Equal([]byte(sig), []byte(signBody(g.key, rc.Request().Body))) {
+	if !hmac.Equal([]byte(sig), []byte(SignBody(g.key, rc.Request().Body))) {
 		return "its signature does not match"
 	}
 	if age := time.Since(time.UnixMilli(in.At)); age > signatureMaxAge || age < -signatureMaxAge {
@@ -146,18 +147,18 @@ func (g *gateway) checkSignature(rc restate.RunContext, in gatewayCall) string {
 }
 
 // call starts the invocation of the private handler a signed call names.
-func (g *gateway) call(ctx restate.Context, in gatewayCall) (gatewayResult, error) {
+func (g *gateway) call(ctx restate.Context, in GatewayCall) (GatewayResult, error) {
 	refused, err := runStep(ctx, g.hooks, gatewayVerify, func(rc restate.RunContext) (string, error) { return g.verify(rc, in) })
 	if err != nil {
-		return gatewayResult{}, err
+		return GatewayResult{}, err
 	}
 	if refused != "" {
-		return gatewayResult{}, restate.ToTerminalError(fmt.Errorf("%s.Call refused: %s: only ctrl calls ctrl's services", GatewayName, refused),
+		return GatewayResult{}, restate.ToTerminalError(fmt.Errorf("%s.Call refused: %s: only ctrl calls ctrl's services", GatewayName, refused),
 			restate.WithErrorCode(codeUnauthorized))
 	}
 	route, ok := gatewayRoutes[in.Service]
 	if !ok || !slices.Contains(route.handlers, in.Handler) {
-		return gatewayResult{}, restate.ToTerminalError(fmt.Errorf("%s.Call: %s/%s is not a handler ctrl calls from outside Restate", GatewayName, in.Service, in.Handler),
+		return GatewayResult{}, restate.ToTerminalError(fmt.Errorf("%s.Call: %s/%s is not a handler ctrl calls from outside Restate", GatewayName, in.Service, in.Handler),
 			restate.WithErrorCode(codeInvalid))
 	}
 	input := any(in.Input)
@@ -175,5 +176,5 @@ func (g *gateway) call(ctx restate.Context, in gatewayCall) (gatewayResult, erro
 	default:
 		inv = restate.ObjectSend(ctx, in.Service, in.Key, in.Handler).Send(input, opts...)
 	}
-	return gatewayResult{InvocationID: inv.GetInvocationId()}, nil
+	return GatewayResult{InvocationID: inv.GetInvocationId()}, nil
 }

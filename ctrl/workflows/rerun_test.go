@@ -13,6 +13,7 @@ import (
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -96,7 +97,7 @@ func deployResult(t *testing.T, env *ctrltest.Env, id string) workflows.DeployRe
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	res, err := workflows.DeployOutcome(ctx, env.Ingress(t, true), id)
+	res, err := restateingress.DeployOutcome(ctx, env.Ingress(t, true), id)
 	if err != nil {
 		t.Fatalf("the result of deploy %s: %v", id, err)
 	}
@@ -137,11 +138,11 @@ func TestSentinelWriteStepRunTwiceReportsTheChange(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c := env.Ingress(t, true)
-	inv, err := workflows.StartSentinelDeploy(ctx, c, id, workflows.SentinelDeployRequest{Image: "registry.test/sentinel:2", TimeoutSeconds: 60})
+	inv, err := restateingress.StartSentinelDeploy(ctx, c, id, workflows.SentinelDeployRequest{Image: "registry.test/sentinel:2", TimeoutSeconds: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := workflows.SentinelDeployOutcome(ctx, c, inv)
+	res, err := restateingress.SentinelDeployOutcome(ctx, c, inv)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
@@ -144,7 +145,7 @@ func TestSentinelDeploy(t *testing.T) {
 	wait(t, "the cluster to receive the new version", 10*time.Second, func() bool { got, _, _ := eu.Latest(ids[2]); return got == v })
 	begin = time.Now()
 	eu.ReportApplyError(t, ids[2], "image", "the registry refuses this image", true)
-	out, err := workflows.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
+	out, err := restateingress.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
 	if err != nil || out.Status != "failed" || !strings.Contains(out.Message, "image: the registry refuses this image (cluster eu-1 could not apply version") {
 		t.Fatalf("deploy with a permanent apply error: %+v, %v", out, err)
 	}
@@ -193,12 +194,12 @@ func TestSentinelDeploy(t *testing.T) {
 		id   string
 		code int
 	}{{"sen-deleted", 404}} {
-		inv, err := workflows.StartSentinelDeploy(ctx, ing, c.id, workflows.SentinelDeployRequest{Image: imgV3})
+		inv, err := restateingress.StartSentinelDeploy(ctx, ing, c.id, workflows.SentinelDeployRequest{Image: imgV3})
 		if err != nil {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = workflows.SentinelDeployOutcome(wctx, ing, inv)
+		_, err = restateingress.SentinelDeployOutcome(wctx, ing, inv)
 		cancel()
 		if te := restate.AsTerminalError(err); te == nil || int(te.Code()) != c.code {
 			t.Fatalf("Deploy of %s: %v, want a terminal error %d", c.id, err, c.code)
@@ -325,7 +326,7 @@ func TestSentinelDeployCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	_, err = workflows.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
+	_, err = restateingress.SentinelDeployOutcome(ctx, env.Ingress(t, true), resp.GetInvocationId())
 	if te := restate.AsTerminalError(err); te == nil || te.Code() != 409 {
 		t.Fatalf("cancelled deploy: %v, want Restate's cancellation", err)
 	}

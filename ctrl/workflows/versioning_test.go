@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 )
@@ -39,7 +40,7 @@ func insertRows(t *testing.T, db *sql.DB, kind string, n int) []workflows.Ref {
 
 // stampAll stamps batches concurrently (one call per batch) and returns
 // every version handed out.
-func stampAll(t *testing.T, c *workflows.Ingress, batches [][]workflows.Ref) ([]uint64, time.Duration) {
+func stampAll(t *testing.T, c *restateingress.Ingress, batches [][]workflows.Ref) ([]uint64, time.Duration) {
 	t.Helper()
 	var (
 		mu       sync.Mutex
@@ -50,7 +51,7 @@ func stampAll(t *testing.T, c *workflows.Ingress, batches [][]workflows.Ref) ([]
 	begin := time.Now()
 	for _, batch := range batches {
 		wg.Go(func() {
-			resp, err := workflows.Stamp(context.Background(), c, batch, "")
+			resp, err := restateingress.Stamp(context.Background(), c, batch, "")
 			if err != nil {
 				errs <- err
 				return
@@ -167,11 +168,11 @@ func TestVersioningServiceIdempotencyKeyReturnsTheSameVersions(t *testing.T) {
 	refs := insertRows(t, w.env.Store.DB(), "test.idem", 3)
 	c := w.env.Ingress(t, false)
 	ctx := context.Background()
-	a, err := workflows.Stamp(ctx, c, refs, "idem-"+t.Name())
+	a, err := restateingress.Stamp(ctx, c, refs, "idem-"+t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := workflows.Stamp(ctx, c, refs, "idem-"+t.Name())
+	b, err := restateingress.Stamp(ctx, c, refs, "idem-"+t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,11 +188,11 @@ func TestVersioningServiceIdempotencyKeyReturnsTheSameVersions(t *testing.T) {
 	}
 
 	// Bad input is a terminal error naming the problem, not a retry loop.
-	_, err = workflows.Stamp(ctx, c, []workflows.Ref{{Kind: "test.idem", Region: "eu", ID: "missing"}}, "")
+	_, err = restateingress.Stamp(ctx, c, []workflows.Ref{{Kind: "test.idem", Region: "eu", ID: "missing"}}, "")
 	if err == nil || !strings.Contains(err.Error(), "no such row") {
 		t.Fatalf("stamping a missing row: %v, want a terminal 'no such row' error", err)
 	}
-	_, err = workflows.Stamp(ctx, c, []workflows.Ref{refs[0], refs[0]}, "")
+	_, err = restateingress.Stamp(ctx, c, []workflows.Ref{refs[0], refs[0]}, "")
 	if err == nil || !strings.Contains(err.Error(), "listed twice") {
 		t.Fatalf("stamping a ref twice: %v, want a terminal 'listed twice' error", err)
 	}

@@ -11,6 +11,7 @@ import (
 	restate "github.com/restatedev/sdk-go"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -71,7 +72,7 @@ func (h *versioningHold) holdAsync(t *testing.T, env *ctrltest.Env) chan struct{
 		defer close(done)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		_, _ = workflows.Stamp(ctx, c, []workflows.Ref{{Kind: holdKind, Region: "nowhere", ID: "h1"}}, "")
+		_, _ = restateingress.Stamp(ctx, c, []workflows.Ref{{Kind: holdKind, Region: "nowhere", ID: "h1"}}, "")
 	}()
 	select {
 	case <-h.held:

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
 )
@@ -21,7 +22,7 @@ func Versions(ctx context.Context, e *Env) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := workflows.NewIngressClient(e.St.Restate.IngressURL(), key)
+	c := restateingress.NewIngressClient(e.St.Restate.IngressURL(), key)
 	stamp := func(batches [][]workflows.Ref) (float64, error) {
 		var wg sync.WaitGroup
 		errs := make(chan error, len(batches))
@@ -30,7 +31,7 @@ func Versions(ctx context.Context, e *Env) ([]Figure, error) {
 		for _, b := range batches {
 			n += len(b)
 			wg.Go(func() {
-				if _, err := workflows.Stamp(ctx, c, b, ""); err != nil {
+				if _, err := restateingress.Stamp(ctx, c, b, ""); err != nil {
 					errs <- err
 				}
 			})

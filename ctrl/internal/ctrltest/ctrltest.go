@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"krane.dev/ctrl/auth"
+	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -113,16 +113,16 @@ func Start(t testing.TB, o Options) *Env {
 
 // Ingress is a client of Restate's ingress that calls ctrl's services the
 // way ctrl does (signed with its key); waiting: without an overall timeout.
-func (e *Env) Ingress(t testing.TB, waiting bool) *workflows.Ingress {
+func (e *Env) Ingress(t testing.TB, waiting bool) *restateingress.Ingress {
 	t.Helper()
 	key, err := e.Store.CtrlKey(context.Background(), store.RestateIngressKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if waiting {
-		return workflows.NewWaitingIngressClient(e.Restate.IngressURL(), key)
+		return restateingress.NewWaitingIngressClient(e.Restate.IngressURL(), key)
 	}
-	return workflows.NewIngressClient(e.Restate.IngressURL(), key)
+	return restateingress.NewIngressClient(e.Restate.IngressURL(), key)
 }
 
 // ClusterToken registers a cluster and returns its token.

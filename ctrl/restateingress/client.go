@@ -1,4 +1,4 @@
-package workflows
+package restateingress
 
 import (
 	"context"
@@ -13,11 +13,13 @@ import (
 
 	restate "github.com/restatedev/sdk-go"
 	"github.com/restatedev/sdk-go/ingress"
+
+	"krane.dev/ctrl/workflows"
 )
 
 // Ingress is ctrl's client of Restate's ingress. Calls of ctrl's services
 // go through the CtrlIngress gateway, signed with the ingress key (see
-// GatewayName); attaching to an invocation, to read its result, goes to the
+// workflows.GatewayName); attaching to an invocation, to read its result, goes to the
 // ingress directly.
 type Ingress struct {
 	c   *ingress.Client
@@ -76,7 +78,7 @@ func (c *Ingress) call(ctx context.Context, service, key, handler string, input 
 // start has CtrlIngress.Call start a private handler's invocation, signed,
 // and returns its id.
 func (c *Ingress) start(ctx context.Context, service, key, handler string, input any, idempotencyKey string) (string, error) {
-	gc := gatewayCall{Service: service, Key: key, Handler: handler, IdempotencyKey: idempotencyKey, At: time.Now().UnixMilli(), Nonce: newNonce()}
+	gc := workflows.GatewayCall{Service: service, Key: key, Handler: handler, IdempotencyKey: idempotencyKey, At: time.Now().UnixMilli(), Nonce: newNonce()}
 	if input != nil {
 		raw, err := json.Marshal(input)
 		if err != nil {
@@ -88,8 +90,8 @@ func (c *Ingress) start(ctx context.Context, service, key, handler string, input
 	if err != nil {
 		return "", err
 	}
-	res, err := ingress.Service[json.RawMessage, gatewayResult](c.c, GatewayName, "Call").
-		Request(ctx, json.RawMessage(body), restate.WithHeaders(map[string]string{SignatureHeader: signBody(c.key, body)}))
+	res, err := ingress.Service[json.RawMessage, workflows.GatewayResult](c.c, workflows.GatewayName, "Call").
+		Request(ctx, json.RawMessage(body), restate.WithHeaders(map[string]string{workflows.SignatureHeader: workflows.SignBody(c.key, body)}))
 	return res.InvocationID, err
 }
 
@@ -120,87 +122,87 @@ func (c *Ingress) attach(ctx context.Context, id string) (json.RawMessage, error
 // StartDeploy starts the deploy workflow of req.Deployment.ID and returns
 // its invocation id. Starting it again is harmless: Restate answers with the
 // invocation it already has for that workflow id.
-func StartDeploy(ctx context.Context, c *Ingress, req DeployRequest) (string, error) {
-	return c.call(ctx, DeployWorkflowName, req.Deployment.ID, "Run", req, "", true, nil)
+func StartDeploy(ctx context.Context, c *Ingress, req workflows.DeployRequest) (string, error) {
+	return c.call(ctx, workflows.DeployWorkflowName, req.Deployment.ID, "Run", req, "", true, nil)
 }
 
 // DeployOutcome waits for a deploy workflow's result.
-func DeployOutcome(ctx context.Context, c *Ingress, deploymentID string) (DeployResult, error) {
-	return ingress.WorkflowHandle[DeployResult](c.c, DeployWorkflowName, deploymentID).Attach(ctx)
+func DeployOutcome(ctx context.Context, c *Ingress, deploymentID string) (workflows.DeployResult, error) {
+	return ingress.WorkflowHandle[workflows.DeployResult](c.c, workflows.DeployWorkflowName, deploymentID).Attach(ctx)
 }
 
 // NotifyDeploy hands a decided outcome to a deploy workflow.
-func NotifyDeploy(ctx context.Context, c *Ingress, deploymentID string, o Outcome) error {
-	_, err := c.call(ctx, DeployWorkflowName, deploymentID, "Notify", o, "", true, nil)
+func NotifyDeploy(ctx context.Context, c *Ingress, deploymentID string, o workflows.Outcome) error {
+	_, err := c.call(ctx, workflows.DeployWorkflowName, deploymentID, "Notify", o, "", true, nil)
 	return err
 }
 
 // Stamp calls VersioningService.Stamp from outside Restate. A retry with
 // the same idempotency key returns the same versions; without a key, every
 // call stamps anew.
-func Stamp(ctx context.Context, c *Ingress, refs []Ref, idempotencyKey string) (StampResponse, error) {
-	var resp StampResponse
-	_, err := c.call(ctx, VersioningServiceName, VersioningKey, "Stamp", StampRequest{Refs: refs}, idempotencyKey, false, &resp)
+func Stamp(ctx context.Context, c *Ingress, refs []workflows.Ref, idempotencyKey string) (workflows.StampResponse, error) {
+	var resp workflows.StampResponse
+	_, err := c.call(ctx, workflows.VersioningServiceName, workflows.VersioningKey, "Stamp", workflows.StampRequest{Refs: refs}, idempotencyKey, false, &resp)
 	return resp, err
 }
 
 // StartSentinelDeploy starts SentinelService.Deploy on a sentinel and
 // returns its invocation id (which becomes the row's deploy_request).
 // Deploys of one sentinel run one after another.
-func StartSentinelDeploy(ctx context.Context, c *Ingress, id string, req SentinelDeployRequest) (string, error) {
-	return c.call(ctx, SentinelServiceName, id, "Deploy", req, "", true, nil)
+func StartSentinelDeploy(ctx context.Context, c *Ingress, id string, req workflows.SentinelDeployRequest) (string, error) {
+	return c.call(ctx, workflows.SentinelServiceName, id, "Deploy", req, "", true, nil)
 }
 
 // SentinelDeployOutcome waits for a sentinel deploy started with
 // StartSentinelDeploy. Use a client without an overall timeout (and a
 // deadline on ctx): a deploy may wait for its cluster for minutes.
-func SentinelDeployOutcome(ctx context.Context, c *Ingress, invocationID string) (SentinelDeployResult, error) {
-	return ingress.InvocationById[SentinelDeployResult](c.c, invocationID).Attach(ctx)
+func SentinelDeployOutcome(ctx context.Context, c *Ingress, invocationID string) (workflows.SentinelDeployResult, error) {
+	return ingress.InvocationById[workflows.SentinelDeployResult](c.c, invocationID).Attach(ctx)
 }
 
 // NotifySentinel hands a decided outcome to the sentinel's deploy that
 // owns n.Request.
-func NotifySentinel(ctx context.Context, c *Ingress, id string, n SentinelNotice) (NotifyResult, error) {
+func NotifySentinel(ctx context.Context, c *Ingress, id string, n workflows.SentinelNotice) (workflows.NotifyResult, error) {
 	handler := "NotifyReady"
-	if n.Result != ResultReady {
+	if n.Result != workflows.ResultReady {
 		handler = "NotifyFailed"
 	}
-	var res NotifyResult
-	_, err := c.call(ctx, SentinelServiceName, id, handler, n, "", false, &res)
+	var res workflows.NotifyResult
+	_, err := c.call(ctx, workflows.SentinelServiceName, id, handler, n, "", false, &res)
 	return res, err
 }
 
 // StartRollout calls SentinelRolloutService.Rollout.
-func StartRollout(ctx context.Context, c *Ingress, req RolloutRequest) (RolloutStatus, error) {
+func StartRollout(ctx context.Context, c *Ingress, req workflows.RolloutRequest) (workflows.RolloutStatus, error) {
 	return c.rollout(ctx, "Rollout", req)
 }
 
 // GetRolloutStatus calls SentinelRolloutService.Status (a shared handler:
 // it answers while a wave is in flight).
-func GetRolloutStatus(ctx context.Context, c *Ingress) (RolloutStatus, error) {
+func GetRolloutStatus(ctx context.Context, c *Ingress) (workflows.RolloutStatus, error) {
 	return c.rollout(ctx, "Status", nil)
 }
 
 // ResumeRollout calls SentinelRolloutService.Resume.
-func ResumeRollout(ctx context.Context, c *Ingress, req ResumeRequest) (RolloutStatus, error) {
+func ResumeRollout(ctx context.Context, c *Ingress, req workflows.ResumeRequest) (workflows.RolloutStatus, error) {
 	return c.rollout(ctx, "Resume", req)
 }
 
 // CancelRollout calls SentinelRolloutService.Cancel.
-func CancelRollout(ctx context.Context, c *Ingress) (RolloutStatus, error) {
+func CancelRollout(ctx context.Context, c *Ingress) (workflows.RolloutStatus, error) {
 	return c.rollout(ctx, "Cancel", nil)
 }
 
 // StartRollbackAll calls SentinelRolloutService.RollbackAll, which returns
 // once the reverts are sent (state rolling_back); Status says when they are
 // done.
-func StartRollbackAll(ctx context.Context, c *Ingress) (RolloutStatus, error) {
+func StartRollbackAll(ctx context.Context, c *Ingress) (workflows.RolloutStatus, error) {
 	return c.rollout(ctx, "RollbackAll", nil)
 }
 
-func (c *Ingress) rollout(ctx context.Context, handler string, input any) (RolloutStatus, error) {
-	var st RolloutStatus
-	_, err := c.call(ctx, RolloutServiceName, RolloutKey, handler, input, "", false, &st)
+func (c *Ingress) rollout(ctx context.Context, handler string, input any) (workflows.RolloutStatus, error) {
+	var st workflows.RolloutStatus
+	_, err := c.call(ctx, workflows.RolloutServiceName, workflows.RolloutKey, handler, input, "", false, &st)
 	return st, err
 }
 
