@@ -17,9 +17,9 @@ import (
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/ctrl/workflows"
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
@@ -159,7 +159,7 @@ func TestSentinelRolloutOnRealCluster(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if !workflows.SentinelConverged(r) {
+		if !rules.SentinelConverged(r) {
 			return fmt.Errorf("health %s (%s), running %q, version %d reported %d", r.Health, r.HealthReason, r.RunningImage, r.Version, r.ReportObservedVersion)
 		}
 		return nil
