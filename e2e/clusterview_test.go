@@ -12,7 +12,7 @@ import (
 	"krane.dev/internal/stack"
 )
 
-// fleetDoc is what `ctrl cluster list -o json` prints, as far as these
+// fleetDoc is what `ctrl admin cluster list -o json` prints, as far as these
 // tests read it.
 type fleetDoc struct {
 	Clusters []struct {
@@ -38,10 +38,10 @@ type fleetDoc struct {
 
 func clusterList(t *testing.T, st *stack.Stack) fleetDoc {
 	t.Helper()
-	code, out, errOut := ctrlRun(t, st, "", "cluster", "list", "-o", "json")
+	code, out, errOut := ctrlRun(t, st, "", "admin", "cluster", "list", "-o", "json")
 	var doc fleetDoc
 	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil {
-		t.Fatalf("ctrl cluster list -o json: exit %d, %v\n%s%s", code, err, out, errOut)
+		t.Fatalf("ctrl admin cluster list -o json: exit %d, %v\n%s%s", code, err, out, errOut)
 	}
 	return doc
 }
@@ -68,7 +68,7 @@ func (d fleetDoc) running(cluster string) ([]string, error) {
 	return nil, fmt.Errorf("no cluster %s listed", cluster)
 }
 
-// TestClusterListAndFailFastDeploy: `ctrl cluster list` shows both demo
+// TestClusterListAndFailFastDeploy: `ctrl admin cluster list` shows both demo
 // clusters with their controllers (versions, kinds, running) and, per
 // built-in kind, the cursor and lag in versions and time. With the
 // deployment controller disabled in local-b's krane.hcl, a deploy to
@@ -101,12 +101,12 @@ func TestClusterListAndFailFastDeploy(t *testing.T) {
 		}
 		return nil
 	})
-	code, out, errOut := ctrlRun(t, st, "", "cluster", "list")
+	code, out, errOut := ctrlRun(t, st, "", "admin", "cluster", "list")
 	if code != 0 || !strings.Contains(out, "LAG AGE") || !strings.Contains(out, "local-a-1") || !strings.Contains(out, "local-b-1") ||
 		!strings.Contains(out, "deployment") {
-		t.Fatalf("ctrl cluster list: exit %d\n%s%s", code, out, errOut)
+		t.Fatalf("ctrl admin cluster list: exit %d\n%s%s", code, out, errOut)
 	}
-	t.Logf("ctrl cluster list:\n%s", out)
+	t.Logf("ctrl admin cluster list:\n%s", out)
 
 	// Disable the deployment controller in local-b.
 	const region = "local-b"

@@ -266,9 +266,9 @@ func (e *streamEnded) status() error {
 // renewHint says how the holder of a refused token gets a valid one.
 func renewHint(id Identity) string {
 	if id.Kind == store.ClusterToken {
-		return fmt.Sprintf("this cluster needs a new token (an operator runs `ctrl cluster register --region %s --cluster %s` and puts it in krane's configuration)", id.Region, id.ClusterID)
+		return fmt.Sprintf("this cluster needs a new token (an operator runs `ctrl admin cluster register --region %s --cluster %s` and puts it in krane's configuration)", id.Region, id.ClusterID)
 	}
-	return "ask an operator for a new token (`ctrl token create-operator --name NAME`)"
+	return "ask an operator for a new token (`ctrl admin token create-operator --name NAME`)"
 }
 
 // StreamInterceptor authenticates streams and keeps them in the registry
@@ -413,7 +413,7 @@ func (a *Authenticator) OpenStreams(id string) int {
 }
 
 // WatchRevocations closes the open streams of tokens revoked anywhere (by
-// `ctrl token revoke`, `ctrl cluster revoke`, another ctrl) until ctx ends:
+// `ctrl admin token revoke`, `ctrl admin cluster revoke`, another ctrl) until ctx ends:
 // every RevocationPollInterval it reads the tokens revoked since shortly
 // before its last successful read (one indexed range scan, usually empty),
 // and every RecheckInterval it checks the tokens of all open streams again.
@@ -611,9 +611,9 @@ func (a *Authenticator) authenticate(ctx context.Context, method string) (contex
 	}
 	switch {
 	case sc == scopeCluster && tok.Kind != store.ClusterToken:
-		return nil, nil, a.deny(ctx, method, codes.PermissionDenied, tok.ID, "the ClusterService needs a cluster token (`ctrl cluster register`); this is an operator token")
+		return nil, nil, a.deny(ctx, method, codes.PermissionDenied, tok.ID, "the ClusterService needs a cluster token (`ctrl admin cluster register`); this is an operator token")
 	case sc == scopeOperator && tok.Kind != store.OperatorToken:
-		return nil, nil, a.deny(ctx, method, codes.PermissionDenied, tok.ID, "this API needs an operator token (`ctrl token create-operator`); cluster tokens may only call the ClusterService")
+		return nil, nil, a.deny(ctx, method, codes.PermissionDenied, tok.ID, "this API needs an operator token (`ctrl admin token create-operator`); cluster tokens may only call the ClusterService")
 	}
 	if tok.Kind == store.ClusterToken {
 		if r := first(md, RegionHeader); r != "" && r != tok.Region {

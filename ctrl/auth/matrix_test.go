@@ -446,18 +446,18 @@ func TestRevocationAndExpiryEndOpenStreams(t *testing.T) {
 		t.Fatal("no authenticator")
 	}
 
-	t.Run("ctrl token revoke", func(t *testing.T) {
+	t.Run("ctrl admin token revoke", func(t *testing.T) {
 		token := a.ClusterToken(t, "eu", "eu-1")
 		other := a.ClusterToken(t, "eu", "eu-1") // same cluster, not revoked
 		p, _ := auth.Parse(token)
 		onA, onB, untouched := openWatch(t, a, token), openWatch(t, b, token), openWatch(t, b, other)
-		out := run(t, "token", "revoke", p.ID, "--db-dsn", a.DSN)
+		out := run(t, "admin", "token", "revoke", p.ID, "--db-dsn", a.DSN)
 		committed := time.Now()
 		if !strings.Contains(out, "revoked cluster token "+p.ID) {
-			t.Fatalf("ctrl token revoke printed %q", out)
+			t.Fatalf("ctrl admin token revoke printed %q", out)
 		}
 		endA, endB := onA.ended(t, 5*time.Second, "was revoked"), onB.ended(t, 5*time.Second, "was revoked")
-		t.Logf("`ctrl token revoke` ended the open streams %s (ctrl A) and %s (ctrl B) after it returned",
+		t.Logf("`ctrl admin token revoke` ended the open streams %s (ctrl A) and %s (ctrl B) after it returned",
 			endA.Sub(committed).Round(time.Millisecond), endB.Sub(committed).Round(time.Millisecond))
 		for _, d := range []time.Duration{endA.Sub(committed), endB.Sub(committed)} {
 			if d > revocationBound {
@@ -473,13 +473,13 @@ func TestRevocationAndExpiryEndOpenStreams(t *testing.T) {
 		}
 	})
 
-	t.Run("ctrl cluster revoke", func(t *testing.T) {
+	t.Run("ctrl admin cluster revoke", func(t *testing.T) {
 		t1, t2 := a.ClusterToken(t, "us", "us-1"), a.ClusterToken(t, "us", "us-1")
 		w1, w2 := openWatch(t, a, t1), openWatch(t, b, t2)
-		run(t, "cluster", "revoke", "--cluster", "us-1", "--db-dsn", a.DSN)
+		run(t, "admin", "cluster", "revoke", "--cluster", "us-1", "--db-dsn", a.DSN)
 		committed := time.Now()
 		e1, e2 := w1.ended(t, 5*time.Second, "was revoked"), w2.ended(t, 5*time.Second, "was revoked")
-		t.Logf("`ctrl cluster revoke` ended the cluster's streams %s and %s after it returned",
+		t.Logf("`ctrl admin cluster revoke` ended the cluster's streams %s and %s after it returned",
 			e1.Sub(committed).Round(time.Millisecond), e2.Sub(committed).Round(time.Millisecond))
 		if d := max(e1.Sub(committed), e2.Sub(committed)); d > revocationBound {
 			t.Errorf("a stream ended %s after the revocation, want within %s", d, revocationBound)
@@ -536,7 +536,7 @@ func TestRevocationAndExpiryEndOpenStreams(t *testing.T) {
 			}
 		}
 		_, err = a.Cluster(t, token).Heartbeat(ctx, &clusterv1.HeartbeatRequest{})
-		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired at") || !strings.Contains(err.Error(), "ctrl cluster register --region sa --cluster sa-1") {
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired at") || !strings.Contains(err.Error(), "ctrl admin cluster register --region sa --cluster sa-1") {
 			t.Errorf("a call with the expired token: %v; want Unauthenticated saying it expired and how to get a new one", err)
 		}
 	})

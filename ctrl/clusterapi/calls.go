@@ -89,7 +89,7 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 	case err != nil:
 		return nil, fmt.Errorf("recording the heartbeat failed: %w", err)
 	case errors.Is(errs[0], store.ErrNotFound):
-		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl cluster register`)", who.ClusterID, who.Region)
+		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl admin cluster register`)", who.ClusterID, who.Region)
 	case errs[0] != nil:
 		return nil, fmt.Errorf("recording the heartbeat failed: %w", errs[0])
 	}

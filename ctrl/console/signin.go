@@ -70,11 +70,11 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusUnauthorized, "refused", "Enter an operator token.")
 		return
 	case !ok:
-		refuse(http.StatusUnauthorized, "refused", "That is not a Krane token: an operator token looks like krane_o_… (`ctrl token create-operator --name NAME` prints one).")
+		refuse(http.StatusUnauthorized, "refused", "That is not a Krane token: an operator token looks like krane_o_… (`ctrl admin token create-operator --name NAME` prints one).")
 		return
 	case !operator:
 		c.log.Info("refused a console sign-in with a cluster token", "token_id", id, "remote", r.RemoteAddr)
-		refuse(http.StatusForbidden, "refused", "That is a cluster token: it may only be used by a cluster's krane, never to sign in. Use an operator token (`ctrl token create-operator --name NAME`).")
+		refuse(http.StatusForbidden, "refused", "That is a cluster token: it may only be used by a cluster's krane, never to sign in. Use an operator token (`ctrl admin token create-operator --name NAME`).")
 		return
 	}
 	ctx, cancel := context.WithTimeout(metadata.NewOutgoingContext(r.Context(), metadata.Pairs("authorization", "Bearer "+token)), c.o.CallTimeout)

@@ -216,7 +216,7 @@ func (s *Server) checkRegions(ctx context.Context, regions []string) error {
 		return fmt.Errorf("reading the registered regions failed: %w", err)
 	}
 	if len(regions) == 0 && len(have) == 0 {
-		return status.Error(codes.FailedPrecondition, "regions: none given, and no region has a registered cluster (register one with `ctrl cluster register`)")
+		return status.Error(codes.FailedPrecondition, "regions: none given, and no region has a registered cluster (register one with `ctrl admin cluster register`)")
 	}
 	if missing := workflows.MissingRegions(regions, have); len(missing) > 0 {
 		return status.Errorf(codes.FailedPrecondition, "regions: no cluster is registered in %s (regions with clusters: %s)",

@@ -54,7 +54,7 @@ func refuseUnserved(ctx context.Context, st *store.Store, regions []string, kind
 	case err == nil:
 		return nil
 	case errors.As(err, &nse):
-		return status.Errorf(codes.FailedPrecondition, "%s (see `ctrl cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)", why(nse), within)
+		return status.Errorf(codes.FailedPrecondition, "%s (see `ctrl admin cluster list`; the check counts heartbeats of the last %s, deploy.live_cluster_within)", why(nse), within)
 	default:
 		return fmt.Errorf("reading the clusters' heartbeats failed: %w", err)
 	}

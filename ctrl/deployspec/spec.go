@@ -60,7 +60,7 @@ var (
 	// namePattern: workspace, project, environment and app ids, and
 	// regions (the rule cluster registration applies to regions).
 	namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
-	// regionPattern is the rule `ctrl cluster register` applies.
+	// regionPattern is the rule `ctrl admin cluster register` applies.
 	regionPattern = regexp.MustCompile(`^[a-z0-9_.-]{1,64}$`)
 	// imagePattern is a container image reference:
 	// [registry[:port]/]path[:tag][@sha256:digest].

@@ -4,7 +4,7 @@
 // ctrl's newest version for the region (lag in versions and in seconds),
 // its parked objects and the objects it could not apply.
 //
-// Load is the one reader of that view: FleetService, `ctrl cluster list`
+// Load is the one reader of that view: FleetService, `ctrl admin cluster list`
 // and the lag metric (metrics.go) all use it. Live reports, from the same
 // data, whether a region has a live cluster running the controller of a
 // kind (the deploy API's fail-fast check).
@@ -110,7 +110,7 @@ func (s *Server) RemoveCluster(ctx context.Context, req *ctrlv1.RemoveClusterReq
 	}
 	r, err := s.store.RemoveCluster(ctx, req.GetClusterId(), auth.CallerName(ctx))
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "no cluster %q is registered (see `ctrl cluster list`)", req.GetClusterId())
+		return nil, status.Errorf(codes.NotFound, "no cluster %q is registered (see `ctrl admin cluster list`)", req.GetClusterId())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("removing the cluster failed: %w", err)

@@ -469,7 +469,7 @@ func (s *Server) httpHandler() http.Handler {
 			return
 		}
 		if !current {
-			http.Error(w, "not ready: schema migrations are pending (run `ctrl migrate`)", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: schema migrations are pending (run `ctrl admin migrate`)", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")

@@ -116,8 +116,8 @@ func TestHealthReadinessAndMetrics(t *testing.T) {
 	if code, _ := get(t, base+"/healthz"); code != 200 {
 		t.Fatalf("/healthz of the unmigrated ctrl = %d", code)
 	}
-	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "ctrl migrate") {
-		t.Fatalf("/readyz of the unmigrated ctrl = %d %q; want 503 naming `ctrl migrate`", code, body)
+	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "ctrl admin migrate") {
+		t.Fatalf("/readyz of the unmigrated ctrl = %d %q; want 503 naming `ctrl admin migrate`", code, body)
 	}
 }
 

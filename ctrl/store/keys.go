@@ -19,7 +19,7 @@ func (s *Store) CtrlKey(ctx context.Context, name string) ([]byte, error) {
 		return nil, fmt.Errorf("store: create key %s: %w", name, err)
 	}
 	if _, err := s.db.ExecContext(ctx, "INSERT IGNORE INTO ctrl_keys (name, secret, created_at) VALUES (?, ?, ?)", name, secret, nowMillis()); err != nil {
-		return nil, fmt.Errorf("store: create key %s: %w (was `ctrl migrate` run?)", name, err)
+		return nil, fmt.Errorf("store: create key %s: %w (was `ctrl admin migrate` run?)", name, err)
 	}
 	var stored []byte
 	if err := s.db.QueryRowContext(ctx, "SELECT secret FROM ctrl_keys WHERE name = ?", name).Scan(&stored); err != nil {

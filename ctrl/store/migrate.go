@@ -69,7 +69,7 @@ func (s *Store) Migrate(ctx context.Context) ([]MigrationResult, error) {
 	defer func() { _ = locker.SessionUnlock(context.WithoutCancel(ctx), conn) }()
 	results, err := p.Up(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("store: apply migrations: %w (the database is left at the last migration that succeeded; fix the cause and run `ctrl migrate` again)", err)
+		return nil, fmt.Errorf("store: apply migrations: %w (the database is left at the last migration that succeeded; fix the cause and run `ctrl admin migrate` again)", err)
 	}
 	out := make([]MigrationResult, 0, len(results))
 	for _, r := range results {

@@ -53,7 +53,7 @@ type PoolOptions struct {
 	// connection to a server that stopped answering, with no RST (a
 	// partition, a failover behind a proxy), fails instead of hanging a
 	// caller without a deadline. Default 2 minutes, above any statement
-	// ctrl runs and InnoDB's lock wait timeout; a DSN for `ctrl migrate`
+	// ctrl runs and InnoDB's lock wait timeout; a DSN for `ctrl admin migrate`
 	// on large tables may set a longer readTimeout.
 	ReadTimeout, WriteTimeout time.Duration
 }

@@ -482,7 +482,7 @@ func (s *Store) assign(ctx context.Context, tx execer, refs []Ref, current map[R
 			return nil, err
 		}
 	} else if err := tx.QueryRowContext(ctx, "SELECT head FROM version_seq WHERE id = 1 FOR UPDATE").Scan(&head); err != nil {
-		return nil, fmt.Errorf("store: read version sequence: %w (was `ctrl migrate` run?)", err)
+		return nil, fmt.Errorf("store: read version sequence: %w (was `ctrl admin migrate` run?)", err)
 	}
 
 	// 2. Versions in touch order, with the monotonic guard: every locked

@@ -389,7 +389,7 @@ func (w *deploy) targetRegions(ctx context.Context, requested []string) ([]strin
 	}
 	if len(requested) == 0 {
 		if len(have) == 0 {
-			return nil, restate.ToTerminalError(errors.New("no region has a registered cluster: register one with `ctrl cluster register`, then deploy again"),
+			return nil, restate.ToTerminalError(errors.New("no region has a registered cluster: register one with `ctrl admin cluster register`, then deploy again"),
 				restate.WithErrorCode(codePrecondition))
 		}
 		return have, nil

@@ -366,7 +366,7 @@ func (c *Config) finish(k *koanf.Koanf) error {
 		bad("region", "required: the region this cluster serves (it must match the cluster's token)")
 	}
 	if c.ClusterID == "" {
-		bad("cluster_id", "required: this cluster's id (as registered with `ctrl cluster register`)")
+		bad("cluster_id", "required: this cluster's id (as registered with `ctrl admin cluster register`)")
 	}
 	if u, err := url.Parse(c.ControlPlane.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("control_plane.url", "%q: want http://host:port (plaintext) or https://host:port (TLS)", c.ControlPlane.URL)
