@@ -357,14 +357,15 @@ func printDeployment(out io.Writer, d *ctrlv1.DeploymentInfo) {
 		fmt.Fprintf(w, "Error:\t%s\n", d.GetError())
 	}
 	fmt.Fprintf(w, "Live:\t%v\n", d.GetLive())
-	fmt.Fprintf(w, "Image:\t%s\n", d.GetImage())
+	wl := d.GetWorkload() // the top-level copies of its fields are deprecated
+	fmt.Fprintf(w, "Image:\t%s\n", wl.GetImage())
 	fmt.Fprintf(w, "Environment:\t%s (workspace %s, project %s, app %s)\n", d.GetEnvironmentId(), d.GetWorkspaceId(), d.GetProjectId(), d.GetAppId())
-	fmt.Fprintf(w, "Size:\t%d replicas per region, %dm CPU, %d MiB\n", d.GetReplicas(), d.GetCpuMillicores(), d.GetMemoryMib())
+	fmt.Fprintf(w, "Size:\t%d replicas per region, %dm CPU, %d MiB\n", d.GetReplicas(), wl.GetCpuMillicores(), wl.GetMemoryMib())
 	if d.GetRolledBackFrom() != "" {
 		fmt.Fprintf(w, "Rolled back from:\t%s\n", d.GetRolledBackFrom())
 	}
-	if len(d.GetEnvVars()) > 0 {
-		fmt.Fprintf(w, "Env:\t%s\n", strings.Join(slices.Sorted(maps.Keys(d.GetEnvVars())), ", "))
+	if len(wl.GetEnvVars()) > 0 {
+		fmt.Fprintf(w, "Env:\t%s\n", strings.Join(slices.Sorted(maps.Keys(wl.GetEnvVars())), ", "))
 	}
 	if len(d.GetSecretEnvKeys()) > 0 {
 		fmt.Fprintf(w, "Secret env:\t%s (sealed; values are never shown)\n", strings.Join(d.GetSecretEnvKeys(), ", "))
@@ -449,7 +450,7 @@ func (d *deployCmd) list() *cobra.Command {
 				if d.GetLive() {
 					live = "live"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", d.GetId(), statusName(d.GetStatus()), live, d.GetImage(), regionSummary(d),
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", d.GetId(), statusName(d.GetStatus()), live, d.GetWorkload().GetImage(), regionSummary(d),
 					d.GetCreatedAt().AsTime().Format(time.RFC3339))
 			}
 			return w.Flush()

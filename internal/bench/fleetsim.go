@@ -233,7 +233,7 @@ func (c *simCluster) received(ch *clusterv1.ResourceChange) {
 		ReadyReplicas: d.GetReplicas(), AvailableReplicas: d.GetReplicas(), Deleted: ch.GetDeleted()}
 	for i := range d.GetReplicas() {
 		st.Instances = append(st.Instances, &clusterv1.Instance{K8SName: fmt.Sprintf("%s-%d", d.GetK8SName(), i),
-			Address: "10.0.0.1:8080", Status: clusterv1.Instance_STATUS_RUNNING, CpuMillicores: d.GetCpuMillicores(), MemoryMib: d.GetMemoryMib()})
+			Address: "10.0.0.1:8080", Status: clusterv1.Instance_STATUS_RUNNING, CpuMillicores: d.GetWorkload().GetCpuMillicores(), MemoryMib: d.GetWorkload().GetMemoryMib()})
 	}
 	status, err := anypb.New(st)
 	if err != nil {
