@@ -39,7 +39,12 @@ func newRestate() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			services := workflows.Services(workflows.Deps{}) // only their names and handlers are used
+			// Register compares handler names, kinds and ingress privacy,
+			// which only the SDK's definitions carry: the constructors
+			// declare them once, so they are built here with no
+			// dependencies (nothing is registered or connected; the
+			// handlers never run) rather than listed a second time.
+			services := workflows.Services(workflows.Deps{})
 			res, err := restateendpoint.Register(ctx, cfg.Restate.AdminURL, url, services, restateendpoint.RegisterOptions{Force: force})
 			if err != nil {
 				return err
