@@ -16,6 +16,14 @@ func (s *Store) UseCallNonce(ctx context.Context, nonce, invocationID string, ex
 	if err != nil {
 		return false, fmt.Errorf("store: record the call nonce of invocation %s: %w", invocationID, err)
 	}
+	if h := s.testHooks(); h.AfterCommit != nil {
+		// The INSERT is its own (autocommit) transaction: its answer can
+		// be lost after it committed like any COMMIT's. The call's retry
+		// finds the nonce used by its own invocation.
+		if err := h.AfterCommit(ctx); err != nil {
+			return false, fmt.Errorf("store: record the call nonce of invocation %s: commit: %w", invocationID, err)
+		}
+	}
 	if n, err := res.RowsAffected(); err == nil && n == 1 {
 		// About one call in sixteen sweeps expired nonces; the table holds
 		// one window of calls.

@@ -183,9 +183,9 @@ type TestHooks struct {
 	// AfterStamp runs after the versions are assigned and before COMMIT,
 	// inside the transaction (to widen the window between the two).
 	AfterStamp func(ctx context.Context, stamped []Stamped)
-	// AfterCommit runs after a write transaction (WriteTx, StampCommitted)
-	// committed, once per WriteTx call with that call's context (also for
-	// each caller of a group commit). An error it returns is what the call
+	// AfterCommit runs after a write transaction (WriteTx, StampCommitted,
+	// UseCallNonce's autocommit INSERT) committed, once per call with that
+	// call's context (also for each caller of a group commit). An error it returns is what the call
 	// returns, as
 	// "store: commit: <err>": a commit whose answer was lost (the
 	// connection broke after the server committed). Exists to prove the

@@ -17,6 +17,7 @@ import (
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/restateingress"
+	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
@@ -41,7 +42,15 @@ import (
 // answered "bad connection" once (an ambiguous commit). Each case must end
 // with the same result and the same database as the uninterrupted run. A
 // declared step that no scenario executes fails the suite: a new step needs
-// a scenario that reaches it, not an edit of a list.
+// a scenario that reaches it, not an edit of a list. The same holds for
+// ambiguous commits: a step declared with newStep (it commits) in which no
+// scenario commits fails the suite, named, and so does a step declared
+// with newReadStep (it writes nothing) that commits.
+//
+// For a step that writes nothing, the database comparison after its re-run
+// is vacuous: each such step is checked by its own result (readStepChecks,
+// which must name every one): what Restate journaled for it in the re-run
+// case against what it journaled in the uninterrupted run.
 
 // errBadConn is what a COMMIT whose answer was lost returns.
 var errBadConn = driver.ErrBadConn
@@ -57,10 +66,11 @@ type faults struct {
 	committed map[string]bool // steps whose bodies committed a transaction
 	count     map[string]int  // per invocation and step: bodies completed, or commits
 	injected  int
+	results   map[string][]string // step -> the results Restate journaled, as JSON, in order
 }
 
 func newFaults(mode, target string) *faults {
-	return &faults{mode: mode, target: target, seen: map[string]bool{}, committed: map[string]bool{}, count: map[string]int{}}
+	return &faults{mode: mode, target: target, seen: map[string]bool{}, committed: map[string]bool{}, count: map[string]int{}, results: map[string][]string{}}
 }
 
 // once reports whether this is the first of a pair for key: alternate
@@ -83,6 +93,17 @@ func (f *faults) afterStep(ctx context.Context, step string) error {
 		return errCrashed
 	}
 	return nil
+}
+
+// stepResult is the case's Hooks.StepResult.
+func (f *faults) stepResult(_ context.Context, step string, result any) {
+	b, err := json.Marshal(result)
+	if err != nil {
+		b = []byte(fmt.Sprintf("unmarshalable %T: %v", result, err))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.results[step] = append(f.results[step], string(b))
 }
 
 // afterCommit is the case's store AfterCommit hook.
@@ -313,6 +334,9 @@ func (r *crashRun) sentinelDeploy(id string, timeout int32) any {
 type outcome struct {
 	Result string
 	DB     string
+	// Steps holds the journaled results of each step, normalized.
+	Steps      map[string][]string
+	Start, End time.Time
 }
 
 // run runs one case of sc.
@@ -322,7 +346,7 @@ func runCase(t *testing.T, sc scenario, f *faults, prefix string) outcome {
 		rs = ctrltest.FreshRestate(t)
 	}
 	r := &crashRun{t: t, f: f, prefix: prefix, names: map[string]string{}}
-	hooks := workflows.Hooks{AfterStep: f.afterStep}
+	hooks := workflows.Hooks{AfterStep: f.afterStep, StepResult: f.stepResult}
 	if sc.holdVersioning {
 		r.hold = newVersioningHold()
 		hooks.AfterStep = func(ctx context.Context, step string) error {
@@ -339,6 +363,7 @@ func runCase(t *testing.T, sc scenario, f *faults, prefix string) outcome {
 	for _, region := range sc.regions {
 		r.clusters[region] = r.env.FakeCluster(t, region, region+"-1")
 	}
+	start := time.Now()
 	var held chan struct{}
 	if r.hold != nil {
 		held = r.hold.holdAsync(t, r.env)
@@ -353,7 +378,15 @@ func runCase(t *testing.T, sc scenario, f *faults, prefix string) outcome {
 		t.Fatal(err)
 	}
 	db := dbState(t, r.env.Store.DB(), r) // names the generated sentinel ids first
-	return outcome{Result: r.normalize(string(b)), DB: db}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	steps := map[string][]string{}
+	for step, rs := range f.results {
+		for _, v := range rs {
+			steps[step] = append(steps[step], r.normalize(v))
+		}
+	}
+	return outcome{Result: r.normalize(string(b)), DB: db, Steps: steps, Start: start, End: time.Now()}
 }
 
 // normalize replaces the run's generated ids with stable names.
@@ -441,9 +474,18 @@ func dbState(t *testing.T, db *sql.DB, r *crashRun) string {
 
 // TestCrashPoints is the crash-point suite (see the top of this file).
 func TestCrashPoints(t *testing.T) {
-	declared := map[string]bool{}
+	declared, writesNothing := map[string]bool{}, map[string]bool{}
 	for _, s := range workflows.Steps() {
 		declared[s.String()] = true
+		writesNothing[s.String()] = s.WritesNothing
+		if _, ok := readStepChecks[s.String()]; s.WritesNothing && !ok {
+			t.Errorf("step %s writes nothing and readStepChecks has no check of its result: add one", s)
+		}
+	}
+	for step := range readStepChecks {
+		if !writesNothing[step] {
+			t.Errorf("readStepChecks checks %s, which is not a declared step that writes nothing", step)
+		}
 	}
 	crashCovered, ambiguousCovered := map[string]string{}, map[string]string{}
 	cases := 0
@@ -454,9 +496,15 @@ func TestCrashPoints(t *testing.T) {
 			f := newFaults("", "")
 			base = runCase(t, sc, f, fmt.Sprintf("cp%d-base", si))
 			seen, committed, _ = f.snapshot()
+			t.Logf("steps run: %v; steps that commit: %v", seen, committed)
 		})
 		if !ok {
 			continue
+		}
+		for _, step := range committed {
+			if writesNothing[step] {
+				t.Errorf("step %s is declared with newReadStep (it writes nothing) and committed in scenario %s: declare it with newStep", step, sc.name)
+			}
 		}
 		for _, mode := range []string{"crash", "ambiguous"} {
 			covered, steps := crashCovered, seen
@@ -481,6 +529,11 @@ func TestCrashPoints(t *testing.T) {
 					if got.DB != base.DB {
 						t.Errorf("database differs from the uninterrupted run:\n%s", lineDiff(base.DB, got.DB))
 					}
+					if check := readStepChecks[step]; mode == "crash" && check != nil {
+						if err := check(base, got, step); err != nil {
+							t.Errorf("the re-run step's own result: %v", err)
+						}
+					}
 				})
 			}
 		}
@@ -495,7 +548,91 @@ func TestCrashPoints(t *testing.T) {
 	if len(missing) > 0 {
 		t.Errorf("steps no scenario executes (add a scenario that reaches them): %v", missing)
 	}
+	var uncommitted []string
+	for step := range declared {
+		if _, ok := ambiguousCovered[step]; !ok && !writesNothing[step] {
+			uncommitted = append(uncommitted, step)
+		}
+	}
+	slices.Sort(uncommitted)
+	if len(uncommitted) > 0 {
+		t.Errorf("steps declared with newStep (they commit) in which no scenario commits, so no ambiguous commit covers them "+
+			"(add a scenario that commits in them, or declare them with newReadStep if they write nothing): %v", uncommitted)
+	}
 	t.Logf("%d crash points covered (of %d declared steps), %d ambiguous-commit points covered; %d cases", len(crashCovered), len(declared), len(ambiguousCovered), cases)
+}
+
+// readStepCheck checks a re-run case of a step that writes nothing by the
+// step's journaled results (base: the uninterrupted run's).
+type readStepCheck func(base, got outcome, step string) error
+
+// sameResults: the step journals the same results as in the
+// uninterrupted run: its re-run read the same thing.
+// Results are compared as sets of lines: the invocations of one case
+// may run a step in any order.
+func sameResults(base, got outcome, step string) error {
+	if !slices.Equal(slices.Sorted(slices.Values(base.Steps[step])), slices.Sorted(slices.Values(got.Steps[step]))) {
+		return fmt.Errorf("%s journaled %q, the uninterrupted run %q", step, got.Steps[step], base.Steps[step])
+	}
+	return nil
+}
+
+// decisionCheck is the check of a step that evaluates a deploy (check,
+// final-check): it reads reports that move on while the case runs (a fake
+// cluster reports right after the apply), so its re-run may see a later
+// state than its first run or the uninterrupted run did; the scenario's end
+// (result and database) is compared already. Its own result must be as
+// many journaled evaluations as uninterrupted, each an Outcome ctrl can
+// act on: a known decision, or no decision with the reason it waits.
+func decisionCheck(base, got outcome, step string) error {
+	if len(got.Steps[step]) != len(base.Steps[step]) {
+		return fmt.Errorf("%s journaled %d evaluations, the uninterrupted run %d: %q", step, len(got.Steps[step]), len(base.Steps[step]), got.Steps[step])
+	}
+	known := []string{rules.ResultReady, rules.ResultFailed, rules.ResultStopped, rules.ResultGone}
+	for _, v := range got.Steps[step] {
+		var o rules.Outcome
+		if err := json.Unmarshal([]byte(v), &o); err != nil {
+			return fmt.Errorf("%s journaled %q: %v", step, v, err)
+		}
+		if (o.Result == "" && o.Message == "") || (o.Result != "" && !slices.Contains(known, o.Result)) {
+			return fmt.Errorf("%s journaled %q: neither a known decision nor a reason to wait", step, v)
+		}
+	}
+	return nil
+}
+
+// readStepChecks names every step that writes nothing (TestCrashPoints
+// fails without one) with the check of its result after a re-run.
+var readStepChecks = map[string]readStepCheck{
+	"DeployWorkflow.regions":     sameResults,
+	"DeployWorkflow.timeout":     sameResults,
+	"DeployWorkflow.check":       decisionCheck,
+	"DeployWorkflow.final-check": decisionCheck,
+	// A fence: it journals that the awakeable is stored before the check.
+	"SentinelService.awakeable-stored":      sameResults,
+	"SentinelService.check":                 decisionCheck,
+	"SentinelService.final-check":           decisionCheck,
+	"SentinelRolloutService.list-sentinels": sameResults,
+	// The post itself is in the scenario's result (the messages Slack
+	// received); the step journals no value.
+	"SentinelRolloutService.slack": sameResults,
+	// The clock: as many readings as uninterrupted, each taken during the
+	// case.
+	"SentinelRolloutService.now": func(base, got outcome, step string) error {
+		if len(got.Steps[step]) != len(base.Steps[step]) {
+			return fmt.Errorf("%s journaled %d readings, the uninterrupted run %d", step, len(got.Steps[step]), len(base.Steps[step]))
+		}
+		for _, v := range got.Steps[step] {
+			var ms int64
+			if err := json.Unmarshal([]byte(v), &ms); err != nil {
+				return fmt.Errorf("%s journaled %q: %v", step, v, err)
+			}
+			if ms < got.Start.UnixMilli() || ms > got.End.UnixMilli() {
+				return fmt.Errorf("%s journaled %d, outside the case (%d to %d)", step, ms, got.Start.UnixMilli(), got.End.UnixMilli())
+			}
+		}
+		return nil
+	},
 }
 
 // lineDiff lists the lines only in want (-) or only in got (+).

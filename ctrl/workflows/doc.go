@@ -112,13 +112,17 @@
 // Determinism: handler code outside restate.Run reads no clock, database,
 // configuration or randomness (ids come from restate.Rand), and decides
 // call order from sorted slices, never from map iteration. Each Run body is
-// idempotent because it may run twice, and answers the same the second
-// time: every Run of every service goes through runStep with a Step
-// declared by newStep (Steps lists them), and the crash-point suite
-// (TestCrashPoints) runs each one twice, and answers each of its commits
-// "bad connection" once, and expects the same result and database as an
-// uninterrupted run. A new step is covered by that suite as soon as a
-// scenario reaches it, and fails it until one does.
+// idempotent because it may run twice: every Run of every service goes
+// through runStep with a Step declared by newStep (it commits to the
+// database) or newReadStep (it writes nothing; Steps lists them all), and
+// the crash-point suite (TestCrashPoints) runs each one twice, and answers
+// each commit of each newStep step "bad connection" once, and expects the
+// same result and database as an uninterrupted run; a newReadStep step's
+// re-run is also checked by the result it journaled (an evaluation may see
+// reports that arrived meanwhile). A new step is covered by that suite as
+// soon as a scenario reaches it, and fails it until one does; a newStep
+// step in which no scenario commits fails it too, by name, and so does a
+// newReadStep step that commits.
 //
 // # SentinelService: one sentinel's convergence
 //

@@ -257,9 +257,9 @@ type startWave struct {
 
 // The rollout's steps.
 var (
-	rolloutListSentinels = newStep(RolloutServiceName, "list-sentinels")
-	rolloutNow           = newStep(RolloutServiceName, "now")
-	rolloutSlack         = newStep(RolloutServiceName, "slack")
+	rolloutListSentinels = newReadStep(RolloutServiceName, "list-sentinels")
+	rolloutNow           = newReadStep(RolloutServiceName, "now")
+	rolloutSlack         = newReadStep(RolloutServiceName, "slack")
 )
 
 type rollouts struct {

@@ -22,9 +22,9 @@ const SentinelServiceName = "SentinelService"
 // The steps of SentinelService.Deploy (see deploy).
 var (
 	sentinelWrite      = newStep(SentinelServiceName, "write")
-	sentinelFence      = newStep(SentinelServiceName, "awakeable-stored")
-	sentinelCheck      = newStep(SentinelServiceName, "check")
-	sentinelFinalCheck = newStep(SentinelServiceName, "final-check")
+	sentinelFence      = newReadStep(SentinelServiceName, "awakeable-stored")
+	sentinelCheck      = newReadStep(SentinelServiceName, "check")
+	sentinelFinalCheck = newReadStep(SentinelServiceName, "final-check")
 	sentinelFinish     = newStep(SentinelServiceName, "finish")
 )
 

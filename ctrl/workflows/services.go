@@ -80,6 +80,10 @@ type Hooks struct {
 	// restate.RunContext. An error it returns fails the body as if the
 	// process had died there: Restate runs the body again.
 	AfterStep func(ctx context.Context, step string) error
+	// StepResult sees the result of every body that AfterStep let
+	// through (the result Restate journals): the crash-point suite checks
+	// the steps that write nothing by their results.
+	StepResult func(ctx context.Context, step string, result any)
 	// VersioningWait replaces how long a deploy waits for the
 	// VersioningService (0: versioningWait).
 	VersioningWait time.Duration

@@ -17,6 +17,14 @@ import (
 type Step struct {
 	Service string
 	Name    string
+	// WritesNothing: the body commits nothing to ctrl's database (it
+	// reads, asks the clock, or talks to another system). Declared with
+	// newReadStep; the crash-point suite fails a step declared so that
+	// commits, and a step not declared so that never commits, so the
+	// list stays true. An ambiguous commit cannot happen in such a step,
+	// and a database comparison after its re-run proves nothing: the
+	// suite checks its result instead.
+	WritesNothing bool
 }
 
 // String is "Service.name", the name AfterStep receives.
@@ -27,14 +35,26 @@ var (
 	steps   []Step
 )
 
-// newStep declares a step; its name is also the Run's name in Restate's
-// journal. Declaring one twice is a programming error.
+// newStep declares a step that commits to ctrl's database; its name is
+// also the Run's name in Restate's journal. Declaring one twice is a
+// programming error.
 func newStep(service, name string) Step {
+	return declareStep(Step{Service: service, Name: name})
+}
+
+// newReadStep declares a step that commits nothing to ctrl's database
+// (see Step.WritesNothing).
+func newReadStep(service, name string) Step {
+	return declareStep(Step{Service: service, Name: name, WritesNothing: true})
+}
+
+func declareStep(s Step) Step {
 	stepsMu.Lock()
 	defer stepsMu.Unlock()
-	s := Step{Service: service, Name: name}
-	if slices.Contains(steps, s) {
-		panic(fmt.Sprintf("workflows: step %s declared twice", s))
+	for _, d := range steps {
+		if d.String() == s.String() {
+			panic(fmt.Sprintf("workflows: step %s declared twice", s))
+		}
 	}
 	steps = append(steps, s)
 	return s
@@ -73,8 +93,8 @@ func StepOf(ctx context.Context) (Step, bool) {
 	return s, ok
 }
 
-// runStep is restate.Run for step s: named, with the test hook after a
-// body that succeeded (see Hooks.AfterStep).
+// runStep is restate.Run for step s: named, with the test hooks after a
+// body that succeeded (see Hooks.AfterStep and Hooks.StepResult).
 func runStep[T any](ctx restate.Context, hooks Hooks, s Step, fn func(restate.RunContext) (T, error), opts ...restate.RunOption) (T, error) {
 	opts = append([]restate.RunOption{restate.WithName(s.Name)}, opts...)
 	return restate.Run(ctx, func(rc restate.RunContext) (T, error) {
@@ -82,6 +102,9 @@ func runStep[T any](ctx restate.Context, hooks Hooks, s Step, fn func(restate.Ru
 		v, err := fn(sc)
 		if err == nil {
 			err = hooks.after(sc, s.String())
+		}
+		if err == nil && hooks.StepResult != nil {
+			hooks.StepResult(sc, s.String(), v)
 		}
 		return v, err
 	}, opts...)
