@@ -97,18 +97,31 @@ func (c *Ingress) start(ctx context.Context, service, key, handler string, input
 
 // attachNotFoundFor bounds how long attach retries an invocation the
 // ingress does not know yet: CtrlIngress.Call answers once it has sent
-// the invocation, which the partition owning it may not have created yet.
+// the invocation, which the partition owning it may not have created yet
+// (right after Restate restarted, while its partitions recover, that can
+// take longer than this).
 const attachNotFoundFor = 10 * time.Second
 
 // attach waits for the invocation id and returns its output.
+//
+// Restate answers an attach to an invocation its partition does not know
+// with 404 "not found" marked as the invocation's own outcome, the same
+// answer as a handler's terminal 404. Here the invocation exists (Call
+// started it; Restate delivers it), so once the bound is spent attach
+// returns an error that says to retry, without the ingress error in its
+// chain: the operators' APIs answer it UNAVAILABLE, not NOT_FOUND.
 func (c *Ingress) attach(ctx context.Context, id string) (json.RawMessage, error) {
 	deadline := time.Now().Add(attachNotFoundFor)
 	wait := 10 * time.Millisecond
 	for {
 		output, err := ingress.InvocationById[json.RawMessage](c.c, id).Attach(ctx)
 		var nf *ingress.InvocationNotFoundError
-		if !errors.As(err, &nf) || time.Now().After(deadline) {
+		if !errors.As(err, &nf) {
 			return output, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("restate: invocation %s, started by %s.Call, is still unknown to its partition after %s "+
+				"(Restate may be recovering, e.g. just restarted); retry the call: %v", id, workflows.GatewayName, attachNotFoundFor, err)
 		}
 		select {
 		case <-ctx.Done():
