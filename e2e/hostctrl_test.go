@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -22,11 +23,16 @@ import (
 	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
+	"krane.dev/sdk/kube"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 const cmKind = "configmap.example.krane.dev"
+
+// cmComponent is the component label the example plugin puts on its
+// ConfigMaps.
+const cmComponent = "configmap-example"
 
 // startCtrl runs a real ctrl on a fresh database.
 func startCtrl(t *testing.T) *serve.Server {
@@ -61,6 +67,25 @@ func startKrane(t *testing.T, srv *serve.Server, region, namespace string) *agen
 	if err := cluster.EnsureNamespace(ctx, namespace); err != nil {
 		t.Fatal(err)
 	}
+	// A host inventories its kind across the whole cluster, as the one
+	// krane of a cluster should; on this shared API server another test's
+	// host left ConfigMaps of the kind, which this host would count as its
+	// own (and its garbage-collection brake would refuse to delete them).
+	// Each test starts on a cluster with none and leaves none.
+	clearConfigMaps := func() {
+		cms := cluster.Client.CoreV1().ConfigMaps
+		list, err := cms(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: kube.ManagedSelector(cmComponent)})
+		if err != nil {
+			t.Fatalf("listing the example plugin's ConfigMaps on the shared cluster: %v", err)
+		}
+		for _, cm := range list.Items {
+			if err := cms(cm.Namespace).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("deleting ConfigMap %s/%s, left on the shared cluster: %v", cm.Namespace, cm.Name, err)
+			}
+		}
+	}
+	clearConfigMaps()
+	t.Cleanup(clearConfigMaps) // runs after the host below has stopped
 	plugin := testenv.Build(t, "krane.dev/sdk/examples/configmap", "krane-plugin-configmap")
 	cfgPath := filepath.Join(t.TempDir(), "krane.hcl")
 	hcl := fmt.Sprintf(`region = %q

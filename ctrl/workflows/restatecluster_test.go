@@ -78,8 +78,10 @@ func TestTwoCtrlsOnARestateClusterSurviveANodeKill(t *testing.T) {
 		t.Fatalf("restart node 1: %v", err)
 	}
 	// The rollout is of these four; the deploy's sentinels (one of them in
-	// us, where no cluster runs sentinels here) are left out of it.
-	if _, err := db.Exec("UPDATE sentinels SET desired_state = 'stopped' WHERE environment_id = 'env-cluster'"); err != nil {
+	// us, where no cluster runs sentinels here) are stopped and already on
+	// the rollout's image, so it leaves them out (a rollout sets the image
+	// of stopped sentinels too, and skips those that have it).
+	if _, err := db.Exec("UPDATE sentinels SET desired_state = 'stopped', image = ? WHERE environment_id = 'env-cluster'", imgV2); err != nil {
 		t.Fatal(err)
 	}
 	cluster := a.SentinelCluster(t, "eu", "eu-2")
