@@ -3,8 +3,11 @@
 // lost: each cluster's managed objects equal desired state exactly,
 // objects without Krane's label are untouched, every deploy workflow has
 // ended, no plugin process is orphaned, and every cursor reached ctrl's
-// head. `make chaos` runs it for CHAOS_DURATION; a short run is part of
-// `make test`.
+// head. Two fault types take ctrl's database back in time (a restore from
+// an older backup, a failover to a lagging replica); after each, before
+// the churn goes on, the clusters must hold what the database ctrl came
+// back on holds (dbfaults.go). `make chaos` runs it for CHAOS_DURATION; a
+// short run is part of `make test`.
 package chaos
 
 import (
@@ -17,6 +20,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -72,7 +76,7 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "chaos seed %d: %d faults of %d types; %d desired-state changes and %d API deploys written\n",
 		r.Seed, total, len(faults), r.Changes, r.APIDeploys)
 	for _, f := range faults {
-		fmt.Fprintf(&b, "  fault %-24s %4d\n", f.name, r.Faults[f.name])
+		fmt.Fprintf(&b, "  fault %-28s %4d\n", f.name, r.Faults[f.name])
 	}
 	var regions []string
 	for region := range r.Goroutines {
@@ -101,6 +105,17 @@ type run struct {
 	logf func(format string, args ...any)
 	// replicas counts kranes started as standbys, for their names.
 	replicas int
+	// quiet is held by the churn for each of its ticks (a write, now and
+	// then an API deploy): a fault that needs desired state still holds it.
+	quiet sync.Mutex
+	// stores are the stores the churn and the checker used (a failover
+	// moves them to another database); Run closes them all.
+	stores []*store.Store
+	// dbMoves counts failovers, for the replica databases' names.
+	dbMoves int
+	// lost is what a fault found lost in its own check (the database
+	// going back); the report adds it to what the end of the run finds.
+	lost []string
 }
 
 // fault is one fault type, injected and recovered from by do.
@@ -162,6 +177,8 @@ var faults = []fault{
 	{"reload-missing-ca", reloadMissingCA},
 	{"ctrl-stall", stallCtrl},
 	{"leader-kill-mid-apply", killLeaderMidApply},
+	{"db-restored-from-backup", restoreFromBackup},
+	{"db-failover-lagging-replica", failoverToLaggingReplica},
 }
 
 // Run injects faults into st (started with ProxyCtrl) for o.Duration while
@@ -175,10 +192,15 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	defer s.Close()
 	regs := regions(st)
 	ch := &churn{s: s, rng: rand.New(rand.NewPCG(o.Seed, 1)), regions: regs}
 	ck := &checker{st: st, s: s, baseline: map[int]int{}}
+	r := &run{st: st, rng: rng, ch: ch, ck: ck, stores: []*store.Store{s}}
+	defer func() {
+		for _, s := range r.stores {
+			_ = s.Close()
+		}
+	}()
 	if err := setup(ctx, st, ck); err != nil {
 		return rep, err
 	}
@@ -191,7 +213,7 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(o.Out, "[%6.1fs] %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
-	r := &run{st: st, rng: rng, ch: ch, ck: ck, logf: logf}
+	r.logf = logf
 
 	// Churn runs for the whole schedule; a write refused while MySQL is
 	// down is simply not counted (the next one is attempted later).
@@ -207,6 +229,7 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 				return
 			case <-t.C:
 			}
+			r.quiet.Lock()
 			wctx, cancel := context.WithTimeout(churnCtx, 5*time.Second)
 			_ = ch.step(wctx)
 			if n%15 == 7 { // now and then a deploy through the API (Restate workflow)
@@ -217,6 +240,7 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 				}
 			}
 			cancel()
+			r.quiet.Unlock()
 		}
 	}()
 
@@ -265,6 +289,7 @@ func Run(ctx context.Context, st *stack.Stack, o Options) (Report, error) {
 		}
 		time.Sleep(time.Second)
 	}
+	rep.Lost = append(rep.Lost, r.lost...)
 	// Nothing may be left behind: processes at once, goroutines once
 	// they had the settle period to wind down.
 	procs := ck.processes()

@@ -61,7 +61,8 @@ func (c *checker) mismatches(ctx context.Context) []string {
 }
 
 func (c *checker) deployments(ctx context.Context, region string) []string {
-	rows, err := c.s.DB().QueryContext(ctx, `SELECT d.id, d.image, t.desired_replicas, t.desired_status
+	// The image is in the workload document (ctrl/store/workload.go).
+	rows, err := c.s.DB().QueryContext(ctx, `SELECT d.id, COALESCE(JSON_UNQUOTE(JSON_EXTRACT(d.workload, '$.workload.image')), ''), t.desired_replicas, t.desired_status
 FROM deployments d JOIN deployment_topology t ON t.deployment_id = d.id WHERE t.region = ? AND t.version > 0`, region)
 	if err != nil {
 		return []string{"read desired deployments: " + err.Error()}

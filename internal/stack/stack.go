@@ -290,8 +290,11 @@ func (s *Stack) createDatabase() error {
 
 // ctrlEnv is the environment of every ctrl command the stack runs.
 func (s *Stack) ctrlEnv() []string {
+	s.mu.Lock()
+	dsn := s.DSN
+	s.mu.Unlock()
 	env := []string{
-		"CTRL_DB_DSN=" + s.DSN,
+		"CTRL_DB_DSN=" + dsn,
 		"CTRL_GRPC_ADDR=" + s.CtrlAddr,
 		"CTRL_HTTP_ADDR=" + strings.TrimPrefix(s.CtrlHTTP, "http://"),
 		"CTRL_CONSOLE_ADDR=" + strings.TrimPrefix(s.ConsoleURL, "http://"),
@@ -374,6 +377,27 @@ func (s *Stack) RestartCtrl(kill bool) error {
 		p.Stop(20 * time.Second)
 	}
 	return s.startCtrl()
+}
+
+// StopCtrl stops ctrl (SIGTERM) until StartCtrl starts it again on the
+// same addresses: an operator's steps that need ctrl down (a restore of
+// its database) run in between.
+func (s *Stack) StopCtrl() {
+	s.mu.Lock()
+	p := s.ctrl
+	s.mu.Unlock()
+	p.Stop(20 * time.Second)
+}
+
+// StartCtrl starts ctrl again after StopCtrl.
+func (s *Stack) StartCtrl() error { return s.startCtrl() }
+
+// UseDatabase points ctrl (from its next start) and every ctrl command at
+// the database dsn, as an operator does after a failover.
+func (s *Stack) UseDatabase(dsn string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.DSN = dsn
 }
 
 // CtrlReplica is a further `ctrl serve` against the stack's MySQL and
