@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"os/exec"
 	"sort"
@@ -79,12 +80,14 @@ func mariadbArgs(t *testing.T, dsn string) (args []string, db string) {
 // the host has seen before, is applied.
 func TestRestoredDatabaseConverges(t *testing.T) { databaseGoesBack(t, false) }
 
-// TestFailoverToALaggingReplicaConverges: ctrl fails over to a replica
-// that stopped receiving changes (a copy of the database taken at that
-// moment, in a database of its own), while the old primary took more. The
-// operator runs `ctrl admin db restored` on the promoted replica, as
-// docs/operating.md says, and ctrl serves from it: the cluster converges
-// to what the replica holds.
+// TestFailoverToALaggingReplicaConverges: ctrl's database is a MariaDB
+// primary with a replica (binary log replication, a second mariadbd). The
+// replica catches up, then stops receiving changes (STOP SLAVE) while the
+// primary takes more. ctrl fails over as docs/operating.md says: ctrl
+// stopped, the primary made read-only, the replica promoted (RESET SLAVE
+// ALL, read_only off), `ctrl admin migrate` and `ctrl admin db restored`
+// on it, ctrl started on it. The cluster converges to what the replica
+// holds.
 func TestFailoverToALaggingReplicaConverges(t *testing.T) { databaseGoesBack(t, true) }
 
 func databaseGoesBack(t *testing.T, failover bool) {
@@ -94,6 +97,12 @@ func databaseGoesBack(t *testing.T, failover bool) {
 		}
 	}
 	mysqlSrv := testenv.SharedMySQL(t)
+	var replica *testenv.MySQL
+	if failover {
+		mysqlSrv = testenv.StartReplicableMySQL(t, 1)
+		replica = testenv.StartReplicableMySQL(t, 2)
+		sqlExec(t, replica, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER='root'", portOf(t, mysqlSrv)), "START SLAVE")
+	}
 	dsn := mysqlSrv.Database(t, t.Name())
 	srv, stop := runCtrl(t, dsn, "127.0.0.1:0")
 	addr := srv.GRPCAddr()
@@ -138,17 +147,24 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	backedUp := "cm-0=1 cm-1=1 cm-2=1 cm-3=1"
 	converge("the first deploy", backedUp)
 
-	// The backup, or the replica as far as it got.
+	// The backup, or the replica as far as it got: it has caught up, and
+	// stops receiving changes here.
 	args, db := mariadbArgs(t, dsn)
 	var dump, stderr bytes.Buffer
-	cmd := exec.Command("mariadb-dump", append(args, "--single-transaction", db)...)
-	cmd.Stdout, cmd.Stderr = &dump, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("mariadb-dump: %v: %s", err, stderr.String())
-	}
 	target := dsn
 	if failover {
-		target = mysqlSrv.Database(t, t.Name()+"-replica")
+		pos := sqlString(t, mysqlSrv, "SELECT @@gtid_binlog_pos")
+		if got := sqlString(t, replica, fmt.Sprintf("SELECT MASTER_GTID_WAIT('%s', 60)", pos)); got != "0" {
+			t.Fatalf("the replica did not reach the primary's position %s within 60s (MASTER_GTID_WAIT: %s)", pos, got)
+		}
+		sqlExec(t, replica, "STOP SLAVE")
+		target = replica.DSN(db)
+	} else {
+		cmd := exec.Command("mariadb-dump", append(args, "--single-transaction", db)...)
+		cmd.Stdout, cmd.Stderr = &dump, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("mariadb-dump: %v: %s", err, stderr.String())
+		}
 	}
 	load := func() {
 		t.Helper()
@@ -158,9 +174,6 @@ func databaseGoesBack(t *testing.T, failover bool) {
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("loading the dump into %s: %v: %s", tdb, err, stderr.String())
 		}
-	}
-	if failover {
-		load() // the replica stops here
 	}
 
 	// After that: new objects, a change, a delete.
@@ -176,11 +189,22 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	// keeps its cursor).
 	stop()
 	if failover {
-		var out, errOut bytes.Buffer
-		if code := cli.Main(ctx, []string{"admin", "db", "restored", "--db-dsn", target, "--reason", "failover to the replica"}, &out, &errOut); code != 0 {
-			t.Fatalf("ctrl admin db restored: exit %d: %s", code, errOut.String())
+		primaryPos, replicaPos := sqlString(t, mysqlSrv, "SELECT @@gtid_binlog_pos"), sqlString(t, replica, "SELECT @@gtid_slave_pos")
+		if primaryPos == replicaPos {
+			t.Fatalf("the replica does not lag: it is at %s, like the primary", replicaPos)
 		}
-		t.Log(strings.TrimSpace(out.String()))
+		t.Logf("failing over: the primary is at %s, the replica at %s", primaryPos, replicaPos)
+		// The procedure's step; the tests' root user is exempt from it, and
+		// nothing writes to the old primary any more.
+		sqlExec(t, mysqlSrv, "SET GLOBAL read_only = ON")
+		sqlExec(t, replica, "RESET SLAVE ALL", "SET GLOBAL read_only = OFF")
+		for _, args := range [][]string{{"admin", "migrate", "--db-dsn", target}, {"admin", "db", "restored", "--db-dsn", target, "--reason", "failover to the replica"}} {
+			var out, errOut bytes.Buffer
+			if code := cli.Main(ctx, args, &out, &errOut); code != 0 {
+				t.Fatalf("ctrl %s: exit %d: %s", strings.Join(args[:2], " "), code, errOut.String())
+			}
+			t.Log(strings.TrimSpace(out.String()))
+		}
 	} else {
 		load()
 	}
@@ -191,4 +215,44 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	// the host streams from the new head.
 	putConfigMap(t, srv.Store(), "eu", "r7", ns, "cm-7", "1", false)
 	converge("a change after the restore", backedUp+" cm-7=1")
+}
+
+// sqlExec runs statements on a server (no database).
+func sqlExec(t *testing.T, m *testenv.MySQL, stmts ...string) {
+	t.Helper()
+	db, err := m.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, stmt := range stmts {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatalf("%s on %s: %v", stmt, m.Addr(), err)
+		}
+	}
+}
+
+// sqlString is a query's one value, on a server (no database).
+func sqlString(t *testing.T, m *testenv.MySQL, query string) string {
+	t.Helper()
+	db, err := m.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var v sql.NullString
+	if err := db.QueryRow(query).Scan(&v); err != nil {
+		t.Fatalf("%s on %s: %v", query, m.Addr(), err)
+	}
+	return v.String
+}
+
+// portOf is a server's port.
+func portOf(t *testing.T, m *testenv.MySQL) string {
+	t.Helper()
+	_, port, ok := strings.Cut(m.Addr(), ":")
+	if !ok {
+		t.Fatalf("no port in %s", m.Addr())
+	}
+	return port
 }

@@ -7,6 +7,9 @@
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
 //
+// A test of replication starts MySQL servers of its own, with a binary log,
+// through [StartReplicableMySQL].
+//
 // Every process dies with the test binary (Pdeathsig), logs to a file under
 // the package's work directory (kept, and its path printed, when a test
 // fails), and a part that cannot start names the missing binary and the make

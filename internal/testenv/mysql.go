@@ -37,6 +37,9 @@ type MySQL struct {
 	dir     string
 	dataDir string
 	port    int
+	// serverID, when not 0, gives the server a binary log and this
+	// server id, so that servers can replicate from each other.
+	serverID int
 }
 
 var sharedMySQL Shared[*MySQL]
@@ -61,6 +64,33 @@ func StartMySQL() (*MySQL, error) {
 		}
 		return m, nil
 	}
+	m, err := startPrivateMySQL(0)
+	if err != nil {
+		return nil, err
+	}
+	OnStop(m.Stop)
+	return m, nil
+}
+
+// StartReplicableMySQL starts a private server of its own (never the
+// external one) with a binary log (ROW format) and server id serverID, for
+// tests of replication: start two with different ids and make one the
+// replica of the other (CHANGE MASTER TO ...; START SLAVE). The server is
+// stopped when tb ends.
+func StartReplicableMySQL(tb testing.TB, serverID int) *MySQL {
+	tb.Helper()
+	if serverID <= 0 {
+		tb.Fatalf("testenv: server id %d: a replicating server needs an id above 0", serverID)
+	}
+	m, err := startPrivateMySQL(serverID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(m.Stop)
+	return m
+}
+
+func startPrivateMySQL(serverID int) (*MySQL, error) {
 	bin, err := lookPath("mariadbd")
 	if err != nil {
 		return nil, &MissingBinaryError{Binary: "mariadbd", Looked: "PATH, /usr/sbin", Fix: "run `make deps` (installs mariadb-server from Debian packages), or set " + EnvMySQLDSN + " to an existing server"}
@@ -81,7 +111,7 @@ func StartMySQL() (*MySQL, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &MySQL{bin: bin, dir: dir, dataDir: dataDir, port: port}
+	m := &MySQL{bin: bin, dir: dir, dataDir: dataDir, port: port, serverID: serverID}
 	m.baseDSN = mysql.NewConfig()
 	m.baseDSN.User = "root"
 	m.baseDSN.Net = "tcp"
@@ -89,7 +119,6 @@ func StartMySQL() (*MySQL, error) {
 	if err := m.Start(); err != nil {
 		return nil, err
 	}
-	OnStop(m.Stop)
 	return m, nil
 }
 
@@ -111,12 +140,16 @@ func (m *MySQL) Start() error {
 		"--socket=" + filepath.Join(m.dir, "mysqld.sock"),
 		"--pid-file=" + filepath.Join(m.dir, "mysqld.pid"),
 		"--skip-grant-tables",
-		"--skip-log-bin",
 		"--character-set-server=utf8mb4",
 		"--collation-server=utf8mb4_bin",
 		"--innodb-buffer-pool-size=64M",
 		"--innodb-flush-log-at-trx-commit=2",
 		"--max-connections=1000",
+	}
+	if m.serverID > 0 {
+		args = append(args, fmt.Sprintf("--server-id=%d", m.serverID), "--log-bin=mariadb-bin", "--binlog-format=ROW", "--relay-log=relay-bin")
+	} else {
+		args = append(args, "--skip-log-bin")
 	}
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
@@ -215,6 +248,10 @@ func WithAddr(dsn, addr string) string {
 	cfg.Addr = addr
 	return cfg.FormatDSN()
 }
+
+// Open is a handle on the server, without a database, for statements
+// about the server itself (replication). The caller closes it.
+func (m *MySQL) Open() (*sql.DB, error) { return sql.Open("mysql", m.baseDSN.FormatDSN()) }
 
 func (m *MySQL) ping(ctx context.Context) error {
 	db, err := sql.Open("mysql", m.baseDSN.FormatDSN())
