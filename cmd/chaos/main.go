@@ -29,7 +29,7 @@ func main() {
 	defer stop()
 	fmt.Printf("chaos: %s of faults every ~%s, seed %d\n", *duration, *every, *seed)
 	env := append([]string{"KRANE_SYNC__RESYNC_INTERVAL=30s"}, chaos.Env()...)
-	st, err := stack.Start(ctx, stack.Options{BinDir: *bin, Progress: os.Stdout, ProxyCtrl: true, CtrlEnv: chaos.CtrlEnv(),
+	st, err := stack.Start(ctx, stack.Options{BinDir: *bin, Progress: os.Stdout, ProxyCtrl: true, ReplicableMySQL: true, CtrlEnv: chaos.CtrlEnv(),
 		KraneEnv: map[string][]string{"local-a": env, "local-b": env}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: the stack did not start:", err)

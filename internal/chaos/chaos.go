@@ -109,9 +109,10 @@ type run struct {
 	// then an API deploy): a fault that needs desired state still holds it.
 	quiet sync.Mutex
 	// stores are the stores the churn and the checker used (a failover
-	// moves them to another database); Run closes them all.
+	// moves them to another server); Run closes them all.
 	stores []*store.Store
-	// dbMoves counts failovers, for the replica databases' names.
+	// dbMoves counts failovers, for the replicas' server ids (the first
+	// primary is 1).
 	dbMoves int
 	// lost is what a fault found lost in its own check (the database
 	// going back); the report adds it to what the end of the run finds.

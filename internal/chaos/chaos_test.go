@@ -38,7 +38,7 @@ func TestChaosShort(t *testing.T) {
 	defer cancel()
 	out := &logWriter{t: t}
 	env := append([]string{"KRANE_SYNC__RESYNC_INTERVAL=10s"}, chaos.Env()...)
-	st, err := stack.Start(ctx, stack.Options{BinDir: os.Getenv("KRANE_BIN_DIR"), Progress: out, ProxyCtrl: true, CtrlEnv: chaos.CtrlEnv(),
+	st, err := stack.Start(ctx, stack.Options{BinDir: os.Getenv("KRANE_BIN_DIR"), Progress: out, ProxyCtrl: true, ReplicableMySQL: true, CtrlEnv: chaos.CtrlEnv(),
 		KraneEnv: map[string][]string{"local-a": env, "local-b": env}})
 	if err != nil {
 		t.Fatal(err)

@@ -12,13 +12,15 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/testenv"
 )
 
 // The database going back in time: a restore from an older backup, and a
 // failover to an asynchronous replica that had not received the last
 // commits. Both follow docs/operating.md, "Backup, restore and failover":
-// ctrl is stopped, its database replaced, `ctrl admin migrate` and `ctrl
-// admin db restored` run, and ctrl started again. The churn goes on between
+// ctrl is stopped, its database replaced (restored, or a real replica
+// promoted), `ctrl admin migrate` and `ctrl admin db restored` run, and
+// ctrl started again. The churn goes on between
 // the backup (or the moment the replica stopped) and the fault, so the
 // clusters run changes the database ctrl comes back on does not hold. Every
 // region's krane must bootstrap each kind again; the end of the run holds
@@ -43,28 +45,50 @@ func restoreFromBackup(ctx context.Context, r *run, _ string) error {
 	})
 }
 
-// failoverToLaggingReplica copies ctrl's database into another database
-// (the replica, which stops receiving changes there), lets the churn go on
-// on the primary for a few seconds, then fails ctrl over to the replica.
-// The old primary is left alone: nothing writes to it any more, as if it
-// had been made read-only.
+// failoverToLaggingReplica starts a replica of ctrl's MySQL server (a
+// second mariadbd following the primary's binary log), waits until it has
+// caught up, stops replication, lets the churn go on on the primary for a
+// few seconds, then fails ctrl over to the replica: it is promoted (RESET
+// SLAVE ALL) and becomes the stack's server, and the old primary is
+// stopped, gone as a failed primary is.
 func failoverToLaggingReplica(ctx context.Context, r *run, _ string) error {
-	dump, err := r.backup(ctx, r.st.DSN)
+	primary := r.st.MySQL
+	_, db, err := mariadbArgs(r.st.DSN)
 	if err != nil {
 		return err
 	}
 	r.dbMoves++
-	name := fmt.Sprintf("krane_replica_%d", r.dbMoves)
-	if err := r.st.MySQL.CreateDatabase(name); err != nil {
-		return fmt.Errorf("create the replica's database: %w", err)
+	replica, err := testenv.StartReplicableMySQLServer(r.dbMoves + 1)
+	if err != nil {
+		return fmt.Errorf("start a replica (the stack's MySQL needs ReplicableMySQL): %w", err)
 	}
-	replica := r.st.MySQL.DSN(name)
-	if err := load(ctx, replica, dump); err != nil {
+	if err := replica.Follow(ctx, primary); err != nil {
 		return err
 	}
+	// Like a backup, the replica stops where no deploy workflow is running.
+	r.quiet.Lock()
+	err = r.workflowsEnded(ctx)
+	if err == nil {
+		err = replica.CatchUp(ctx, primary, time.Minute)
+	}
+	if err == nil {
+		err = replica.Exec(ctx, "STOP SLAVE")
+	}
+	r.quiet.Unlock()
+	if err != nil {
+		return err
+	}
+	r.logf("the replica %s caught up and stopped replicating", replica.Addr())
 	since := r.ch.changes()
 	sleep(ctx, time.Duration(2000+r.rng.IntN(3000))*time.Millisecond)
-	return r.goBack(ctx, since, "failover to "+name, func() (string, error) { return replica, nil })
+	return r.goBack(ctx, since, "failover to the replica at "+replica.Addr(), func() (string, error) {
+		primary.Stop()
+		if err := replica.Exec(ctx, "RESET SLAVE ALL"); err != nil {
+			return "", err
+		}
+		r.st.UseMySQL(replica)
+		return replica.DSN(db), nil
+	})
 }
 
 // backup dumps the database at dsn once no deploy workflow is running (a
@@ -111,14 +135,15 @@ func load(ctx context.Context, dsn string, dump []byte) error {
 // starts ctrl again and waits until every region's krane bootstrapped
 // every kind again. Then, the churn still held, every cluster must come to
 // hold what that database holds; what differs after settleAfterGoingBack
-// is lost. since is the churn's count of changes when the backup was taken.
+// is lost. since is the churn's count of changes at the backup (or when
+// the replica stopped).
 func (r *run) goBack(ctx context.Context, since int, reason string, replace func() (string, error)) error {
 	r.quiet.Lock()
 	defer r.quiet.Unlock()
 	if err := r.workflowsEnded(ctx); err != nil {
 		return err
 	}
-	r.logf("%d changes committed since the backup are about to be lost with it", r.ch.changes()-since)
+	r.logf("%d changes committed after the backup (or after the replica stopped) are about to be lost", r.ch.changes()-since)
 	before := map[string]map[string]float64{}
 	for _, region := range regions(r.st) {
 		if err := r.ck.waitLeading(ctx, region); err != nil {

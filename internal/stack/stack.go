@@ -51,6 +51,9 @@ type Options struct {
 	// ProxyCtrl routes each krane's connection to ctrl through a loopback
 	// proxy that tests can cut or stall (Proxy(region)).
 	ProxyCtrl bool
+	// ReplicableMySQL gives MySQL a binary log (server id 1), so that a
+	// replica can follow it (testenv.StartReplicableMySQLServer).
+	ReplicableMySQL bool
 	// CtrlOnly starts MySQL, Restate and ctrl, and no cluster or krane
 	// (Regions are then ignored): for clients that play the clusters, like
 	// the fleet benchmark.
@@ -143,6 +146,10 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	go func() {
 		defer wg.Done()
 		errs[0] = s.step("MySQL", func() (err error) {
+			if s.opts.ReplicableMySQL {
+				s.MySQL, err = testenv.StartReplicableMySQLServer(1)
+				return err
+			}
 			s.MySQL, err = testenv.StartMySQL()
 			return err
 		})
@@ -398,6 +405,15 @@ func (s *Stack) UseDatabase(dsn string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.DSN = dsn
+}
+
+// UseMySQL makes m the stack's MySQL server (a promoted replica): faults
+// and Stop act on it from now on. The caller points ctrl at a database on
+// it with UseDatabase.
+func (s *Stack) UseMySQL(m *testenv.MySQL) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.MySQL = m
 }
 
 // CtrlReplica is a further `ctrl serve` against the stack's MySQL and

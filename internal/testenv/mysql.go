@@ -79,15 +79,72 @@ func StartMySQL() (*MySQL, error) {
 // stopped when tb ends.
 func StartReplicableMySQL(tb testing.TB, serverID int) *MySQL {
 	tb.Helper()
-	if serverID <= 0 {
-		tb.Fatalf("testenv: server id %d: a replicating server needs an id above 0", serverID)
-	}
-	m, err := startPrivateMySQL(serverID)
+	m, err := StartReplicableMySQLServer(serverID)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(m.Stop)
 	return m
+}
+
+// StartReplicableMySQLServer is StartReplicableMySQL outside a test: Main
+// (or StopAll) stops the server.
+func StartReplicableMySQLServer(serverID int) (*MySQL, error) {
+	if serverID <= 0 {
+		return nil, fmt.Errorf("testenv: server id %d: a replicating server needs an id above 0", serverID)
+	}
+	m, err := startPrivateMySQL(serverID)
+	if err != nil {
+		return nil, err
+	}
+	OnStop(m.Stop)
+	return m, nil
+}
+
+// Follow makes m a replica of primary from the start of primary's binary
+// log (both replicable servers), and starts replication.
+func (m *MySQL) Follow(ctx context.Context, primary *MySQL) error {
+	host, port, ok := strings.Cut(primary.Addr(), ":")
+	if !ok {
+		return fmt.Errorf("testenv: no port in %s", primary.Addr())
+	}
+	if err := m.exec(ctx, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST='%s', MASTER_PORT=%s, MASTER_USER='root'", host, port)); err != nil {
+		return fmt.Errorf("testenv: make %s a replica of %s: %w", m.Addr(), primary.Addr(), err)
+	}
+	return m.exec(ctx, "START SLAVE")
+}
+
+// CatchUp waits up to timeout until the replica m has applied everything
+// primary has committed so far.
+func (m *MySQL) CatchUp(ctx context.Context, primary *MySQL, timeout time.Duration) error {
+	pos, err := primary.queryString(ctx, "SELECT @@gtid_binlog_pos")
+	if err != nil {
+		return err
+	}
+	got, err := m.queryString(ctx, fmt.Sprintf("SELECT MASTER_GTID_WAIT('%s', %d)", pos, int(timeout.Seconds())))
+	if err != nil {
+		return err
+	}
+	if got != "0" {
+		return fmt.Errorf("testenv: the replica %s did not reach the primary's position %s within %s", m.Addr(), pos, timeout)
+	}
+	return nil
+}
+
+// Exec runs a statement on the server, without a database.
+func (m *MySQL) Exec(ctx context.Context, stmt string) error { return m.exec(ctx, stmt) }
+
+func (m *MySQL) queryString(ctx context.Context, query string) (string, error) {
+	db, err := m.Open()
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var v sql.NullString
+	if err := db.QueryRowContext(ctx, query).Scan(&v); err != nil {
+		return "", fmt.Errorf("testenv: %s on %s: %w", query, m.Addr(), err)
+	}
+	return v.String, nil
 }
 
 func startPrivateMySQL(serverID int) (*MySQL, error) {
@@ -147,7 +204,9 @@ func (m *MySQL) Start() error {
 		"--max-connections=1000",
 	}
 	if m.serverID > 0 {
-		args = append(args, fmt.Sprintf("--server-id=%d", m.serverID), "--log-bin=mariadb-bin", "--binlog-format=ROW", "--relay-log=relay-bin")
+		// log-slave-updates: a promoted replica's binary log holds what it
+		// received too, so that a new replica can follow it from scratch.
+		args = append(args, fmt.Sprintf("--server-id=%d", m.serverID), "--log-bin=mariadb-bin", "--binlog-format=ROW", "--relay-log=relay-bin", "--log-slave-updates")
 	} else {
 		args = append(args, "--skip-log-bin")
 	}
