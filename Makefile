@@ -8,7 +8,8 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := build
 
 GO        ?= go
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The release, or the development version of the next one (scripts/version.sh).
+VERSION   ?= $(shell ./scripts/version.sh 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X krane.dev/internal/version.Version=$(VERSION)
 TOOLS_BIN := $(CURDIR)/.tools/bin
 STAMPS    := $(CURDIR)/.tools/stamps

@@ -84,7 +84,10 @@ func writeFleet(out io.Writer, resp *ctrlv1.ListClustersResponse, now time.Time)
 		if t := c.GetLastHeartbeatAt(); t != nil {
 			hb = now.Sub(t.AsTime()).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", c.GetId(), c.GetRegion(), c.GetActiveTokens(), hb, or(c.GetAgentVersion(), "-"), controllers(c))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", c.GetId(), c.GetRegion(), c.GetActiveTokens(), hb, agent(c), controllers(c))
+		if m := c.GetAgentSkewMessage(); m != "" {
+			down = append(down, c.GetId()+": "+m)
+		}
 		for _, ctl := range c.GetControllers() {
 			if !ctl.GetRunning() {
 				down = append(down, fmt.Sprintf("%s: controller %s is not running: %s", c.GetId(), ctl.GetName(), or(ctl.GetLastError(), "no error reported")))
@@ -119,6 +122,19 @@ func writeFleet(out io.Writer, resp *ctrlv1.ListClustersResponse, now time.Time)
 		fmt.Fprintln(out, strings.Join(down, "\n"))
 	}
 	return nil
+}
+
+// agent is the host's krane version, marked when it stands outside ctrl's
+// skew window (docs/compatibility.md).
+func agent(c *ctrlv1.ClusterInfo) string {
+	v := or(c.GetAgentVersion(), "-")
+	switch c.GetAgentSkew() {
+	case "too-old":
+		return v + " (too old: refused)"
+	case "newer-than-ctrl":
+		return v + " (newer than ctrl)"
+	}
+	return v
 }
 
 // controllers is "name version, ..." with "(not running)" marks, or "not

@@ -33,6 +33,7 @@ import (
 	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/version"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -170,6 +171,8 @@ func clusterInfo(c store.Cluster, heads map[store.HeadKey]uint64, errCounts map[
 	info := &ctrlv1.ClusterInfo{
 		Id: c.ID, Region: c.Region, RegisteredAt: timestamppb.New(c.CreatedAt),
 		AgentVersion: c.AgentVersion, ActiveTokens: int32(c.ActiveTokens),
+		AgentSkew:        version.HostSkew(version.Version, c.AgentVersion).String(),
+		AgentSkewMessage: version.HostSkewMessage(version.Version, c.AgentVersion),
 	}
 	if !c.LastHeartbeatAt.IsZero() {
 		info.LastHeartbeatAt = timestamppb.New(c.LastHeartbeatAt)

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/version"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -28,6 +29,8 @@ type Collector struct {
 	lagS    *prometheus.Desc
 	parked  *prometheus.Desc
 	hbAge   *prometheus.Desc
+	agent   *prometheus.Desc
+	skew    *prometheus.Desc
 	readErr *prometheus.Desc
 	failed  bool
 }
@@ -54,6 +57,10 @@ func NewCollector(st *store.Store, log hclog.Logger) *Collector {
 			"Objects of the kind the cluster's host holds parked (failed permanently), as of its last heartbeat.", kind, nil),
 		hbAge: prometheus.NewDesc("krane_ctrl_cluster_heartbeat_age_seconds",
 			"Seconds since the cluster's last heartbeat (hosts send one every 30s).", []string{"region", "cluster"}, nil),
+		agent: prometheus.NewDesc("krane_ctrl_cluster_agent_info",
+			"1 per cluster, labelled with the krane version its host last reported and where that stands against this ctrl's skew window (in-window, too-old: refused, newer-than-ctrl, unknown; docs/compatibility.md).", []string{"region", "cluster", "version", "skew"}, nil),
+		skew: prometheus.NewDesc("krane_ctrl_agents",
+			"Registered clusters by where their host's krane version stands against this ctrl's skew window (in-window, too-old: refused, newer-than-ctrl, unknown).", []string{"skew"}, nil),
 		readErr: prometheus.NewDesc("krane_ctrl_fleet_metrics_read_failed",
 			"1 when the last read of the fleet view for these metrics failed (the cluster series are then missing).", nil, nil),
 	}
@@ -65,6 +72,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lagS
 	ch <- c.parked
 	ch <- c.hbAge
+	ch <- c.agent
+	ch <- c.skew
 	ch <- c.readErr
 }
 
@@ -73,7 +82,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	resp, failed := c.read()
 	ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, b2f(failed))
 	now := c.now()
+	skews := map[string]int{}
+	for _, s := range []version.Skew{version.InWindow, version.Unknown, version.Newer, version.TooOld} {
+		skews[s.String()] = 0
+	}
 	for _, ci := range resp.GetClusters() {
+		skews[ci.GetAgentSkew()]++
+		ch <- prometheus.MustNewConstMetric(c.agent, prometheus.GaugeValue, 1, ci.GetRegion(), ci.GetId(), ci.GetAgentVersion(), ci.GetAgentSkew())
 		if hb := ci.GetLastHeartbeatAt(); hb != nil {
 			ch <- prometheus.MustNewConstMetric(c.hbAge, prometheus.GaugeValue, now.Sub(hb.AsTime()).Seconds(), ci.GetRegion(), ci.GetId())
 		}
@@ -88,6 +103,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			if k.Parked != nil {
 				ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(k.GetParked()), labels...)
 			}
+		}
+	}
+	if !failed {
+		for s, n := range skews {
+			ch <- prometheus.MustNewConstMetric(c.skew, prometheus.GaugeValue, float64(n), s)
 		}
 	}
 }

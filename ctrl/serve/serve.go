@@ -61,6 +61,9 @@ type Deps struct {
 	Listener clusterapi.StatusListener
 	// WorkflowHooks are passed to the Restate services (tests only).
 	WorkflowHooks workflows.Hooks
+	// Version is the release whose skew window the ClusterService holds
+	// krane hosts to; empty: this build's (tests play other releases).
+	Version string
 }
 
 type mysqlLogger struct{ log hclog.Logger }
@@ -152,7 +155,12 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,
 		Logger: log, Registerer: reg,
 	})
-	opts, err := GRPCServerOptions(cfg.GRPC, authn, log)
+	ctrlVersion := deps.Version
+	if ctrlVersion == "" {
+		ctrlVersion = version.Version
+	}
+	skew := clusterapi.NewSkew(ctrlVersion, st.RecordAgentVersion, log, reg)
+	opts, err := GRPCServerOptions(cfg.GRPC, authn, skew, log)
 	if err != nil {
 		return nil, err
 	}
@@ -397,7 +405,7 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 // credentials, authentication, bounds and error interceptors, message size
 // limits and keepalive enforcement that tolerates agents' pings on idle
 // streams.
-func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, log hclog.Logger) ([]grpc.ServerOption, error) {
+func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, skew *clusterapi.Skew, log hclog.Logger) ([]grpc.ServerOption, error) {
 	creds, err := transportCredentials(c)
 	if err != nil {
 		return nil, err
@@ -412,11 +420,13 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, log hclog.Logger
 	return []grpc.ServerOption{
 		grpc.Creds(creds),
 		// Authentication first (an unknown caller learns nothing of the
-		// bounds), then the bounds every request declares on its proto,
+		// bounds), then the version skew check (a krane host too old for
+		// this ctrl is told so in words, not refused by a bound it never
+		// knew), then the bounds every request declares on its proto,
 		// before any handler; innermost, the one mapping of the errors
 		// handlers return to statuses (api.Status).
-		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor(), bounds.UnaryInterceptor(), api.UnaryInterceptor(log)),
-		grpc.ChainStreamInterceptor(authn.StreamInterceptor(), bounds.StreamInterceptor(), api.StreamInterceptor(log)),
+		grpc.ChainUnaryInterceptor(authn.UnaryInterceptor(), skew.UnaryInterceptor(), bounds.UnaryInterceptor(), api.UnaryInterceptor(log)),
+		grpc.ChainStreamInterceptor(authn.StreamInterceptor(), skew.StreamInterceptor(), bounds.StreamInterceptor(), api.StreamInterceptor(log)),
 		grpc.MaxRecvMsgSize(recv),
 		grpc.MaxSendMsgSize(send),
 		// Agents ping idle streams (proxies drop silent connections); allow

@@ -623,3 +623,13 @@ func heartbeatColumns(hb HeartbeatData) (string, sql.NullString, sql.NullString,
 	}
 	return string(raw), controllers, parked, nil
 }
+
+// RecordAgentVersion stores the version a cluster's host runs without
+// counting it as a heartbeat: ctrl refuses hosts outside its skew window
+// (docs/compatibility.md), and the fleet views still show what they run.
+func (s *Store) RecordAgentVersion(ctx context.Context, clusterID, region, version string) error {
+	if _, err := s.db.ExecContext(ctx, "UPDATE clusters SET agent_version = ? WHERE id = ? AND region = ?", version, clusterID, region); err != nil {
+		return fmt.Errorf("store: record the agent version of cluster %s: %w", clusterID, err)
+	}
+	return nil
+}

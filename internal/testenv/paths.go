@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -88,10 +89,47 @@ func BuildBinary(pkg, name string) (string, error) {
 			return
 		}
 		r.path = filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", r.path, pkg)
+		// Stamped like `make build`, so the binaries place themselves in
+		// the skew window (internal/version) as a release's would.
+		cmd := exec.Command("go", "build", "-ldflags", "-X krane.dev/internal/version.Version="+BuildVersion(), "-o", r.path, pkg)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			r.err = fmt.Errorf("testenv: go build %s: %v\n%s", pkg, err, out)
 		}
 	})
 	return r.path, r.err
+}
+
+var buildVersion = sync.OnceValue(func() string {
+	root, err := RepoRoot()
+	if err != nil {
+		return "dev"
+	}
+	out, err := exec.Command(filepath.Join(root, "scripts", "version.sh")).Output()
+	if err != nil {
+		return "dev"
+	}
+	return strings.TrimSpace(string(out))
+})
+
+// BuildVersion is the version `make build` stamps into the binaries of
+// this checkout (scripts/version.sh), "dev" outside a git checkout.
+func BuildVersion() string { return buildVersion() }
+
+// RepoRoot is the directory of the repository's go.mod, found from the
+// working directory up (a test's working directory is its package's).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(b), "module krane.dev\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("not inside the krane repository (no go.mod of module krane.dev above the working directory)")
+		}
+		dir = parent
+	}
 }

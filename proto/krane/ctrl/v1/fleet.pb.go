@@ -291,9 +291,17 @@ type ClusterInfo struct {
 	// Whether the cluster counts for its region by the aggregation rule of
 	// actual state: its last heartbeat is at most two minutes old. A cluster
 	// that is not live holds no deploy or convergence back.
-	Live          bool `protobuf:"varint,10,opt,name=live,proto3" json:"live,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Live bool `protobuf:"varint,10,opt,name=live,proto3" json:"live,omitempty"`
+	// Where agent_version stands against the version skew window of the
+	// ctrl that answered (docs/compatibility.md): "in-window", "too-old"
+	// (refused on every call: nothing reaches the cluster),
+	// "newer-than-ctrl" (served; upgrade ctrl before hosts) or "unknown"
+	// (no version to judge, e.g. a build made without the Makefile).
+	AgentSkew string `protobuf:"bytes,11,opt,name=agent_skew,json=agentSkew,proto3" json:"agent_skew,omitempty"`
+	// Outside the window: why, and what to do.
+	AgentSkewMessage string `protobuf:"bytes,12,opt,name=agent_skew_message,json=agentSkewMessage,proto3" json:"agent_skew_message,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ClusterInfo) Reset() {
@@ -394,6 +402,20 @@ func (x *ClusterInfo) GetLive() bool {
 		return x.Live
 	}
 	return false
+}
+
+func (x *ClusterInfo) GetAgentSkew() string {
+	if x != nil {
+		return x.AgentSkew
+	}
+	return ""
+}
+
+func (x *ClusterInfo) GetAgentSkewMessage() string {
+	if x != nil {
+		return x.AgentSkewMessage
+	}
+	return ""
 }
 
 type KindProgress struct {
@@ -616,7 +638,7 @@ const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03(\x80\bR\tpageToken\"v\n" +
 	"\x14ListClustersResponse\x126\n" +
 	"\bclusters\x18\x01 \x03(\v2\x1a.krane.ctrl.v1.ClusterInfoR\bclusters\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc3\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x90\x04\n" +
 	"\vClusterInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12?\n" +
@@ -628,7 +650,10 @@ const file_krane_ctrl_v1_fleet_proto_rawDesc = "" +
 	"\x14controllers_reported\x18\b \x01(\bR\x13controllersReported\x12?\n" +
 	"\vcontrollers\x18\t \x03(\v2\x1d.krane.ctrl.v1.ControllerInfoR\vcontrollers\x12\x12\n" +
 	"\x04live\x18\n" +
-	" \x01(\bR\x04live\"\xbf\x02\n" +
+	" \x01(\bR\x04live\x12\x1d\n" +
+	"\n" +
+	"agent_skew\x18\v \x01(\tR\tagentSkew\x12,\n" +
+	"\x12agent_skew_message\x18\f \x01(\tR\x10agentSkewMessage\"\xbf\x02\n" +
 	"\fKindProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12!\n" +
 	"\fhead_version\x18\x02 \x01(\x04R\vheadVersion\x12\x1b\n" +
