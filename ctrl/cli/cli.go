@@ -144,23 +144,35 @@ func openStore(cmd *cobra.Command, needCurrent bool) (*store.Store, error) {
 }
 
 func newMigrate() *cobra.Command {
-	return &cobra.Command{
+	var plan bool
+	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Apply pending schema migrations (safe to run from several places at once)",
-		Args:  cobra.NoArgs,
+		Short: "Apply pending schema migrations (safe to run from several places at once); --plan shows them first",
+		Long: `Apply the schema migrations this ctrl carries that the database lacks, one at a
+time in version order. Each is an expand step (additive: replicas of the
+previous release keep working while it runs) or a contract step (removes
+what the previous release no longer reads; it needs the ctrl line it
+names, and older replicas stop serving, saying why, before it runs).
+See docs/compatibility.md. --plan lists what would run and changes nothing.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := openStore(cmd, false)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			applied, err := st.Migrate(cmd.Context())
-			if err != nil {
-				return err
-			}
 			out := cmd.OutOrStdout()
+			if plan {
+				return printMigrationPlan(cmd, st)
+			}
+			applied, err := st.MigrateReporting(cmd.Context(), func(m store.PlannedMigration) {
+				fmt.Fprintf(out, "applying %s (%s)...\n", m.Name, phaseWord(m.Phase))
+			})
 			for _, m := range applied {
 				fmt.Fprintf(out, "applied %s (version %d) in %s\n", m.Source, m.Version, m.Duration.Round(time.Millisecond))
+			}
+			if err != nil {
+				return err
 			}
 			if len(applied) == 0 {
 				fmt.Fprintln(out, "schema is current; nothing to apply")
@@ -168,6 +180,48 @@ func newMigrate() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&plan, "plan", false, "list the migrations that would run, expand or contract, and change nothing")
+	return cmd
+}
+
+// printMigrationPlan writes what `ctrl admin migrate` would apply.
+func printMigrationPlan(cmd *cobra.Command, st *store.Store) error {
+	plan, err := st.MigrationPlan(cmd.Context())
+	if err != nil {
+		return err
+	}
+	status, err := st.SchemaStatus(cmd.Context())
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if len(status.Ahead) > 0 {
+		fmt.Fprintf(out, "The database also holds %d migrations of a newer release than this ctrl (%s).\n", len(status.Ahead), version.Version)
+	}
+	if len(plan) == 0 {
+		fmt.Fprintln(out, "schema is current; nothing to apply")
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "VERSION\tMIGRATION\tPHASE\tWHAT IT MEANS FOR RUNNING REPLICAS")
+	for _, m := range plan {
+		note := "replicas of the previous release keep working"
+		switch m.Phase {
+		case store.Contract:
+			note = fmt.Sprintf("completes %05d; replicas older than ctrl %s stop serving (they say why)", m.Contracts, m.RequiresCtrl)
+		case "":
+			note = "from before phases were declared: apply with every replica of this release or later"
+		}
+		fmt.Fprintf(w, "%05d\t%s\t%s\t%s\n", m.Version, m.Name, phaseWord(m.Phase), note)
+	}
+	return w.Flush()
+}
+
+func phaseWord(p store.Phase) string {
+	if p == "" {
+		return "undeclared"
+	}
+	return string(p)
 }
 
 // readClusterList reads `REGION CLUSTER` lines from a file (or standard

@@ -85,8 +85,13 @@ type Server struct {
 	console  *consoleServer // nil when the console is off
 	cancel   context.CancelFunc
 	done     chan struct{}
-	errOnce  sync.Once
-	err      error
+	version  string // the release this ctrl serves as (Deps.Version)
+	// schemaWhy is the last reason readiness gave for not serving the
+	// schema ("" while it serves), so the reason is logged once per change.
+	schemaMu  sync.Mutex
+	schemaWhy string
+	errOnce   sync.Once
+	err       error
 }
 
 // NewLogger builds the process logger from the log settings.
@@ -143,8 +148,12 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 			return nil, err
 		}
 		for _, m := range applied {
-			log.Info("applied migration", "version", m.Version, "source", m.Source, "duration", m.Duration)
+			log.Info("applied migration", "version", m.Version, "source", m.Source, "phase", m.Phase, "duration", m.Duration)
 		}
+	}
+	if schema, err := st.SchemaStatus(ctx); err == nil && len(schema.Ahead) > 0 {
+		log.Info("the database holds migrations of a newer release; serving, as its expand steps keep this release working (docs/compatibility.md)",
+			"ahead", schema.Ahead, "schema_requires", schema.MinCtrl)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -239,7 +248,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	}
 	s := &Server{
 		cfg: cfg, log: log, store: st, registry: reg, authn: authn, grpc: gs, grpcLis: grpcLis, httpLis: httpLis,
-		restate: stack, console: cons, cancel: cancel, done: make(chan struct{}),
+		restate: stack, console: cons, cancel: cancel, done: make(chan struct{}), version: ctrlVersion,
 	}
 	s.http = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 
@@ -461,6 +470,26 @@ func transportCredentials(c GRPCConfig) (credentials.TransportCredentials, error
 	return inprocCreds{credentials.NewTLS(conf)}, nil
 }
 
+// servesSchema says whether this ctrl can serve the schema st describes
+// (store.SchemaStatus.Serves), logging each change of the answer: a
+// replica of an older release that a contract step left behind says so,
+// naming both versions, instead of failing queries.
+func (s *Server) servesSchema(st store.SchemaStatus) (bool, string) {
+	ok, why := st.Serves(s.version)
+	s.schemaMu.Lock()
+	changed := why != s.schemaWhy
+	s.schemaWhy = why
+	s.schemaMu.Unlock()
+	if changed {
+		if ok {
+			s.log.Info("this ctrl serves the database schema again", "ctrl_version", s.version, "schema_ahead", st.Ahead)
+		} else {
+			s.log.Error("not ready: "+why, "ctrl_version", s.version, "schema_requires", st.MinCtrl, "required_by", st.MinCtrlBy, "schema_ahead", st.Ahead)
+		}
+	}
+	return ok, why
+}
+
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -473,13 +502,13 @@ func (s *Server) httpHandler() http.Handler {
 			http.Error(w, "not ready: database unreachable: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		current, err := s.store.MigrationsCurrent(ctx)
+		schema, err := s.store.SchemaStatus(ctx)
 		if err != nil {
 			http.Error(w, "not ready: cannot read the schema version: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		if !current {
-			http.Error(w, "not ready: schema migrations are pending (run `ctrl admin migrate`)", http.StatusServiceUnavailable)
+		if ok, why := s.servesSchema(schema); !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")

@@ -322,3 +322,51 @@ func TestAuthRevocationPollIntervalIsValidated(t *testing.T) {
 		t.Fatalf("recheck 500ms: %v; want an error", err)
 	}
 }
+
+// TestSchemaPastThisReleaseIsNotServed: a replica of an older release
+// that finds the schema past what it can serve (a newer release applied a
+// contract step that needs ctrl v0.3 or later, and migrations it does not
+// know) goes unready with a reason naming both versions, logs it once,
+// and serves again when the requirement is one it meets. Migrations of a
+// newer release alone (expand steps) leave it ready.
+func TestSchemaPastThisReleaseIsNotServed(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{Deps: serve.Deps{Version: "v0.2.4"}})
+	base := "http://" + env.Server.HTTPAddr()
+	db := env.Store.DB()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES (99001, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, base+"/readyz"); code != 200 {
+		t.Fatalf("/readyz with an expand step of a newer release applied = %d %q; want ready", code, body)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES (99002, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO schema_requirements (migration, min_ctrl, recorded_at) VALUES (99002, 'v0.3', 1)"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		code, body := get(t, base+"/readyz")
+		if code != 503 {
+			t.Fatalf("/readyz past what v0.2.4 serves = %d %q; want 503", code, body)
+		}
+		for _, want := range []string{"v0.2.4", "99002", "v0.3 or later"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/readyz says %q, which does not name %q", body, want)
+			}
+		}
+	}
+	if n := strings.Count(env.Logs.String(), "the database schema is past what this ctrl (v0.2.4) can serve"); n != 1 {
+		t.Errorf("the reason was logged %d times over two probes; want once", n)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE schema_requirements SET min_ctrl = 'v0.2' WHERE migration = 99002"); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, base+"/readyz"); code != 200 {
+		t.Fatalf("/readyz once the requirement is v0.2 = %d %q; want ready", code, body)
+	}
+	if !strings.Contains(env.Logs.String(), "serves the database schema again") {
+		t.Error("serving again was not logged")
+	}
+}

@@ -1,6 +1,9 @@
 package store
 
-import "context"
+import (
+	"context"
+	"io/fs"
+)
 
 // QueuedWrites is how many WriteTx calls wait for a group commit (tests
 // use it to build a batch of a known size).
@@ -16,7 +19,7 @@ func (s *Store) QueuedWrites() int {
 // MigrateTo applies the migrations up to version v (a test's database at
 // an older schema).
 func (s *Store) MigrateTo(ctx context.Context, v int64) error {
-	p, err := s.provider()
+	p, err := s.provider(s.db)
 	if err != nil {
 		return err
 	}
@@ -26,10 +29,17 @@ func (s *Store) MigrateTo(ctx context.Context, v int64) error {
 
 // MigrateDownTo rolls the migrations back to version v.
 func (s *Store) MigrateDownTo(ctx context.Context, v int64) error {
-	p, err := s.provider()
+	p, err := s.provider(s.db)
 	if err != nil {
 		return err
 	}
 	_, err = p.DownTo(ctx, v)
 	return err
 }
+
+// UseMigrations makes the store apply fsys's migrations instead of the
+// embedded ones.
+func (s *Store) UseMigrations(fsys fs.FS) { s.migrations = fsys }
+
+// EmbeddedMigrations are the migrations the binary carries.
+func EmbeddedMigrations() fs.FS { return migrationsFS() }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 	"sync"
 	"time"
@@ -60,8 +61,11 @@ type PoolOptions struct {
 
 // Store is ctrl's database.
 type Store struct {
-	db     *sql.DB
-	writes *groupCommitter // nil: group commit off
+	db  *sql.DB
+	cfg *mysql.Config // what db connects with (migrations open their own)
+	// migrations replace the embedded ones (tests of the migrator).
+	migrations fs.FS
+	writes     *groupCommitter // nil: group commit off
 
 	hooksMu sync.RWMutex
 	hooks   TestHooks
@@ -121,7 +125,7 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: cannot reach the database at %s: %w (check the DSN and that the server is up)", cfg.Addr, err)
 	}
-	s := &Store{db: db}
+	s := &Store{db: db, cfg: cfg}
 	if pool.MaxWriteBatch <= 0 {
 		pool.MaxWriteBatch = 64
 	}
