@@ -13,9 +13,12 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/mr-tron/base58"
+	"github.com/prometheus/client_golang/prometheus"
 	restate "github.com/restatedev/sdk-go"
 	"github.com/restatedev/sdk-go/server"
 )
@@ -31,9 +34,21 @@ type Endpoint struct {
 	srv      *http.Server
 }
 
-// NewEndpoint builds the endpoint for services (see Services), checking
-// requests against identityKeys (publickeyv1_...; none: no check).
-func NewEndpoint(services []restate.ServiceDefinition, log hclog.Logger, identityKeys []string) (*Endpoint, error) {
+// EndpointOptions shape an Endpoint.
+type EndpointOptions struct {
+	Log hclog.Logger
+	// IdentityKeys check requests (publickeyv1_...; none: no check).
+	IdentityKeys []string
+	// Base is the path the services are served under (Base(version):
+	// "/v0.2"); empty serves them at the root.
+	Base string
+	// Registerer receives krane_ctrl_restate_misrouted_total.
+	Registerer prometheus.Registerer
+}
+
+// NewEndpoint builds the endpoint for services (see Services).
+func NewEndpoint(services []restate.ServiceDefinition, o EndpointOptions) (*Endpoint, error) {
+	log, identityKeys := o.Log, o.IdentityKeys
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
@@ -53,10 +68,24 @@ func NewEndpoint(services []restate.ServiceDefinition, log hclog.Logger, identit
 	if err != nil {
 		return nil, fmt.Errorf("build the Restate endpoint: %w", err)
 	}
+	misrouted := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "krane_ctrl_restate_misrouted_total",
+		Help: "Requests Restate sent this ctrl for the deployment of another ctrl line (by the path it asked for), refused unrun: that line's replicas must stay reachable until it is drained.",
+	}, []string{"base"})
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(misrouted)
+	}
+	var lastLog atomic.Int64
+	handler := mount(o.Base, h, func(got string) {
+		misrouted.WithLabelValues(got).Inc()
+		if now := time.Now().Unix(); lastLog.Swap(now) < now-10 {
+			log.Error("Restate called this ctrl for another line's deployment; refused, unrun (keep that line's replicas until `ctrl restate drain` says it is drained)", "serves", o.Base, "asked_for", got)
+		}
+	})
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
 	protocols.SetHTTP1(true) // health checks and `curl /discover`
-	return &Endpoint{services: services, srv: &http.Server{Handler: h, Protocols: &protocols}}, nil
+	return &Endpoint{services: services, srv: &http.Server{Handler: handler, Protocols: &protocols}}, nil
 }
 
 // identityKeyPrefix starts a v1 request identity public key; the rest is

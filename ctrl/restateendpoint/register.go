@@ -32,6 +32,10 @@ type RegisterResult struct {
 	Action       string
 	DeploymentID string
 	Reason       string
+	// Newer, when set, is a deployment of a newer ctrl line that takes
+	// the new invocations: this endpoint keeps serving only what is pinned
+	// to it, until it is drained.
+	Newer string
 }
 
 // RegisterOptions tune Register.
@@ -48,15 +52,20 @@ type RegisterOptions struct {
 //   - a URL Restate does not know is registered (no force);
 //   - a known URL whose services and handlers match ours, and which is the
 //     deployment Restate uses for each of our services, is left alone;
+//   - a known URL whose services Restate sends to a deployment of a newer
+//     ctrl line (LineOf) is left alone: during a roll the older line only
+//     finishes what is pinned to it;
 //   - otherwise the URL is registered again with force. Restate keeps a
 //     known URL's old schema when it is registered without force (new
 //     handlers would answer 404), and a URL registered before another
-//     deployment of the same services stays in the shadow of the newer
-//     one; force fixes both.
+//     deployment of the same services (of an older line, or of none)
+//     stays in the shadow of the newer one; force fixes both.
 //
-// Force re-discovers in place: invocations already running on this URL
-// continue on the new code, so only backward-compatible handler changes
-// belong in an in-place upgrade (see the package documentation).
+// A new URL never touches the deployments of other URLs: invocations
+// pinned to them finish on their code (versions.go). Force re-discovers in
+// place: invocations already running on this URL continue on the new
+// code, so only backward-compatible handler changes (a patch release of
+// the line) belong in an in-place upgrade.
 func Register(ctx context.Context, adminURL, endpointURL string, services []restate.ServiceDefinition, o RegisterOptions) (RegisterResult, error) {
 	c := o.HTTPClient
 	if c == nil {
@@ -75,7 +84,9 @@ func Register(ctx context.Context, adminURL, endpointURL string, services []rest
 		return RegisterResult{}, err
 	}
 	id := ""
+	uris := map[string]string{}
 	for _, d := range list.Deployments {
+		uris[d.ID] = d.URI
 		if normalizeURL(d.URI) == want {
 			id = d.ID
 		}
@@ -85,23 +96,55 @@ func Register(ctx context.Context, adminURL, endpointURL string, services []rest
 		return RegisterResult{Action: RegisterCreated, DeploymentID: got, Reason: "Restate did not know this endpoint"}, err
 	}
 
-	reason, err := staleness(ctx, c, admin, id, services)
+	reason, newer, err := staleness(ctx, c, admin, id, want, uris, services)
 	if err != nil {
 		return RegisterResult{}, err
 	}
-	if reason == "" && !o.Force {
-		return RegisterResult{Action: RegisterUnchanged, DeploymentID: id}, nil
+	if (newer != "" || reason == "") && !o.Force {
+		return RegisterResult{Action: RegisterUnchanged, DeploymentID: id, Newer: newer}, nil
 	}
-	if reason == "" {
+	switch {
+	case newer != "":
+		reason = "forced by the caller over the newer line's deployment " + newer + " (a rollback): new invocations come here again"
+	case reason == "":
 		reason = "forced by the caller"
 	}
 	got, err := post(ctx, c, admin, endpointURL, true)
 	return RegisterResult{Action: RegisterForced, DeploymentID: got, Reason: reason}, err
 }
 
-// staleness says why Restate's view of deployment id differs from the
-// services we serve ("" when it does not).
-func staleness(ctx context.Context, c *http.Client, admin, id string, services []restate.ServiceDefinition) (string, error) {
+// staleness says why Restate's view of deployment id (at URL ours)
+// differs from the services we serve ("" when it does not), and names a
+// deployment of a newer line that takes our services' new invocations:
+// then nothing is stale (re-registering with force would take the new
+// invocations back from the newer line), whatever the handlers say.
+func staleness(ctx context.Context, c *http.Client, admin, id, ours string, uris map[string]string, services []restate.ServiceDefinition) (reason, newer string, err error) {
+	var active struct {
+		Services []struct {
+			Name         string `json:"name"`
+			DeploymentID string `json:"deployment_id"`
+		} `json:"services"`
+	}
+	if err := adminJSON(ctx, c, http.MethodGet, admin+"/services", nil, &active); err != nil {
+		return "", "", err
+	}
+	for _, s := range services {
+		for _, a := range active.Services {
+			if a.Name != s.Name() || a.DeploymentID == id {
+				continue
+			}
+			if other := uris[a.DeploymentID]; newerLine(LineOf(other), LineOf(ours)) {
+				return "", a.DeploymentID + " (" + other + ")", nil
+			}
+			if reason == "" {
+				reason = fmt.Sprintf("Restate sends new %s invocations to deployment %s, registered after this endpoint", s.Name(), a.DeploymentID)
+			}
+		}
+	}
+	if reason != "" {
+		return reason, "", nil
+	}
+
 	var dep struct {
 		Services []struct {
 			Name     string `json:"name"`
@@ -114,7 +157,7 @@ func staleness(ctx context.Context, c *http.Client, admin, id string, services [
 		} `json:"services"`
 	}
 	if err := adminJSON(ctx, c, http.MethodGet, admin+"/deployments/"+id, nil, &dep); err != nil {
-		return "", err
+		return "", "", err
 	}
 	var theirs []string
 	for _, s := range dep.Services {
@@ -122,29 +165,12 @@ func staleness(ctx context.Context, c *http.Client, admin, id string, services [
 			theirs = append(theirs, handlerSig(s.Name, s.Ty, h.Name, h.Ty, h.Public != nil && !*h.Public))
 		}
 	}
-	ours := Signature(services)
+	sig := Signature(services)
 	slices.Sort(theirs)
-	if !slices.Equal(ours, theirs) {
-		return fmt.Sprintf("handlers differ: Restate has %v, this ctrl serves %v", theirs, ours), nil
+	if !slices.Equal(sig, theirs) {
+		return fmt.Sprintf("handlers differ: Restate has %v, this ctrl serves %v", theirs, sig), "", nil
 	}
-
-	var active struct {
-		Services []struct {
-			Name         string `json:"name"`
-			DeploymentID string `json:"deployment_id"`
-		} `json:"services"`
-	}
-	if err := adminJSON(ctx, c, http.MethodGet, admin+"/services", nil, &active); err != nil {
-		return "", err
-	}
-	for _, s := range services {
-		for _, a := range active.Services {
-			if a.Name == s.Name() && a.DeploymentID != id {
-				return fmt.Sprintf("Restate sends new %s invocations to deployment %s, registered after this endpoint", s.Name(), a.DeploymentID), nil
-			}
-		}
-	}
-	return "", nil
+	return "", "", nil
 }
 
 // Signature lists services' handlers as "Service(kind).handler(kind)",

@@ -30,7 +30,7 @@ type swappable struct{ h atomic.Pointer[http.Handler] }
 
 func (s *swappable) set(t *testing.T, services []restate.ServiceDefinition) {
 	t.Helper()
-	ep, err := restateendpoint.NewEndpoint(services, nil, nil)
+	ep, err := restateendpoint.NewEndpoint(services, restateendpoint.EndpointOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

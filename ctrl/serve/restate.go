@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,20 +48,26 @@ func WorkflowDeps(cfg Config, st *store.Store, log hclog.Logger) workflows.Deps 
 	}
 }
 
-// EndpointURL is the URL Restate calls: restate.endpoint.url, or derived
-// from the address the endpoint listens on.
-func EndpointURL(cfg Config, listening string) (string, error) {
-	if cfg.Restate.Endpoint.URL != "" {
-		return cfg.Restate.Endpoint.URL, nil
+// EndpointURL is the URL Restate calls a ctrl of version v at:
+// restate.endpoint.url (or one derived from the address the endpoint
+// listens on) and the path of v's line (restateendpoint.Base), so that
+// each ctrl line is a Restate deployment of its own.
+func EndpointURL(cfg Config, listening, v string) (string, error) {
+	u := cfg.Restate.Endpoint.URL
+	if u == "" {
+		var err error
+		if u, err = restateendpoint.EndpointURL(listening); err != nil {
+			return "", err
+		}
 	}
-	return restateendpoint.EndpointURL(listening)
+	return strings.TrimRight(u, "/") + restateendpoint.Base(v), nil
 }
 
 // startRestate starts the endpoint, the Notifier and background
 // registration (each stopped by ctx), and registers the deploy API on gs.
 // It returns before registration succeeds: ctrl serves clusters whether or
 // not Restate is up.
-func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.Store, gs *grpc.Server, reg prometheus.Registerer, hooks workflows.Hooks, keys *vault.Source) (*restateStack, error) {
+func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.Store, gs *grpc.Server, reg prometheus.Registerer, hooks workflows.Hooks, keys *vault.Source, ctrlVersion string) (*restateStack, error) {
 	if err := deployspec.ValidImage("sentinel.default_image", cfg.Sentinel.DefaultImage); err != nil {
 		return nil, err
 	}
@@ -80,7 +87,9 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		// beside the deploy workflow's own metrics.
 		reg.MustRegister(fleetapi.NewDeploymentCollector(st, log))
 	}
-	endpoint, err := restateendpoint.NewEndpoint(services, log, cfg.Restate.IdentityKeyList())
+	endpoint, err := restateendpoint.NewEndpoint(services, restateendpoint.EndpointOptions{
+		Log: log, IdentityKeys: cfg.Restate.IdentityKeyList(), Base: restateendpoint.Base(ctrlVersion), Registerer: reg,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +97,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	if err != nil {
 		return nil, fmt.Errorf("listen for Restate on %s (restate.endpoint.listen): %w", cfg.Restate.Endpoint.Listen, err)
 	}
-	url, err := EndpointURL(cfg, lis.Addr().String())
+	url, err := EndpointURL(cfg, lis.Addr().String(), ctrlVersion)
 	if err != nil {
 		lis.Close()
 		return nil, err
@@ -127,27 +136,47 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	return r, nil
 }
 
+// reregisterEvery is how often a registered ctrl checks that Restate
+// still routes its services as Register decides: a replica of an older
+// line restarting during a roll (v0.1 replicas take the services back on
+// start) hands new invocations back to the newest line within it.
+const reregisterEvery = time.Minute
+
 // register registers the endpoint, retrying with backoff (Restate may
-// start after ctrl) until it succeeds or ctx ends.
+// start after ctrl) until it succeeds, then checks again every
+// reregisterEvery, until ctx ends.
 func (r *restateStack) register(ctx context.Context, admin string, services []restate.ServiceDefinition, log hclog.Logger) {
 	backoff := 500 * time.Millisecond
+	last := ""
 	for {
 		res, err := restateendpoint.Register(ctx, admin, r.url, services, restateendpoint.RegisterOptions{})
-		if err == nil {
-			log.Info("registered with Restate", "action", res.Action, "deployment", res.DeploymentID, "reason", res.Reason, "url", r.url)
-			close(r.registered)
+		wait := reregisterEvery
+		switch {
+		case err == nil:
+			if said := res.Action + res.Newer; said != last || res.Action != restateendpoint.RegisterUnchanged {
+				log.Info("registered with Restate", "action", res.Action, "deployment", res.DeploymentID, "reason", res.Reason, "url", r.url)
+				if res.Newer != "" {
+					log.Info("a newer ctrl line takes new invocations; this replica finishes those pinned to its deployment, and can stop once `ctrl restate drain` says it is drained", "newer", res.Newer)
+				}
+				last = said
+			}
+			select {
+			case <-r.registered:
+			default:
+				close(r.registered)
+			}
+			backoff = 500 * time.Millisecond
+		case ctx.Err() != nil:
 			return
+		default:
+			log.Warn("cannot register with Restate; retrying (deploys wait until it works)", "admin", admin, "retry_in", backoff, "error", err)
+			wait, backoff = backoff, min(backoff*2, 30*time.Second)
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn("cannot register with Restate yet; retrying (deploys wait until it works)", "admin", admin, "retry_in", backoff, "error", err)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 

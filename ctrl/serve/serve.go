@@ -194,7 +194,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		listeners = append(listeners, deps.Listener)
 	}
 	if cfg.Restate.Enabled() {
-		if stack, err = startRestate(runCtx, cfg, log, st, gs, reg, deps.WorkflowHooks, keys); err != nil {
+		if stack, err = startRestate(runCtx, cfg, log, st, gs, reg, deps.WorkflowHooks, keys, ctrlVersion); err != nil {
 			cancel()
 			return nil, err
 		}
