@@ -30,6 +30,7 @@ import (
 
 	"buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	"buf.build/go/protovalidate"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -180,11 +181,20 @@ func redacted(fd protoreflect.FieldDescriptor) bool {
 	return ok && o.GetDebugRedact()
 }
 
+// Refused counts the requests refused past a bound, by method: a rise
+// after an upgrade means callers (an older CLI or host) send what a new
+// bound refuses. Register it with the server's registry.
+var Refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "krane_ctrl_requests_out_of_bounds_total",
+	Help: "Requests refused with INVALID_ARGUMENT because a field was past its declared bound (docs/operating.md, Limits), by method.",
+}, []string{"method"})
+
 // UnaryInterceptor checks every unary request before its handler runs.
 func UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if m, ok := req.(proto.Message); ok {
 			if err := Check("", m); err != nil {
+				Refused.WithLabelValues(info.FullMethod).Inc()
 				return nil, err
 			}
 		}
@@ -195,19 +205,25 @@ func UnaryInterceptor() grpc.UnaryServerInterceptor {
 // StreamInterceptor checks every message a client sends on a stream (for
 // ctrl's server streams: the one request) as the handler receives it.
 func StreamInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		return handler(srv, checkedStream{ss})
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return handler(srv, checkedStream{ServerStream: ss, method: info.FullMethod})
 	}
 }
 
-type checkedStream struct{ grpc.ServerStream }
+type checkedStream struct {
+	grpc.ServerStream
+	method string
+}
 
 func (s checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
 	if pm, ok := m.(proto.Message); ok {
-		return Check("", pm)
+		if err := Check("", pm); err != nil {
+			Refused.WithLabelValues(s.method).Inc()
+			return err
+		}
 	}
 	return nil
 }

@@ -159,6 +159,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewDBStatsCollector(st.DB(), "ctrl"))
 	registerWriteMetrics(reg, st)
+	reg.MustRegister(bounds.Refused)
 	reg.MustRegister(fleetapi.NewCollector(st, log))
 	authn := auth.New(st, auth.Options{
 		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,

@@ -58,6 +58,11 @@ type Options struct {
 	// (Regions are then ignored): for clients that play the clusters, like
 	// the fleet benchmark.
 	CtrlOnly bool
+	// RepoDir is the tree krane.hcl and the manifests krane is installed
+	// with are read from; default: this repository. The upgrade suite
+	// points it at the baseline release's tree, with BinDir at that
+	// release's binaries, to run the previous release as it was shipped.
+	RepoDir string
 }
 
 // Stack is a running system.
@@ -131,7 +136,7 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	}
 	s.dir = dir
 	if s.opts.KraneConfig == "" {
-		if s.opts.KraneConfig, err = repoFile("krane.hcl"); err != nil {
+		if s.opts.KraneConfig, err = s.repoFile("krane.hcl"); err != nil {
 			return nil, err
 		}
 	}
@@ -282,7 +287,29 @@ func (s *Stack) findBinaries() error {
 }
 
 // Bin is the path of one of the stack's binaries.
-func (s *Stack) Bin(name string) string { return s.bin[name] }
+func (s *Stack) Bin(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bin[name]
+}
+
+// UseBinary makes path the stack's binary name from the next start of
+// what runs it: ctrl or krane, or a plugin (krane-plugin-*, linked into
+// the plugin directory; a krane's next start or reload runs it). An
+// upgrade replaces a release's binaries one by one.
+func (s *Stack) UseBinary(name, path string) error {
+	s.mu.Lock()
+	s.bin[name] = path
+	s.mu.Unlock()
+	if !strings.HasPrefix(name, "krane-plugin-") {
+		return nil
+	}
+	link := filepath.Join(s.PluginDir(), name)
+	if err := os.Remove(link); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return os.Symlink(path, link)
+}
 
 // PluginDir is the plugin_dir every krane of the stack runs with.
 func (s *Stack) PluginDir() string { return filepath.Join(s.dir, "plugins") }
@@ -347,7 +374,7 @@ func (s *Stack) startCtrl() error {
 	s.CtrlHTTP = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[1])
 	s.ConsoleURL = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[3])
 	s.CtrlEndpoint = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[2])
-	p, err := testenv.StartProcess(s.dir, "ctrl", s.bin["ctrl"], []string{"serve"}, s.ctrlEnv())
+	p, err := testenv.StartProcess(s.dir, "ctrl", s.Bin("ctrl"), []string{"serve"}, s.ctrlEnv())
 	if err != nil {
 		return err
 	}
@@ -423,16 +450,43 @@ type CtrlReplica struct {
 	HTTP       string // http://host:port (health, metrics)
 	ConsoleURL string // http://host:port of its web console
 	p          *testenv.Process
+	bin        string
+	env        []string
 }
 
 // Stop stops the replica (SIGTERM).
 func (r *CtrlReplica) Stop() { r.p.Stop(10 * time.Second) }
+
+// Command prepares a command of the replica's ctrl binary aimed at the
+// replica (its address, the stack's operator token and database).
+func (r *CtrlReplica) Command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, r.bin, args...)
+	cmd.Env = append(os.Environ(), r.env...)
+	return cmd
+}
+
+// Process is the replica's process.
+func (r *CtrlReplica) Process() *testenv.Process { return r.p }
 
 // StartCtrlReplica starts another ctrl on its own ports, its web console
 // included, and waits until it is ready. It shares the database, the
 // vault keyring and Restate; Restate keeps calling the endpoint registered
 // by the first ctrl, so the replica does not register its own.
 func (s *Stack) StartCtrlReplica(name string) (*CtrlReplica, error) {
+	return s.StartCtrlReplicaWith(name, CtrlReplicaOptions{})
+}
+
+// CtrlReplicaOptions shape a further ctrl.
+type CtrlReplicaOptions struct {
+	// Bin is its binary (another release's ctrl); default the stack's.
+	Bin string
+	// Register makes it register its own Restate endpoint, as a replica
+	// of a new ctrl line does in a roll.
+	Register bool
+}
+
+// StartCtrlReplicaWith is StartCtrlReplica shaped by o.
+func (s *Stack) StartCtrlReplicaWith(name string, o CtrlReplicaOptions) (*CtrlReplica, error) {
 	ports, err := testenv.FreePorts(4)
 	if err != nil {
 		return nil, err
@@ -443,10 +497,15 @@ func (s *Stack) StartCtrlReplica(name string) (*CtrlReplica, error) {
 		"CTRL_GRPC_ADDR="+r.Addr,
 		"CTRL_HTTP_ADDR="+strings.TrimPrefix(r.HTTP, "http://"),
 		fmt.Sprintf("CTRL_RESTATE_ENDPOINT_LISTEN=127.0.0.1:%d", ports[2]),
-		"CTRL_RESTATE_REGISTER_ON_START=false",
+		fmt.Sprintf("CTRL_RESTATE_REGISTER_ON_START=%t", o.Register),
 		"CTRL_CONSOLE_ADDR="+strings.TrimPrefix(r.ConsoleURL, "http://"),
+		"CTRL_ADDR="+r.Addr,
 	)
-	if r.p, err = testenv.StartProcess(s.dir, name, s.bin["ctrl"], []string{"serve"}, env); err != nil {
+	r.env, r.bin = env, o.Bin
+	if r.bin == "" {
+		r.bin = s.Bin("ctrl")
+	}
+	if r.p, err = testenv.StartProcess(s.dir, name, r.bin, []string{"serve"}, env); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -482,7 +541,7 @@ func (s *Stack) Ctrl(ctx context.Context, args ...string) ([]byte, error) {
 
 // CtrlCommand prepares a ctrl command with the stack's connection settings.
 func (s *Stack) CtrlCommand(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, s.bin["ctrl"], args...)
+	cmd := exec.CommandContext(ctx, s.Bin("ctrl"), args...)
 	cmd.Env = append(os.Environ(), s.ctrlEnv()...)
 	return cmd
 }
@@ -524,7 +583,7 @@ func (s *Stack) launchKrane(ctx context.Context, region, name string) (*testenv.
 	// What deploy/README.md tells an operator to apply without kustomize,
 	// in that order.
 	for _, f := range []string{"deploy/base/krane/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/cilium/rbac.yaml", "deploy/base/krane/rbac.yaml"} {
-		p, err := repoFile(f)
+		p, err := s.repoFile(f)
 		if err != nil {
 			return nil, "", err
 		}
@@ -580,7 +639,7 @@ func (s *Stack) launchKrane(ctx context.Context, region, name string) (*testenv.
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := testenv.StartProcess(s.dir, name, s.bin["krane"], []string{"run", "-c", cfg}, env)
+	p, err := testenv.StartProcess(s.dir, name, s.Bin("krane"), []string{"run", "-c", cfg}, env)
 	if err != nil {
 		return nil, "", err
 	}
@@ -774,6 +833,19 @@ func httpOK(ctx context.Context, url string) error {
 		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	return nil
+}
+
+// repoFile is a file of the stack's tree (Options.RepoDir), or of this
+// repository.
+func (s *Stack) repoFile(rel string) (string, error) {
+	if s.opts.RepoDir == "" {
+		return repoFile(rel)
+	}
+	p := filepath.Join(s.opts.RepoDir, rel)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s not found in the tree at %s", rel, s.opts.RepoDir)
+	}
+	return p, nil
 }
 
 // repoFile finds a file of the repository from the working directory up.

@@ -73,6 +73,14 @@ func (p *Proxy) Restore() {
 	p.mode = proxyPass
 }
 
+// Retarget sends new connections to target; open ones stay where they are
+// (Cut them to move every client), as a Service moves to new endpoints.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
+
 // Close stops the proxy and its connections.
 func (p *Proxy) Close() {
 	p.mu.Lock()
@@ -102,7 +110,10 @@ func (p *Proxy) accept() {
 }
 
 func (p *Proxy) serve(client net.Conn) {
-	server, err := net.Dial("tcp", p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	server, err := net.Dial("tcp", target)
 	if err != nil {
 		client.Close()
 		return
