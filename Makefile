@@ -65,7 +65,7 @@ bin/krane-plugin-configmap:
 # without a Docker daemon (cmd/release). Nothing is pushed: the sdk's tag
 # and the images' push are printed.
 RELEASE_DIR := dist/$(VERSION)
-release: $(STAMPS)/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION) ## version-stamped binaries, SHA256SUMS, SBOMs and the krane and ctrl images (OCI layouts) into dist/VERSION; prints the sdk tag to push
+release: $(STAMPS)/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION) ## version-stamped binaries, SHA256SUMS, SBOMs, the krane and ctrl images (OCI layouts) and the built-in plugins' pins (plugins.hcl) into dist/VERSION; prints the sdk tag to push
 	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "VERSION=$(VERSION) is not a release version (vX.Y.Z): tag the commit, or run make release VERSION=vX.Y.Z" >&2; exit 1; }
 	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/bin $(RELEASE_DIR)/sbom
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/krane ./cmd/krane
@@ -75,9 +75,9 @@ release: $(STAMPS)/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION) ## version-stamped
 	CGO_ENABLED=0 $(GO) -C sdk build -trimpath -ldflags '-s -w -X krane.dev/sdk.version=$(VERSION)' -o $(CURDIR)/$(RELEASE_DIR)/bin/krane-plugin-configmap ./examples/configmap
 	cyclonedx-gomod mod -json -licenses=false -output $(RELEASE_DIR)/sbom/krane.cdx.json .
 	cyclonedx-gomod mod -json -licenses=false -output $(RELEASE_DIR)/sbom/sdk.cdx.json sdk
-	$(GO) run ./cmd/release -bin $(RELEASE_DIR)/bin -out $(RELEASE_DIR)/images -version $(VERSION)
-	cd $(RELEASE_DIR) && sha256sum bin/* sbom/* > SHA256SUMS
-	@echo "==> $(RELEASE_DIR): binaries, SHA256SUMS, sbom/, images/ (OCI layouts)"
+	$(GO) run ./cmd/release -bin $(RELEASE_DIR)/bin -out $(RELEASE_DIR)/images -version $(VERSION) -pins $(RELEASE_DIR)/plugins.hcl
+	cd $(RELEASE_DIR) && sha256sum bin/* sbom/* plugins.hcl > SHA256SUMS
+	@echo "==> $(RELEASE_DIR): binaries, SHA256SUMS, sbom/, images/ (OCI layouts), plugins.hcl (the built-in plugins' pins)"
 	@echo "==> the sdk's tag (not pushed here): git tag sdk/$(VERSION) $$(git rev-parse HEAD) && git push origin sdk/$(VERSION)"
 	@echo "    plugin authors then: go get krane.dev/sdk@$(VERSION)"
 

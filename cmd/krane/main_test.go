@@ -154,7 +154,7 @@ func TestValidate(t *testing.T) {
 	bad := map[string]string{
 		`controller "configmap" { config { allowed_namespace = ["a"] } }`:        `config key "allowed_namespace": unknown key`,
 		`controller "configmap" { config { allowed_namespaces = "a" } }`:         `config key "allowed_namespaces"`,
-		`controller "configmap" { sha256 = "` + strings.Repeat("ab", 32) + `" }`: "does not match its pinned sha256",
+		`controller "configmap" { sha256 = "` + strings.Repeat("ab", 32) + `" }`: "which its pin does not list",
 		`controller "configmap" { path = "nope" }`:                               "no such file",
 		`controller "configmap" { enabld = true }`:                               `unknown key "controller.configmap.enabld"`,
 	}

@@ -16,6 +16,7 @@ import (
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
 	"krane.dev/host/identity"
+	"krane.dev/internal/version"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 )
@@ -83,9 +84,15 @@ func describe(ctx context.Context, ctl config.Controller, level string) (sdk.Inf
 		return sdk.Info{}, fmt.Errorf("plugin binary: %w", err)
 	}
 	var sum []byte
-	if ctl.SHA256 != "" {
-		var err error
-		if sum, err = hex.DecodeString(ctl.SHA256); err != nil {
+	if len(ctl.SHA256) > 0 {
+		digest, err := config.FileSHA256(ctl.Path)
+		if err != nil {
+			return sdk.Info{}, fmt.Errorf("plugin binary: %w", err)
+		}
+		if err := ctl.PinError(digest, version.Version); err != nil {
+			return sdk.Info{}, err
+		}
+		if sum, err = hex.DecodeString(digest); err != nil {
 			return sdk.Info{}, err
 		}
 	}
@@ -98,7 +105,7 @@ func describe(ctx context.Context, ctl config.Controller, level string) (sdk.Inf
 	c, err := sdk.Dispense(client)
 	if err != nil {
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
-			return sdk.Info{}, fmt.Errorf("%s does not match its pinned sha256", ctl.Path)
+			return sdk.Info{}, fmt.Errorf("%s changed while it was starting and no longer matches its pinned sha256", ctl.Path)
 		}
 		return sdk.Info{}, err
 	}

@@ -292,7 +292,7 @@ func (a *Agent) startController(ctl config.Controller) {
 	run.plugin = p
 	a.controllers[ctl.Name] = run
 	go p.Run(ctx)
-	a.log.Info("controller enabled", "controller", ctl.Name, "path", ctl.Path, "pinned", ctl.SHA256 != "",
+	a.log.Info("controller enabled", "controller", ctl.Name, "path", ctl.Path, "pinned", len(ctl.SHA256) > 0,
 		"service_account", serviceAccount(a.cfg.Kubernetes, ctl))
 }
 

@@ -330,7 +330,7 @@ controller "missing" {
 		return nil
 	})
 	want := map[string]string{
-		"pinned":     "does not match its pinned sha256",
+		"pinned":     "which its pin does not list",
 		"unknownkey": `config key "lable": unknown key`,
 		"wrongtype":  `config key "label"`,
 		"missing":    "krane-plugin-does-not-exist: no such file",

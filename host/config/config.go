@@ -174,8 +174,11 @@ type Controller struct {
 	// Path of the plugin binary, relative to PluginDir unless absolute.
 	// Default: krane-plugin-NAME.
 	Path string `koanf:"path"`
-	// SHA256 pins the binary (hex); the plugin is refused if it differs.
-	SHA256 string `koanf:"sha256"`
+	// SHA256 pins the binary: its digest (hex), or a list of digests any
+	// of which may run (the old and the new release's, while an upgrade
+	// rolls); any other binary is refused (PinError). One string is a list
+	// of one.
+	SHA256 []string `koanf:"sha256"`
 	// ServiceAccount is the plugin's Kubernetes identity, in
 	// kubernetes.plugin_identities.namespace. Default: krane-plugin-NAME.
 	ServiceAccount string `koanf:"service_account"`
@@ -456,9 +459,11 @@ func (c *Config) finish(k *koanf.Koanf) error {
 		if !serviceAccountRE.MatchString(ctl.ServiceAccount) {
 			bad(key+".service_account", "%q is not a ServiceAccount name (lowercase letters, digits, dots and dashes)", ctl.ServiceAccount)
 		}
-		ctl.SHA256 = strings.ToLower(strings.TrimSpace(ctl.SHA256))
-		if ctl.SHA256 != "" && !sha256RE.MatchString(ctl.SHA256) {
-			bad(key+".sha256", "want 64 hex digits (sha256sum of the plugin binary)")
+		for i, pin := range ctl.SHA256 {
+			ctl.SHA256[i] = strings.ToLower(strings.TrimSpace(pin))
+			if !sha256RE.MatchString(ctl.SHA256[i]) {
+				bad(key+".sha256", "%q: want 64 hex digits (sha256sum of the plugin binary), or a list of them", pin)
+			}
 		}
 		if ctl.Config == nil {
 			ctl.Config = map[string]any{}

@@ -68,8 +68,8 @@ controller "b" {
 	if !a.Enabled || b.Enabled {
 		t.Errorf("enabled: a=%v b=%v", a.Enabled, b.Enabled)
 	}
-	if a.SHA256 != strings.ToLower("ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789") {
-		t.Errorf("sha256 = %s", a.SHA256)
+	if len(a.SHA256) != 1 || a.SHA256[0] != strings.ToLower("ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789") {
+		t.Errorf("sha256 = %v", a.SHA256)
 	}
 	if b.Path != "/opt/b" || a.Path != filepath.Join(filepath.Dir(p), "krane-plugin-a") {
 		t.Errorf("paths: a=%s b=%s", a.Path, b.Path)
@@ -258,5 +258,55 @@ kubernetes {
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("key %q", tc.key)) {
 			t.Errorf("%s: error %v, want one naming %s", tc.hcl, err, tc.key)
 		}
+	}
+}
+
+// TestPinsTakeOneDigestOrAList: a pin is one digest, as before, or a list
+// (the old and the new release's, while an upgrade rolls); a digest the
+// pin does not list is refused with an error naming the binary's digest,
+// and for a built-in plugin the krane release whose plugins.hcl lists it.
+func TestPinsTakeOneDigestOrAList(t *testing.T) {
+	old, next := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	p := write(t, base+`
+controller "deployment" {
+  sha256 = ["`+old+`", "`+strings.ToUpper(next)+`"]
+}
+controller "quota" {
+  sha256 = "`+old+`"
+}
+`)
+	cfg, err := Load(p, []string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep, quota := cfg.Controllers["deployment"], cfg.Controllers["quota"]
+	if len(dep.SHA256) != 2 || dep.SHA256[1] != next {
+		t.Fatalf("a list pin: %v", dep.SHA256)
+	}
+	for _, d := range []string{old, next} {
+		if err := dep.PinError(d, "v0.2.0"); err != nil {
+			t.Errorf("a digest the list holds: %v", err)
+		}
+	}
+	other := strings.Repeat("c", 64)
+	err = dep.PinError(other, "v0.2.0")
+	for _, want := range []string{`controller "deployment"`, "has sha256 " + other, "krane v0.2.0 ships", "plugins.hcl", `sha256 = "` + other + `"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("a built-in's pin mismatch: %v; want it to say %q", err, want)
+		}
+	}
+	if err := quota.PinError(other, "v0.2.0"); err == nil || strings.Contains(err.Error(), "plugins.hcl") || !strings.Contains(err.Error(), "update sha256 in krane.hcl") {
+		t.Errorf("a plugin author's pin mismatch: %v", err)
+	}
+	if err := (Controller{Name: "x"}).PinError(other, "v0.2.0"); err != nil {
+		t.Errorf("an unpinned controller: %v", err)
+	}
+	bad := write(t, base+`
+controller "deployment" {
+  sha256 = ["`+old+`", "nope"]
+}
+`)
+	if _, err := Load(bad, []string{}); err == nil || !strings.Contains(err.Error(), "sha256") || !strings.Contains(err.Error(), `"nope"`) {
+		t.Errorf("a list holding a bad digest: %v", err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"krane.dev/host/config"
+	"krane.dev/internal/version"
 	"krane.dev/sdk"
 )
 
@@ -177,7 +178,7 @@ func (p *Plugin) BinaryChanged() (changed bool, was, now string) {
 	if p.reattach != nil || was == "" {
 		return false, was, ""
 	}
-	now, err := fileSHA256(p.ctl.Path)
+	now, err := config.FileSHA256(p.ctl.Path)
 	if err != nil {
 		p.log.Warn("cannot read the plugin binary to see whether it changed", "path", p.ctl.Path, "error", err)
 		return false, was, ""
@@ -359,13 +360,18 @@ func ping(ctx context.Context, client *plugin.Client) error {
 
 func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Info, error) {
 	var sum []byte
-	if p.ctl.SHA256 != "" {
-		sum = mustHex(p.ctl.SHA256)
-	}
 	if p.reattach == nil {
-		digest, err := fileSHA256(p.ctl.Path)
+		digest, err := config.FileSHA256(p.ctl.Path)
 		if err != nil {
 			return nil, nil, sdk.Info{}, fmt.Errorf("controller %q: plugin binary %s: %w (set controller %q { path = ... } or plugin_dir in krane.hcl)", p.ctl.Name, p.ctl.Path, err, p.ctl.Name)
+		}
+		if err := p.ctl.PinError(digest, version.Version); err != nil {
+			return nil, nil, sdk.Info{}, err
+		}
+		if len(p.ctl.SHA256) > 0 {
+			// go-plugin checks it again as it starts the file: a binary
+			// swapped in between is refused too.
+			sum = mustHex(digest)
 		}
 		p.mu.Lock()
 		p.digest = digest
@@ -393,7 +399,7 @@ func (p *Plugin) start(ctx context.Context) (*plugin.Client, sdk.Plugin, sdk.Inf
 	ctl, err := sdk.Dispense(client)
 	if err != nil {
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
-			return fail(fmt.Errorf("controller %q: plugin binary %s does not match its pinned sha256 %s: refusing to run it (update sha256 in krane.hcl if the binary was upgraded on purpose)", p.ctl.Name, p.ctl.Path, p.ctl.SHA256))
+			return fail(fmt.Errorf("controller %q: plugin binary %s changed while it was starting and no longer matches its pinned sha256: refusing to run it; it is tried again", p.ctl.Name, p.ctl.Path))
 		}
 		return fail(fmt.Errorf("controller %q: start plugin %s: %w", p.ctl.Name, p.ctl.Path, err))
 	}

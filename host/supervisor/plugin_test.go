@@ -217,10 +217,15 @@ func TestRestartsAHungPlugin(t *testing.T) {
 // so and how to fix it.
 func TestRefusesABinaryThatDoesNotMatchItsPin(t *testing.T) {
 	fastTimings(t)
-	s := supervise(t, config.Controller{Path: noopBinary(t, "pinned"), SHA256: strings.Repeat("0", 64)})
+	bin := noopBinary(t, "pinned")
+	digest, err := config.FileSHA256(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := supervise(t, config.Controller{Path: bin, SHA256: []string{strings.Repeat("0", 64)}})
 	waitFor(t, "the pin refused", func() error {
 		err := s.p.LastError()
-		if err == nil || !strings.Contains(err.Error(), "does not match its pinned sha256") || !strings.Contains(err.Error(), "update sha256 in krane.hcl") {
+		if err == nil || !strings.Contains(err.Error(), "has sha256 "+digest+", which its pin does not list") || !strings.Contains(err.Error(), "update sha256 in krane.hcl") {
 			return fmt.Errorf("last error %v", err)
 		}
 		return nil

@@ -29,6 +29,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"krane.dev/host/config"
 )
 
 // User is the non-root user the images run as (distroless's "nonroot").
@@ -211,4 +213,41 @@ func Write(outDir, binDir, caFile, version string) (map[string]v1.Hash, error) {
 		}
 	}
 	return digests, nil
+}
+
+// PluginPins is the krane.hcl fragment that pins the built-in plugins of
+// the krane image of version, built from binDir: one controller block per
+// plugin with the sha256 of the binary the image ships. `make release`
+// writes it as plugins.hcl beside SHA256SUMS; cluster admins who pin the
+// built-ins copy the digests before moving the image (docs/operating.md,
+// "Upgrading").
+func PluginPins(binDir, version string) ([]byte, error) {
+	var krane Image
+	for _, img := range Images {
+		if img.Name == "krane" {
+			krane = img
+		}
+	}
+	var names []string
+	for src := range krane.Binaries {
+		if strings.HasPrefix(src, "krane-plugin-") {
+			names = append(names, src)
+		}
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The built-in plugins of krane %s, as its image ships them\n", version)
+	fmt.Fprintf(&b, "# (%s). To pin them, merge these sha256 lines into the controller\n", path.Dir(krane.Binaries[names[0]]))
+	b.WriteString("# blocks of krane.hcl before the image moves to this release, listing the\n")
+	b.WriteString("# previous release's digests too while the roll runs:\n")
+	b.WriteString("#   sha256 = [\"<previous>\", \"<this>\"]\n")
+	b.WriteString("# then this release's alone (docs/operating.md, \"Upgrading\").\n")
+	for _, src := range names {
+		sum, err := config.FileSHA256(filepath.Join(binDir, src))
+		if err != nil {
+			return nil, fmt.Errorf("pin %s: %w", src, err)
+		}
+		fmt.Fprintf(&b, "\ncontroller %q {\n  sha256 = %q\n}\n", strings.TrimPrefix(src, "krane-plugin-"), sum)
+	}
+	return []byte(b.String()), nil
 }

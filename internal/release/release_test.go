@@ -3,6 +3,7 @@ package release_test
 import (
 	"archive/tar"
 	"bytes"
+	"fmt"
 	"crypto/x509"
 	"debug/elf"
 	"errors"
@@ -12,26 +13,54 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
+	"krane.dev/host/config"
 	"krane.dev/internal/release"
 )
 
 const testVersion = "v9.8.7-releasetest"
 
+var (
+	builtOnce sync.Once
+	builtDir  string
+	builtErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
+}
+
 // buildBinaries builds what the images hold as `make release` does:
-// static (CGO_ENABLED=0), trimmed, version-stamped.
+// static (CGO_ENABLED=0), trimmed, version-stamped; once for the tests
+// of the package.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
+	builtOnce.Do(func() { builtDir, builtErr = build() })
+	if builtErr != nil {
+		t.Fatal(builtErr)
+	}
+	return builtDir
+}
+
+func build() (string, error) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	bin := t.TempDir()
+	bin, err := os.MkdirTemp("", "krane-release-test-")
+	if err != nil {
+		return "", err
+	}
 	// One go build for all: the packages they share compile once.
 	pkgs := map[string]string{
 		"krane": "./cmd/krane", "ctrl": "./cmd/ctrl",
@@ -45,14 +74,14 @@ func buildBinaries(t *testing.T) string {
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	for name, pkg := range pkgs {
 		if err := os.Rename(filepath.Join(bin, filepath.Base(pkg)), filepath.Join(bin, name)); err != nil && filepath.Base(pkg) != name {
-			t.Fatal(err)
+			return "", err
 		}
 	}
-	return bin
+	return bin, nil
 }
 
 // extract writes the image's flattened filesystem under dir and returns
@@ -202,5 +231,68 @@ func TestImagesRunAsTheDockerfileSays(t *testing.T) {
 		if again[name] != d {
 			t.Errorf("image %s: digest %s, then %s from the same binaries: not reproducible", name, d, again[name])
 		}
+	}
+}
+
+// TestPluginPinsAreWhatTheImageShips: the plugins.hcl `make release`
+// writes pins each built-in plugin with the digest of the binary in the
+// krane image, in the form krane.hcl takes: loaded as part of a krane.hcl,
+// every pin accepts the file the image holds at the plugin's path.
+func TestPluginPinsAreWhatTheImageShips(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries")
+	}
+	bin := buildBinaries(t)
+	out := t.TempDir()
+	if _, err := release.Write(out, bin, "/etc/ssl/certs/ca-certificates.crt", testVersion); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := release.PluginPins(bin, testVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := layout.FromPath(filepath.Join(out, "krane"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	extract(t, img, root)
+	hcl := filepath.Join(t.TempDir(), "krane.hcl")
+	conf := "region = \"r\"\ncluster_id = \"c\"\ncontrol_plane {\n  url = \"http://ctrl:7443\"\n  token = \"t\"\n}\nplugin_dir = \"" + filepath.Join(root, "usr/local/lib/krane/plugins") + "\"\n" + string(pins)
+	if err := os.WriteFile(hcl, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(hcl, nil)
+	if err != nil {
+		t.Fatalf("plugins.hcl as part of krane.hcl: %v\n%s", err, pins)
+	}
+	for _, name := range config.BuiltIn {
+		ctl, ok := cfg.Controllers[name]
+		if !ok || len(ctl.SHA256) != 1 {
+			t.Errorf("plugins.hcl pins controller %q as %+v", name, ctl)
+			continue
+		}
+		digest, err := config.FileSHA256(ctl.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ctl.PinError(digest, testVersion); err != nil {
+			t.Errorf("the image's %s: %v", ctl.Path, err)
+		}
+	}
+	if !strings.Contains(string(pins), testVersion) {
+		t.Errorf("plugins.hcl does not name its release:\n%s", pins)
 	}
 }
