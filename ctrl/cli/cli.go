@@ -165,8 +165,18 @@ See docs/compatibility.md. --plan lists what would run and changes nothing.`,
 			if plan {
 				return printMigrationPlan(cmd, st)
 			}
-			applied, err := st.MigrateReporting(cmd.Context(), func(m store.PlannedMigration) {
-				fmt.Fprintf(out, "applying %s (%s)...\n", m.Name, phaseWord(m.Phase))
+			lastReport := time.Time{}
+			applied, err := st.MigrateReporting(cmd.Context(), store.MigrateReport{
+				Starting: func(m store.PlannedMigration) {
+					fmt.Fprintf(out, "applying %s (%s)...\n", m.Name, phaseWord(m.Phase))
+				},
+				// A backfill reports every few seconds, not every batch.
+				Backfill: func(name string, p store.BackfillProgress) {
+					if time.Since(lastReport) >= 5*time.Second || p.Done >= p.Total {
+						lastReport = time.Now()
+						fmt.Fprintf(out, "  %s: %d of %d rows filled (%d batches)\n", name, p.Done, p.Total, p.Batches)
+					}
+				},
 			})
 			for _, m := range applied {
 				fmt.Fprintf(out, "applied %s (version %d) in %s\n", m.Source, m.Version, m.Duration.Round(time.Millisecond))

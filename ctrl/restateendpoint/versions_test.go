@@ -86,7 +86,7 @@ func TestLinesAreDeploymentsOfTheirOwn(t *testing.T) {
 	if err := r.Call(ctx, name+"/pinned/Wait/send", "x", &sent, nil); err != nil {
 		t.Fatal(err)
 	}
-	deps := waitDeployments(t, r, v2, func(d []restateendpoint.Deployment) bool { return len(d) == 1 && d[0].Pinned == 1 })
+	waitDeployments(t, r, v2, func(d []restateendpoint.Deployment) bool { return len(d) == 1 && d[0].Pinned == 1 })
 
 	res, err := restateendpoint.Register(ctx, r.AdminURL(), url3, v3, restateendpoint.RegisterOptions{})
 	if err != nil || res.Action != restateendpoint.RegisterCreated {
@@ -133,7 +133,7 @@ func TestLinesAreDeploymentsOfTheirOwn(t *testing.T) {
 	if string(body) != `"v0.2:x"` {
 		t.Fatalf("the invocation v0.2 started finished with %s %q; want it run to the end on v0.2's code", resp.Status, body)
 	}
-	deps = waitDeployments(t, r, v3, func(d []restateendpoint.Deployment) bool {
+	deps := waitDeployments(t, r, v3, func(d []restateendpoint.Deployment) bool {
 		for _, x := range d {
 			if x.Line == "v0.2" && !x.Drained() {
 				return false

@@ -143,7 +143,16 @@ func Start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps) (*Serve
 
 func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *store.Store) (*Server, error) {
 	if cfg.Migrate.OnStart {
-		applied, err := st.Migrate(ctx)
+		var lastReport time.Time
+		applied, err := st.MigrateReporting(ctx, store.MigrateReport{
+			Starting: func(m store.PlannedMigration) { log.Info("applying migration", "migration", m.Name, "phase", m.Phase) },
+			Backfill: func(name string, p store.BackfillProgress) {
+				if time.Since(lastReport) >= 10*time.Second || p.Done >= p.Total {
+					lastReport = time.Now()
+					log.Info("backfilling", "migration", name, "rows_done", p.Done, "rows_total", p.Total, "batches", p.Batches)
+				}
+			},
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -16,20 +16,9 @@ func (s *Store) QueuedWrites() int {
 	return len(s.writes.queue)
 }
 
-// MigrateTo applies the migrations up to version v (a test's database at
-// an older schema).
-func (s *Store) MigrateTo(ctx context.Context, v int64) error {
-	p, err := s.provider(s.db)
-	if err != nil {
-		return err
-	}
-	_, err = p.UpTo(ctx, v)
-	return err
-}
-
 // MigrateDownTo rolls the migrations back to version v.
 func (s *Store) MigrateDownTo(ctx context.Context, v int64) error {
-	p, err := s.provider(s.db)
+	p, err := s.provider(s.db, nil)
 	if err != nil {
 		return err
 	}
@@ -43,3 +32,8 @@ func (s *Store) UseMigrations(fsys fs.FS) { s.migrations = fsys }
 
 // EmbeddedMigrations are the migrations the binary carries.
 func EmbeddedMigrations() fs.FS { return migrationsFS() }
+
+// UseBackfills adds backfill steps to the releases'.
+func (s *Store) UseBackfills(b ...BackfillMigration) {
+	s.extraBackfills = append(s.extraBackfills, b...)
+}

@@ -43,8 +43,9 @@ func migrationsFS() fs.FS {
 	return sub
 }
 
-func (s *Store) provider(db *sql.DB) (*goose.Provider, error) {
+func (s *Store) provider(db *sql.DB, report func(string, BackfillProgress)) (*goose.Provider, error) {
 	return goose.NewProvider(goose.DialectMySQL, db, s.migrationFiles(), goose.WithTableName(gooseTable),
+		goose.WithGoMigrations(s.goMigrations(report)...),
 		// Each area of the schema numbers its migrations in a range of its
 		// own, so a new one may sort below one a database already has.
 		goose.WithAllowOutofOrder(true))
@@ -83,7 +84,8 @@ func (s *Store) migrationDB() (*sql.DB, error) {
 		return nil, err
 	}
 	db := sql.OpenDB(connector)
-	db.SetMaxOpenConns(2) // the lock's session and the migration's
+	// The lock's session, goose's own, and a Go migration's.
+	db.SetMaxOpenConns(4)
 	return db, nil
 }
 
@@ -96,7 +98,7 @@ type PlannedMigration struct {
 // MigrationPlan lists the migrations not applied yet, in the order Migrate
 // applies them, with what each declares (expand or contract).
 func (s *Store) MigrationPlan(ctx context.Context) ([]PlannedMigration, error) {
-	p, err := s.provider(s.db)
+	p, err := s.provider(s.db, nil)
 	if err != nil {
 		return nil, fmt.Errorf("store: load migrations: %w", err)
 	}
@@ -104,7 +106,7 @@ func (s *Store) MigrationPlan(ctx context.Context) ([]PlannedMigration, error) {
 }
 
 func (s *Store) plan(ctx context.Context, p *goose.Provider) ([]PlannedMigration, error) {
-	infos, err := MigrationsIn(s.migrationFiles())
+	infos, err := s.migrationInfos()
 	if err != nil {
 		return nil, err
 	}
@@ -133,12 +135,19 @@ func (s *Store) plan(ctx context.Context, p *goose.Provider) ([]PlannedMigration
 // Concurrent callers (in any process) wait for each other on a MySQL user
 // lock; the second finds nothing left to do.
 func (s *Store) Migrate(ctx context.Context) ([]MigrationResult, error) {
-	return s.MigrateReporting(ctx, nil)
+	return s.MigrateReporting(ctx, MigrateReport{})
 }
 
-// MigrateReporting is Migrate, calling starting (when not nil) before each
-// migration it applies.
-func (s *Store) MigrateReporting(ctx context.Context, starting func(PlannedMigration)) ([]MigrationResult, error) {
+// MigrateReport receives a migration run's progress (each may be nil).
+type MigrateReport struct {
+	// Starting is called before each migration is applied.
+	Starting func(PlannedMigration)
+	// Backfill is called after each batch of a backfill.
+	Backfill func(name string, p BackfillProgress)
+}
+
+// MigrateReporting is Migrate, reporting its progress to r.
+func (s *Store) MigrateReporting(ctx context.Context, r MigrateReport) ([]MigrationResult, error) {
 	db, err := s.migrationDB()
 	if err != nil {
 		return nil, fmt.Errorf("store: migrate: %w", err)
@@ -146,7 +155,7 @@ func (s *Store) MigrateReporting(ctx context.Context, starting func(PlannedMigra
 	if db != s.db {
 		defer db.Close()
 	}
-	p, err := s.provider(db)
+	p, err := s.provider(db, r.Backfill)
 	if err != nil {
 		return nil, fmt.Errorf("store: load migrations: %w", err)
 	}
@@ -171,8 +180,8 @@ func (s *Store) MigrateReporting(ctx context.Context, starting func(PlannedMigra
 	}
 	var out []MigrationResult
 	for _, m := range plan {
-		if starting != nil {
-			starting(m)
+		if r.Starting != nil {
+			r.Starting(m)
 		}
 		if m.Phase == Contract {
 			if _, err := db.ExecContext(ctx, "INSERT INTO schema_requirements (migration, min_ctrl, recorded_at) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE min_ctrl = VALUES(min_ctrl)",
@@ -227,7 +236,7 @@ func (st SchemaStatus) Serves(ctrlVersion string) (bool, string) {
 // table as a side effect); a database never migrated has every migration
 // pending.
 func (s *Store) SchemaStatus(ctx context.Context) (SchemaStatus, error) {
-	infos, err := MigrationsIn(s.migrationFiles())
+	infos, err := s.migrationInfos()
 	if err != nil {
 		return SchemaStatus{}, err
 	}
@@ -317,4 +326,28 @@ func (getLockLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 		return errors.New("release migration lock: this session did not hold it")
 	}
 	return nil
+}
+
+// migrationInfos are the store's migrations, SQL files and backfills, by
+// version.
+func (s *Store) migrationInfos() ([]MigrationInfo, error) {
+	infos, err := MigrationsIn(s.migrationFiles())
+	if err != nil {
+		return nil, err
+	}
+	infos = append(infos, s.backfillInfos()...)
+	slices.SortFunc(infos, func(a, b MigrationInfo) int { return int(a.Version - b.Version) })
+	return infos, nil
+}
+
+// MigrateTo applies the migrations up to version v, no further: for
+// tools and tests that need the schema of an older release (a migration's
+// benchmark, a test of what a migration moves).
+func (s *Store) MigrateTo(ctx context.Context, v int64) error {
+	p, err := s.provider(s.db, nil)
+	if err != nil {
+		return err
+	}
+	_, err = p.UpTo(ctx, v)
+	return err
 }

@@ -117,9 +117,6 @@ func ParseMigration(name string, data []byte) (MigrationInfo, error) {
 	return m, nil
 }
 
-// Migrations are the migrations this binary embeds, by version.
-func Migrations() ([]MigrationInfo, error) { return MigrationsIn(migrationsFS()) }
-
 // MigrationsIn reads the migrations of a directory like ctrl/store/migrations.
 func MigrationsIn(fsys fs.FS) ([]MigrationInfo, error) {
 	entries, err := fs.ReadDir(fsys, ".")
@@ -379,6 +376,36 @@ func tokens(stmt string) []string {
 			out = append(out, stmt[i:j])
 			i = j
 		}
+	}
+	return out
+}
+
+// OfflineDDL lists the ALTER TABLE statements of a migration's Up section
+// that do not ask for online DDL: ALGORITHM=INSTANT, or ALGORITHM=INPLACE
+// with LOCK=NONE. An expand step runs while every replica serves; a table
+// copied under a lock would stall them for as long as the copy takes, and
+// a server that cannot do the change online should refuse it at once
+// instead (MariaDB and MySQL refuse an ALGORITHM they cannot honour).
+func OfflineDDL(up string) []string {
+	var out []string
+	for _, stmt := range statements(up) {
+		toks := tokens(stmt)
+		if len(toks) < 2 || !strings.EqualFold(toks[0], "ALTER") || !strings.EqualFold(toks[1], "TABLE") {
+			continue
+		}
+		opts := map[string]string{}
+		for i := 0; i+2 < len(toks); i++ {
+			if toks[i+1] == "=" {
+				opts[strings.ToUpper(toks[i])] = strings.ToUpper(toks[i+2])
+			}
+		}
+		if opts["ALGORITHM"] == "INSTANT" || opts["ALGORITHM"] == "INPLACE" && opts["LOCK"] == "NONE" {
+			continue
+		}
+		if len(stmt) > 120 {
+			stmt = stmt[:120] + "..."
+		}
+		out = append(out, stmt)
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"strings"
 	"testing"
@@ -71,6 +72,21 @@ func TestDestructiveFindsWhatOldReplicasCannotSurvive(t *testing.T) {
 	}
 }
 
+func TestOfflineDDLWantsAlgorithmAndLock(t *testing.T) {
+	for sql, offline := range map[string]bool{
+		"ALTER TABLE t ADD COLUMN a INT NULL;":                                  true,
+		"ALTER TABLE t ADD COLUMN a INT NULL, ALGORITHM=INSTANT;":               false,
+		"ALTER TABLE t ADD INDEX t_a (a), ALGORITHM = INPLACE, LOCK = NONE;":    false,
+		"ALTER TABLE t ADD INDEX t_a (a), ALGORITHM=INPLACE;":                   true,
+		"ALTER TABLE t ADD COLUMN a INT NULL, ALGORITHM=COPY;":                  true,
+		"CREATE TABLE t (a INT); UPDATE t SET a = 1; INSERT INTO t VALUES (2);": false,
+	} {
+		if got := len(store.OfflineDDL(sql)) > 0; got != offline {
+			t.Errorf("%s: offline %v, want %v", sql, got, offline)
+		}
+	}
+}
+
 // withMigrations is the embedded migrations plus extra files.
 func withMigrations(t *testing.T, extra map[string]string) fs.FS {
 	t.Helper()
@@ -120,7 +136,7 @@ func TestContractStepRecordsWhatItRequiresFirst(t *testing.T) {
 		t.Fatalf("plan %v", phases)
 	}
 	var started []string
-	applied, err := s.MigrateReporting(ctx, func(m store.PlannedMigration) { started = append(started, m.Name) })
+	applied, err := s.MigrateReporting(ctx, store.MigrateReport{Starting: func(m store.PlannedMigration) { started = append(started, m.Name) }})
 	if err == nil || !strings.Contains(err.Error(), "99102_probe_fails.sql") || !strings.Contains(err.Error(), "ctrl admin migrate") {
 		t.Fatalf("a failing contract step: %v; want an error naming it and what to do", err)
 	}
@@ -184,5 +200,72 @@ func TestMigratorGivesUpOnAHeldMetadataLock(t *testing.T) {
 	_, err = s.Migrate(ctx)
 	if err == nil || !strings.Contains(err.Error(), "metadata lock") {
 		t.Fatalf("DDL behind a held metadata lock: %v; want the migrator to give up and say why", err)
+	}
+}
+
+// TestBackfillRunsInBatchesAndResumes: a backfill fills the rows its
+// Where selects in transactions of Batch rows, reports each batch, resumes
+// where a stopped run left off, and changes nothing when run again; as a
+// release's backfill step it runs between the expand step that added the
+// column and the next, and the plan lists it as an expand step.
+func TestBackfillRunsInBatchesAndResumes(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	db := s.DB()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE backfill_probe (id VARCHAR(16) NOT NULL, n INT NOT NULL, doubled INT NULL, PRIMARY KEY (id))"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO backfill_probe (id, n) SELECT CONCAT('k', LPAD(seq, 5, '0')), seq FROM seq_1_to_2500"); err != nil {
+		t.Fatal(err)
+	}
+	b := store.Backfill{Table: "backfill_probe", Key: "id", Set: "doubled = n * 2", Where: "doubled IS NULL", Batch: 1000}
+
+	// A run stopped after its first batch...
+	stop, cancel := context.WithCancel(ctx)
+	p, err := b.Run(stop, db, func(store.BackfillProgress) { cancel() })
+	if err == nil || p.Done != 1000 || p.Total != 2500 {
+		t.Fatalf("a run stopped after one batch: %+v, %v", p, err)
+	}
+	// ...resumes with what is left, in batches, reporting each.
+	var seen []int
+	p, err = b.Run(ctx, db, func(p store.BackfillProgress) { seen = append(seen, p.Done) })
+	if err != nil || p.Done != 1500 || p.Total != 1500 || p.Batches != 2 || strings.Join(strings.Fields(fmt.Sprint(seen)), ",") != "[1000,1500]" {
+		t.Fatalf("the resumed run: %+v %v, progress %v", p, err, seen)
+	}
+	var wrong int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM backfill_probe WHERE doubled IS NULL OR doubled != n * 2").Scan(&wrong); err != nil || wrong != 0 {
+		t.Fatalf("%d rows not filled right (%v)", wrong, err)
+	}
+	if p, err := b.Run(ctx, db, nil); err != nil || p.Done != 0 || p.Batches != 0 {
+		t.Fatalf("running it again: %+v %v; want nothing done", p, err)
+	}
+
+	// As a release's steps: the expand step adds the column, the backfill
+	// fills it.
+	s.UseMigrations(withMigrations(t, map[string]string{
+		"99300_probe_column.sql": "-- krane:phase expand\n-- +goose Up\nALTER TABLE backfill_probe ADD COLUMN tripled INT NULL, ALGORITHM=INSTANT;\n-- +goose Down\nALTER TABLE backfill_probe DROP COLUMN tripled;\n",
+	}))
+	s.UseBackfills(store.BackfillMigration{Version: 99301, Name: "99301_backfill_tripled",
+		Backfill: store.Backfill{Table: "backfill_probe", Key: "id", Set: "tripled = n * 3", Where: "tripled IS NULL", Batch: 700}})
+	plan, err := s.MigrationPlan(ctx)
+	if err != nil || len(plan) != 2 || plan[1].Phase != store.Expand || !strings.Contains(plan[1].Name, "backfill of backfill_probe") {
+		t.Fatalf("plan %+v, %v", plan, err)
+	}
+	var batches []int
+	if _, err := s.MigrateReporting(ctx, store.MigrateReport{Backfill: func(name string, p store.BackfillProgress) {
+		if name == "99301_backfill_tripled" {
+			batches = append(batches, p.Done)
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(batches) != 4 || batches[3] != 2500 {
+		t.Errorf("the backfill step reported %v; want four batches up to 2500", batches)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM backfill_probe WHERE tripled IS NULL OR tripled != n * 3").Scan(&wrong); err != nil || wrong != 0 {
+		t.Fatalf("%d rows not filled by the backfill step (%v)", wrong, err)
+	}
+	if st, err := s.SchemaStatus(ctx); err != nil || len(st.Pending) != 0 {
+		t.Fatalf("after the steps: %+v %v", st, err)
 	}
 }

@@ -63,9 +63,11 @@ type PoolOptions struct {
 type Store struct {
 	db  *sql.DB
 	cfg *mysql.Config // what db connects with (migrations open their own)
-	// migrations replace the embedded ones (tests of the migrator).
-	migrations fs.FS
-	writes     *groupCommitter // nil: group commit off
+	// migrations replace the embedded ones, and extraBackfills add to the
+	// releases' (tests of the migrator).
+	migrations     fs.FS
+	extraBackfills []BackfillMigration
+	writes         *groupCommitter // nil: group commit off
 
 	hooksMu sync.RWMutex
 	hooks   TestHooks

@@ -569,6 +569,9 @@ func TestRollingUpgradeFromTheBaseline(t *testing.T) {
 			t.Errorf("cluster %s as the new ctrl sees it: krane %q (%s), live %v; want %s in the window, live", c.GetId(), c.GetAgentVersion(), c.GetAgentSkew(), c.GetLive(), base.Version)
 		}
 	}
+	if v := scrape(t, next.HTTP, "krane_ctrl_cluster_agent_info", `version="`+base.Version+`"`, `skew="in-window"`); v != float64(len(regions)) {
+		t.Errorf("krane_ctrl_cluster_agent_info names %v clusters running %s in the window; want %d", v, base.Version, len(regions))
+	}
 	for _, m := range []struct{ metric, filter string }{
 		{"krane_ctrl_requests_out_of_bounds_total", "ClusterService"},
 		{"krane_ctrl_ingest_refused_total", ""},

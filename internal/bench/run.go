@@ -50,6 +50,7 @@ var Measurements = []Measurement{
 	{"bootstrap", WholeStack, Bootstrap},
 	{"memory", WholeStack, Memory},
 	{"writes", CtrlOnly, Writes},
+	{"migration", NoStack, Migration},
 }
 
 // FleetMeasurements are what `make bench-fleet` measures.

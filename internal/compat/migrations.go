@@ -113,7 +113,9 @@ func ReadMigrationsDir(tree string) (MigrationSet, error) {
 //   - a released migration never changes (databases already ran it);
 //   - every new migration declares its phase;
 //   - an expand step removes nothing and narrows nothing (store.Destructive):
-//     replicas of the previous release keep working while and after it runs;
+//     replicas of the previous release keep working while and after it
+//     runs; and its ALTER TABLE statements ask for online DDL
+//     (store.OfflineDDL);
 //   - a contract step completes an expand step of a released version (the
 //     two never land in one release), needs at least the baseline's ctrl
 //     line, and removes nothing the baseline's queries still name.
@@ -141,6 +143,9 @@ func CheckMigrations(base, cur MigrationSet, baseLine string, baseNames SQLNames
 			}
 			for _, o := range others {
 				out = append(out, Violation{where, "an expand step must leave the previous release working: " + o})
+			}
+			for _, stmt := range store.OfflineDDL(m.Up) {
+				out = append(out, Violation{where, "an expand step's ALTER TABLE runs while every replica serves: ask for online DDL (ALGORITHM=INSTANT, or ALGORITHM=INPLACE, LOCK=NONE), so a server that would copy the table under a lock refuses instead: " + stmt})
 			}
 		case store.Contract:
 			if _, ok := released[m.Contracts]; !ok {

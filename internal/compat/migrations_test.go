@@ -75,9 +75,11 @@ func TestMigrationGateNegativeControls(t *testing.T) {
 	released := base.Infos[len(base.Infos)-1].Name
 	for _, c := range []struct{ what, name, src, want string }{
 		{"a column drop in an expand step", "99001_x.sql",
-			"-- krane:phase expand\n-- +goose Up\nALTER TABLE deployments ADD COLUMN y INT NULL, DROP COLUMN k8s_name;\n", "an expand step removes column deployments.k8s_name"},
+			"-- krane:phase expand\n-- +goose Up\nALTER TABLE deployments ADD COLUMN y INT NULL, DROP COLUMN k8s_name, ALGORITHM=INSTANT;\n", "an expand step removes column deployments.k8s_name"},
 		{"a NOT NULL column without a default in an expand step", "99001_x.sql",
-			"-- krane:phase expand\n-- +goose Up\nALTER TABLE deployments ADD COLUMN y INT NOT NULL;\n", "old replicas' INSERTs"},
+			"-- krane:phase expand\n-- +goose Up\nALTER TABLE deployments ADD COLUMN y INT NOT NULL, ALGORITHM=INSTANT;\n", "old replicas' INSERTs"},
+		{"an expand step's ALTER TABLE that may copy the table", "99001_x.sql",
+			"-- krane:phase expand\n-- +goose Up\nALTER TABLE deployments ADD COLUMN y INT NULL;\n", "ask for online DDL"},
 		{"a migration that declares no phase", "99001_x.sql",
 			"-- +goose Up\nCREATE TABLE z (a INT);\n", "declares its phase"},
 		{"a contract step in the release of its expand step", "99002_x.sql",

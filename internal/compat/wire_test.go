@@ -124,6 +124,20 @@ func TestWireGatesNegativeControls(t *testing.T) {
 	if !strings.Contains(strings.Join(found, "\n"), "host_report") {
 		t.Errorf("a removed field: buf breaking said %v; want it named", found)
 	}
+	noRPC := protoCopy(t, root, func(s string) string {
+		i := strings.Index(s, "  rpc Heartbeat(")
+		if i < 0 {
+			return s
+		}
+		return s[:i] + s[i+strings.Index(s[i:], "\n")+1:]
+	})
+	found, err = compat.BufBreaking(context.Background(), buf, noRPC, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(found, "\n"), "Heartbeat") {
+		t.Errorf("a removed RPC: buf breaking said %v; want it named", found)
+	}
 	tightened := protoCopy(t, root, func(s string) string {
 		return strings.Replace(s, "string agent_version = 1 [(buf.validate.field).string.max_bytes = 128];", "string agent_version = 1 [(buf.validate.field).string.max_bytes = 64];", 1)
 	})

@@ -3,10 +3,10 @@ package release_test
 import (
 	"archive/tar"
 	"bytes"
-	"fmt"
 	"crypto/x509"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"

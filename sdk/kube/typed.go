@@ -223,7 +223,7 @@ func (c *Client[T, L]) Patch(ctx context.Context, name string, pt types.PatchTyp
 func (c *Clients) restOf(obj runtime.Object) rest.Interface {
 	gvks, _, err := Scheme.ObjectKinds(obj)
 	if err != nil {
-		panic(fmt.Sprintf("kube.Typed: %T is not registered in kube.Scheme: %v", obj, err))
+		panic(fmt.Sprintf("kube.Typed: %T is not registered in kube.Scheme: %v (register its API group before the first client, e.g. utilruntime.Must(batchv1.AddToScheme(kube.Scheme)); sdk/CHANGELOG.md, v0.1.0)", obj, err))
 	}
 	rc, err := c.restFor(gvks[0].GroupVersion())
 	if err != nil {
