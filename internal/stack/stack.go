@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/vault"
 	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
@@ -79,7 +80,8 @@ type Stack struct {
 	CtrlAddr   string // gRPC host:port
 	CtrlHTTP   string // http://host:port (health, metrics)
 	ConsoleURL string // http://host:port of ctrl's web console
-	// CtrlEndpoint is the URL Restate calls ctrl's services at.
+	// CtrlEndpoint is the URL Restate calls ctrl's services at: the
+	// endpoint's address and the path of ctrl's line.
 	CtrlEndpoint  string
 	OperatorToken string
 	ClusterTokens map[string]string
@@ -373,7 +375,11 @@ func (s *Stack) startCtrl() error {
 	s.CtrlAddr = fmt.Sprintf("127.0.0.1:%d", s.ctrlPorts[0])
 	s.CtrlHTTP = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[1])
 	s.ConsoleURL = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[3])
-	s.CtrlEndpoint = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[2])
+	out, err := exec.Command(s.Bin("ctrl"), "--version").Output()
+	if err != nil {
+		return fmt.Errorf("%s --version: %w", s.Bin("ctrl"), err)
+	}
+	s.CtrlEndpoint = fmt.Sprintf("http://127.0.0.1:%d", s.ctrlPorts[2]) + restateendpoint.Base(strings.TrimSpace(string(out)))
 	p, err := testenv.StartProcess(s.dir, "ctrl", s.Bin("ctrl"), []string{"serve"}, s.ctrlEnv())
 	if err != nil {
 		return err
