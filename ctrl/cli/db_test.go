@@ -38,7 +38,7 @@ func TestDBRestoredGivesANewGeneration(t *testing.T) {
 	if err != nil || after == before || !strings.Contains(out, before+" -> "+after) {
 		t.Fatalf("generation %q -> %q (%v), printed %q", before, after, err, out)
 	}
-	if _, err := st.CheckCursor(ctx, 0, before); err != nil {
+	if _, err := st.CheckCursor(ctx, "c-1", "r", 0, before); err != nil {
 		t.Fatalf("a bootstrap after the restore: %v", err)
 	}
 }

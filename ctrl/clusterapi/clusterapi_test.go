@@ -544,3 +544,19 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// metricValue is the value of the series named exactly (name and labels)
+// in the server's /metrics, -1 when absent.
+func metricValue(t *testing.T, env *ctrltest.Env, series string) float64 {
+	t.Helper()
+	_, body := scrape(t, env)
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			var f float64
+			if _, err := fmt.Sscanf(v, "%g", &f); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}

@@ -3,11 +3,13 @@ package clusterapi_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
@@ -53,11 +55,34 @@ func TestWatchRefusesACursorFromAnotherHistory(t *testing.T) {
 			t.Fatalf("%s: %v; want OUT_OF_RANGE", what, err)
 		}
 	}
-	// A restore: the host's cursor is ahead of the head.
+	// One cluster says the database went back (its cursor is ahead of the
+	// head): refused, but its word alone does not move the fleet: another
+	// host's cursor of the same generation is still served.
+	if _, err := env.Store.DB().ExecContext(ctx, "UPDATE db_generation SET updated_at = updated_at - ?", (store.ClaimWindow + time.Minute).Milliseconds()); err != nil {
+		t.Fatal(err)
+	}
 	refused("a cursor ahead of the head", &clusterv1.WatchRequest{Kind: kinds.Deployment, AfterVersion: v1 + 10, Generation: g0})
-	// Which gave the database a new generation: a cursor of the old one,
-	// though at or below the head, is refused too.
+	other := env.Cluster(t, env.ClusterToken(t, "eu", "eu-2"))
+	still, err := other.Watch(ctx, &clusterv1.WatchRequest{Kind: kinds.Deployment, AfterVersion: v1, Generation: g0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ka := recv(t, still.Recv).GetKeepAlive(); ka.GetGeneration() != g0 {
+		t.Fatalf("another host's stream after one cluster's claim: %v; want it served in generation %s", ka, g0)
+	}
+	// A second cluster agrees: the database takes a new generation, and a
+	// cursor of the old one, though at or below the head, is refused too.
+	st2, err := other.Watch(ctx, &clusterv1.WatchRequest{Kind: kinds.Deployment, AfterVersion: v1 + 7, Generation: g0})
+	if err == nil {
+		_, err = st2.Recv()
+	}
+	if status.Code(err) != codes.OutOfRange {
+		t.Fatalf("the second cluster's claim: %v; want OUT_OF_RANGE", err)
+	}
 	refused("a cursor of the old generation", &clusterv1.WatchRequest{Kind: kinds.Deployment, AfterVersion: v1, Generation: g0})
+	if got := metricValue(t, env, `krane_ctrl_cursor_refused_total{region="eu",why="ahead-of-head"}`); got != 2 {
+		t.Errorf("cursors refused ahead of the head: %v; want 2 counted", got)
+	}
 	// The typed watches carry no generation: a cursor ahead is refused.
 	tw, err := cli.WatchDeployments(ctx, &clusterv1.WatchDeploymentsRequest{VersionLastSeen: v1 + 10})
 	if err == nil {

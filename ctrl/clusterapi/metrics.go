@@ -24,6 +24,7 @@ type metrics struct {
 	queueDepth      *prometheus.GaugeVec
 	inFlight        *prometheus.GaugeVec
 	refused         *prometheus.CounterVec
+	cursorRefused   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -103,10 +104,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: ns, Subsystem: sub, Name: "ingest_refused_total",
 			Help: "Calls refused with RESOURCE_EXHAUSTED because the queue was full, by what (the caller retries after the hint).",
 		}, []string{"what"}),
+		cursorRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "cursor_refused_total",
+			Help: "Streams refused because their cursor belongs to another history of the database (ahead-of-head: a claim that it went back in time; other-generation), by region; the host bootstraps that kind again.",
+		}, []string{"region", "why"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.activeStreams, m.rowsStreamed, m.skippedRows, m.headVersion, m.watchQuery, m.reports,
-			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup, m.batches, m.batchItems, m.queueDepth, m.inFlight, m.refused)
+			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup, m.batches, m.batchItems, m.queueDepth, m.inFlight, m.refused, m.cursorRefused)
 	}
 	return m
 }

@@ -57,12 +57,19 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 	if f == followNever {
 		after = 0
 	}
-	gen, err := s.store.CheckCursor(ctx, after, generation)
+	who, _ := caller(ctx)
+	gen, err := s.store.CheckCursor(ctx, who.ClusterID, region, after, generation)
 	if err != nil {
 		var ce *store.CursorError
 		if errors.As(err, &ce) {
+			why := "other-generation"
+			if ce.After > ce.Head {
+				why = "ahead-of-head"
+			}
+			s.m.cursorRefused.WithLabelValues(region, why).Inc()
 			s.log.Warn("refusing a stream whose cursor belongs to another history of the database; the host bootstraps this kind again",
-				"kind", kind, "region", region, "after_version", after, "head", ce.Head, "generation", generation, "current_generation", ce.Current, "detected_now", ce.Detected)
+				"cluster", who.ClusterID, "kind", kind, "region", region, "after_version", after, "head", ce.Head, "generation", generation,
+				"current_generation", ce.Current, "new_generation_now", ce.Detected)
 			return status.Error(codes.OutOfRange, ce.Error())
 		}
 		return fmt.Errorf("cannot check the stream's cursor: %w", err)

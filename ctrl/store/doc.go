@@ -134,8 +134,11 @@
 // (the loss the proof rules out). ctrl therefore names each history with
 // a generation (generation.go, table db_generation): written when the
 // schema is created, replaced by `ctrl admin db restored`, and replaced by ctrl
-// itself when a stream's cursor is ahead of the head (the database went
-// back, visibly). Every stream states its generation (BootstrapComplete,
+// itself when the cursors of several clusters are ahead of the head (the
+// database went back, visibly; one cluster's cursor ahead is refused and
+// recorded in cursor_claims but moves no one else, since a token or a host
+// restored from an old backup could claim it: CheckCursor, rate-limited).
+// Every stream states its generation (BootstrapComplete,
 // KeepAlive), and a stream resuming from a cursor ahead of the head or of
 // another generation is refused with OUT_OF_RANGE before the cursor is
 // believed or anchors a shared feed ([Store.CheckCursor]); krane then
