@@ -76,7 +76,7 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 	hb := []store.ClusterHeartbeat{{ClusterID: who.ClusterID, Region: who.Region, Data: heartbeatData(req)}}
 	var errs []error
 	if s.running.Load() {
-		errs, err = s.heartbeats.add(ctx, hb)
+		errs, err = s.heartbeats.add(ctx, who.ClusterID, hb)
 	} else {
 		errs, err = s.store.Heartbeats(ctx, hb)
 	}
@@ -84,6 +84,9 @@ func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest)
 	case errors.Is(err, errQueueFull):
 		s.m.refused.WithLabelValues("heartbeats").Inc()
 		return nil, s.exhausted("heartbeat", s.heartbeats)
+	case errors.Is(err, errShareFull):
+		s.m.refused.WithLabelValues("heartbeats-share").Inc()
+		return nil, s.shareExhausted("heartbeat", s.heartbeats.perKey)
 	case errors.Is(err, errStopping):
 		return nil, status.Error(codes.Unavailable, "ctrl is stopping; the heartbeat was not recorded: send it again")
 	case err != nil:

@@ -7,8 +7,12 @@ import (
 	"time"
 )
 
-// errQueueFull refuses items while a batcher's queue is full.
-var errQueueFull = errors.New("the queue is full")
+// errQueueFull refuses items while a batcher's queue is full;
+// errShareFull refuses a cluster's items while its share of it is.
+var (
+	errQueueFull = errors.New("the queue is full")
+	errShareFull = errors.New("this cluster's share of the queue is full")
+)
 
 // batcher writes what every cluster that calls this ctrl sends (status
 // reports, heartbeats) in shared transactions: callers queue their items,
@@ -17,9 +21,17 @@ var errQueueFull = errors.New("the queue is full")
 // while a lone item after a quiet spell goes at once — and answers each
 // caller when the transaction that carried its items has committed (or
 // failed). The queue is bounded, in items and in bytes: a caller whose
-// items do not fit is
-// refused at once (errQueueFull) and retries later, so a database that
-// slows down makes the clusters wait instead of ctrl's memory grow.
+// items do not fit is refused at once (errQueueFull) and retries later, so
+// a database that slows down makes the clusters wait instead of ctrl's
+// memory grow.
+//
+// The queue is shared by every cluster, so no one cluster may take more
+// than its share of it (perKey items, perKeyBytes bytes; errShareFull):
+// a cluster sending many calls at once while the database is slow fills
+// its share and is told to wait, while the others' calls still fit. And a
+// batch takes one call of each waiting cluster in turn (round robin, from
+// where the last batch stopped), so a cluster with many calls queued
+// does not delay the others' behind all of its own.
 type batcher[In, Out any] struct {
 	write    func(context.Context, []In) ([]Out, error)
 	linger   time.Duration
@@ -29,17 +41,26 @@ type batcher[In, Out any] struct {
 	// capacityBytes, a batch about batchBytes.
 	size          func(In) int
 	capacityBytes int
+	perKey        int
+	perKeyBytes   int
 	observe       func(items int, took time.Duration, err error)
 	// gauge is told the items queued and in flight whenever they change
 	// (-1: unchanged).
 	gauge func(queued, inFlight int)
 
 	mu          sync.Mutex
-	queue       []*batchJob[In, Out]
-	queued      int // items in queue
+	byKey       map[string]*keyQueue[In, Out]
+	turn        []string // keys with jobs waiting, in the order a batch takes them
+	queued      int      // items waiting
 	queuedBytes int
 	closed      bool // run has returned
 	wake        chan struct{}
+}
+
+// keyQueue is one key's (cluster's) waiting jobs.
+type keyQueue[In, Out any] struct {
+	jobs         []*batchJob[In, Out]
+	items, bytes int
 }
 
 // errStopping refuses items once the batcher has stopped.
@@ -55,18 +76,25 @@ type batchJob[In, Out any] struct {
 	done    chan struct{}
 }
 
-func newBatcher[In, Out any](write func(context.Context, []In) ([]Out, error), linger time.Duration, maxBatch, capacity int,
+// newBatcher makes a batcher; one key may hold at most perKey of its
+// capacity items and perKey/capacity of its bytes.
+func newBatcher[In, Out any](write func(context.Context, []In) ([]Out, error), linger time.Duration, maxBatch, capacity, perKey int,
 	size func(In) int, capacityBytes int, observe func(int, time.Duration, error), gauge func(queued, inFlight int)) *batcher[In, Out] {
+	perKey = min(max(perKey, 1), capacity)
 	return &batcher[In, Out]{write: write, linger: linger, maxBatch: maxBatch, capacity: capacity, size: size, capacityBytes: capacityBytes,
-		observe: observe, gauge: gauge, wake: make(chan struct{}, 1)}
+		perKey: perKey, perKeyBytes: int(int64(capacityBytes) * int64(perKey) / int64(capacity)),
+		observe: observe, gauge: gauge, byKey: map[string]*keyQueue[In, Out]{}, wake: make(chan struct{}, 1)}
 }
 
 // batchBytes ends a batch early when its items weigh this much.
 const batchBytes = 16 << 20
 
-// add writes items in a shared transaction and returns their results
-// once it committed; errQueueFull when the queue cannot take them.
-func (in *batcher[In, Out]) add(ctx context.Context, items []In) ([]Out, error) {
+// add writes key's items (key: the calling cluster) in a shared
+// transaction and returns their results once it committed; errQueueFull
+// when the queue cannot take them, errShareFull when key's share cannot. A
+// key with nothing waiting always gets one call in (its items may exceed
+// its share alone), so a large call is delayed, never refused forever.
+func (in *batcher[In, Out]) add(ctx context.Context, key string, items []In) ([]Out, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -83,7 +111,18 @@ func (in *batcher[In, Out]) add(ctx context.Context, items []In) ([]Out, error) 
 		in.mu.Unlock()
 		return nil, errQueueFull
 	}
-	in.queue = append(in.queue, j)
+	q := in.byKey[key]
+	if q == nil {
+		q = &keyQueue[In, Out]{}
+		in.byKey[key] = q
+		in.turn = append(in.turn, key)
+	} else if q.items+len(items) > in.perKey || q.bytes+j.bytes > in.perKeyBytes {
+		in.mu.Unlock()
+		return nil, errShareFull
+	}
+	q.jobs = append(q.jobs, j)
+	q.items += len(items)
+	q.bytes += j.bytes
 	in.queued += len(items)
 	in.queuedBytes += j.bytes
 	in.gauge(in.queued, -1)
@@ -142,19 +181,35 @@ func (in *batcher[In, Out]) run(ctx context.Context) {
 	}
 }
 
-// take removes the jobs of the next batch: whole jobs, up to maxBatch
-// items and batchBytes (a larger job goes alone).
+// take removes the jobs of the next batch, one job of each waiting key in
+// turn: whole jobs, up to maxBatch items and batchBytes (a larger job goes
+// alone).
 func (in *batcher[In, Out]) take() []*batchJob[In, Out] {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	n, size, bytes := 0, 0, 0
-	for n < len(in.queue) && (n == 0 || size+len(in.queue[n].items) <= in.maxBatch && bytes+in.queue[n].bytes <= batchBytes) {
-		size += len(in.queue[n].items)
-		bytes += in.queue[n].bytes
-		n++
+	var jobs []*batchJob[In, Out]
+	size, bytes := 0, 0
+	for len(in.turn) > 0 {
+		key := in.turn[0]
+		q := in.byKey[key]
+		j := q.jobs[0]
+		if len(jobs) > 0 && (size+len(j.items) > in.maxBatch || bytes+j.bytes > batchBytes) {
+			break
+		}
+		jobs = append(jobs, j)
+		size += len(j.items)
+		bytes += j.bytes
+		q.jobs[0] = nil
+		q.jobs = q.jobs[1:]
+		q.items -= len(j.items)
+		q.bytes -= j.bytes
+		in.turn = in.turn[1:]
+		if len(q.jobs) > 0 {
+			in.turn = append(in.turn, key) // its next job waits for the others' turn
+		} else {
+			delete(in.byKey, key)
+		}
 	}
-	jobs := in.queue[:n:n]
-	in.queue = in.queue[n:]
 	in.queued -= size
 	in.queuedBytes -= bytes
 	in.gauge(in.queued, size)
@@ -186,8 +241,11 @@ func (in *batcher[In, Out]) flush(ctx context.Context, jobs []*batchJob[In, Out]
 
 func (in *batcher[In, Out]) failAll(err error) {
 	in.mu.Lock()
-	jobs := in.queue
-	in.queue, in.queued, in.queuedBytes, in.closed = nil, 0, 0, true
+	var jobs []*batchJob[In, Out]
+	for _, q := range in.byKey {
+		jobs = append(jobs, q.jobs...)
+	}
+	in.byKey, in.turn, in.queued, in.queuedBytes, in.closed = map[string]*keyQueue[In, Out]{}, nil, 0, 0, true
 	in.mu.Unlock()
 	for _, j := range jobs {
 		j.err = err

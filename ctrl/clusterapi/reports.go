@@ -138,12 +138,15 @@ func (s *Server) storeReports(ctx context.Context, who auth.Identity, reps []sto
 	if s.unbatched || !s.running.Load() {
 		stored, err = s.store.Ingest(ctx, reps)
 	} else {
-		stored, err = s.reports.add(ctx, reps)
+		stored, err = s.reports.add(ctx, who.ClusterID, reps)
 	}
 	switch {
 	case errors.Is(err, errQueueFull):
 		s.m.refused.WithLabelValues("reports").Inc()
 		return nil, s.exhausted("reports", s.reports)
+	case errors.Is(err, errShareFull):
+		s.m.refused.WithLabelValues("reports-share").Inc()
+		return nil, s.shareExhausted("reports", s.reports.perKey)
 	case errors.Is(err, errStopping):
 		return nil, status.Error(codes.Unavailable, "ctrl is stopping; nothing of this call was stored: send it again (to another ctrl, or to this one once it is back)")
 	case err != nil:
@@ -162,6 +165,18 @@ func (s *Server) exhausted(what string, b interface{ depth() int }) error {
 	wait := max(time.Second, time.Duration(depth/s.maxBatch+1)*s.reportLinger)
 	st := status.Newf(codes.ResourceExhausted, "ctrl's %s queue is full (%d waiting for the database); nothing of this call was stored: send it again after %s",
 		what, depth, wait)
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// shareExhausted refuses a call of a cluster whose share of the queue
+// (perKey items) is full: its own earlier calls wait for the database.
+func (s *Server) shareExhausted(what string, perKey int) error {
+	wait := max(time.Second, time.Duration(perKey/s.maxBatch+1)*s.reportLinger)
+	st := status.Newf(codes.ResourceExhausted, "this cluster's share of ctrl's %s queue is full (its earlier calls, up to %d items, wait for the database); nothing of this call was stored: send it again after %s",
+		what, perKey, wait)
 	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
 		st = d
 	}

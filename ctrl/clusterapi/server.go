@@ -101,6 +101,11 @@ type Options struct {
 	// beyond it a report call is refused with RESOURCE_EXHAUSTED and a
 	// retry hint. Default 20000.
 	ReportQueue int
+	// ReportQueueShare bounds what one cluster may hold of that queue, so
+	// one cluster sending many calls while the database is slow cannot
+	// refuse every other cluster's reports. Default a tenth of
+	// ReportQueue, at least one call's worth (500).
+	ReportQueueShare int
 	// HeartbeatLinger is the same for heartbeats (one multi-row write per
 	// linger for every cluster that sent one). Default 1s.
 	HeartbeatLinger time.Duration
@@ -197,6 +202,9 @@ func New(o Options) (*Server, error) {
 	if o.ReportQueue <= 0 {
 		o.ReportQueue = 20000
 	}
+	if o.ReportQueueShare <= 0 {
+		o.ReportQueueShare = max(o.ReportQueue/10, 500) // ReportStatusesRequest.reports: max_items 500
+	}
 	if o.HeartbeatLinger <= 0 {
 		o.HeartbeatLinger = time.Second
 	}
@@ -210,9 +218,10 @@ func New(o Options) (*Server, error) {
 		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
 		stopping: make(chan struct{}),
 		labels:   map[string]bool{},
-		reports: newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, reportBytes, maxQueueBytes,
+		reports: newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, o.ReportQueueShare, reportBytes, maxQueueBytes,
 			m.observeBatch("reports"), m.gaugeBatch("reports")),
-		heartbeats: newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, heartbeatBytes, maxQueueBytes,
+		// A cluster's heartbeats: the one being written and the next.
+		heartbeats: newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, 2, heartbeatBytes, maxQueueBytes,
 			m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats")),
 		reportLinger: o.ReportLinger, maxBatch: maxIngestBatch, unbatched: o.UnbatchedReports,
 	}, nil

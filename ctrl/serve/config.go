@@ -160,6 +160,7 @@ type WatchConfig struct {
 type ReportsConfig struct {
 	Linger          time.Duration `koanf:"linger"`
 	Queue           int           `koanf:"queue"`
+	QueueShare      int           `koanf:"queue_share"`
 	HeartbeatLinger time.Duration `koanf:"heartbeat_linger"`
 	Batched         bool          `koanf:"batched"`
 }
@@ -205,6 +206,7 @@ var settings = []setting{
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"reports.linger", 100 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
 	{"reports.queue", 20000, "status reports waiting for their transaction at most; beyond it clusters are told to retry later (RESOURCE_EXHAUSTED with a hint; 100..1000000)"},
+	{"reports.queue_share", 0, "status reports one cluster may hold of that queue, so one cluster cannot refuse the others' (0: a tenth of reports.queue, at least 500; at most reports.queue)"},
 	{"reports.heartbeat_linger", time.Second, "heartbeats of every cluster gather this long before one statement records them all (1ms..30s)"},
 	{"reports.batched", true, "store reports in shared batches; false: every report call in a transaction of its own (the reference platform's path, to compare with)"},
 	{"auth.cache_ttl", 2 * time.Second, "how long a looked-up token is trusted (max 2s; a revocation this ctrl sees drops it at once)"},
@@ -378,6 +380,9 @@ func (c Config) Validate() error {
 	}
 	if q := c.Reports.Queue; q < 100 || q > 1000000 {
 		errs = append(errs, fmt.Errorf("reports.queue %d is out of range 100..1000000", q))
+	}
+	if q := c.Reports.QueueShare; q < 0 || q > c.Reports.Queue {
+		errs = append(errs, fmt.Errorf("reports.queue_share %d is out of range 0..reports.queue (%d)", q, c.Reports.Queue))
 	}
 	if l := c.Reports.HeartbeatLinger; l < time.Millisecond || l > 30*time.Second {
 		errs = append(errs, fmt.Errorf("reports.heartbeat_linger %s is out of range 1ms..30s", l))

@@ -223,7 +223,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
 		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
 		DecryptPerMinute: cfg.Vault.DecryptPerMinute,
-		ReportLinger:     cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
+		ReportLinger:     cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
 	})
 	if err != nil {
 		return fail(err)
