@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -191,13 +192,30 @@ const decryptMethod = "/krane.cluster.v1.ClusterService/DecryptEnv"
 // claiming another region) are recorded too, with the token's public id.
 // Calls without a valid token (UNAUTHENTICATED) are only logged and
 // counted by ctrl/auth: they identify nobody, and recording them would let
-// anyone grow the table. Install it outside (before) the authentication
+// anyone grow the table. The refused calls of one token are recorded at
+// most perMinute a minute (vault.decrypt_per_minute, the limit a cluster's
+// own calls have), checked before anything is written: a token looping on
+// refused calls adds rows no faster than an honest cluster could; the rest
+// are counted (krane_ctrl_vault_audit_suppressed_total) and logged once a
+// minute per token. Install it outside (before) the authentication
 // interceptor.
-func DecryptAuditInterceptor(st *store.Store, log hclog.Logger) grpc.UnaryServerInterceptor {
+func DecryptAuditInterceptor(st *store.Store, log hclog.Logger, perMinute int, reg prometheus.Registerer) grpc.UnaryServerInterceptor {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
 	log = log.Named("clusterapi")
+	if perMinute <= 0 {
+		perMinute = 1000
+	}
+	limits := newPerCluster(perMinute)
+	told := newPerCluster(1)
+	suppressed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "krane_ctrl_vault_audit_suppressed_total",
+		Help: "DecryptEnv calls refused at authentication that were not recorded in the vault audit: their token had been recorded vault.decrypt_per_minute times that minute already.",
+	})
+	if reg != nil {
+		reg.MustRegister(suppressed)
+	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if info.FullMethod != decryptMethod {
 			return handler(ctx, req)
@@ -208,6 +226,13 @@ func DecryptAuditInterceptor(st *store.Store, log hclog.Logger) grpc.UnaryServer
 			return resp, err
 		}
 		entry := store.VaultAuditEntry{Outcome: store.VaultDenied, Reason: status.Convert(err).Message(), TokenID: tokenID(ctx)}
+		if !limits.allow("token:" + entry.TokenID) {
+			suppressed.Inc()
+			if told.allow(entry.TokenID) {
+				log.Warn("a token keeps calling DecryptEnv and being refused; its refusals beyond vault.decrypt_per_minute are counted, not recorded", "token_id", entry.TokenID)
+			}
+			return resp, err
+		}
 		if r, ok := req.(*clusterv1.DecryptEnvRequest); ok {
 			entry.DeploymentID = r.GetDeploymentId()
 		}

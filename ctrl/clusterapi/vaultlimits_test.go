@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
@@ -83,5 +84,32 @@ func TestVaultAuditRowsExpire(t *testing.T) {
 	var id string
 	if err := first.Store.DB().QueryRow("SELECT deployment_id FROM vault_audit").Scan(&id); err != nil || id != "dep_new" {
 		t.Fatalf("the row kept: %q %v, want dep_new", id, err)
+	}
+}
+
+// TestRefusedDecryptEnvIsAuditedWithinTheLimit: calls refused at
+// authentication (a cluster token claiming another region, an operator's
+// token) are audited, but no faster than vault.decrypt_per_minute per
+// token, checked before anything is written: 40 such calls add 3 rows.
+func TestRefusedDecryptEnvIsAuditedWithinTheLimit(t *testing.T) {
+	keyring := ctrltest.Keyring(t)
+	env := ctrltest.Start(t, ctrltest.Options{Configure: func(c *serve.Config) {
+		ctrltest.WithKeyring(keyring)(c)
+		c.Vault.DecryptPerMinute = 3
+	}})
+	ctx := context.Background()
+	elsewhere := env.Cluster(t, env.ClusterToken(t, "eu", "eu-1"), auth.RegionHeader, "us")
+	operator := env.Cluster(t, env.OperatorToken(t, "ops"))
+	req := &clusterv1.DecryptEnvRequest{DeploymentId: "dep_none", EncryptedEnv: []byte("x")}
+	for name, cli := range map[string]clusterv1.ClusterServiceClient{"a cluster token claiming another region": elsewhere, "an operator token": operator} {
+		before := auditRows(t, env.Store)
+		for i := range 40 {
+			if _, err := cli.DecryptEnv(ctx, req); status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("%s, call %d: %v; want PERMISSION_DENIED", name, i, err)
+			}
+		}
+		if n := auditRows(t, env.Store) - before; n != 3 {
+			t.Errorf("%s: 40 refused calls wrote %d audit rows; want 3 (vault.decrypt_per_minute)", name, n)
+		}
 	}
 }

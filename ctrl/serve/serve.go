@@ -192,7 +192,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		log.Info("vault.keyring_file is not set: deployments cannot have secret variables")
 	}
 	// Outside authentication, so refused decryption requests are audited.
-	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(clusterapi.DecryptAuditInterceptor(st, log))}, opts...)
+	opts = append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(clusterapi.DecryptAuditInterceptor(st, log, cfg.Vault.DecryptPerMinute, reg))}, opts...)
 	gs := grpc.NewServer(opts...)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 
