@@ -342,3 +342,48 @@ func TestChurnLeavesActualStateTablesFlat(t *testing.T) {
 	}
 	t.Logf("actual-state rows before %v, after %v", before, after)
 }
+
+// TestALateReportDoesNotBringBackADeletedObject: once a cluster reported
+// an object's delete as applied (its row goes), a report it sent before
+// the delete and that arrives afterwards (several report senders, a call
+// ctrl committed after its caller gave up) is refused: the object's state
+// does not come back.
+func TestALateReportDoesNotBringBackADeletedObject(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	liveClusters(t, s, "eu", "eu-a")
+	_, v1 := putObject(t, s, quota, "late", `{"cpu":"1"}`, "eu")
+	reportResource(t, s, "eu", "eu-a", "late", v1["eu"], `{"at":1}`)
+	var vDel uint64
+	stamped, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		_, err := tx.DeleteObject(ctx, quota, "late", []string{"eu"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vDel = stamped[0].Version
+	ingest := func(r store.Report) store.ReportResult {
+		t.Helper()
+		res, err := s.Ingest(ctx, []store.Report{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	base := store.Report{Kind: quota, Region: "eu", ClusterID: "eu-a", ID: "late"}
+	del := base
+	del.Obs, del.Deleted = store.Observation{Version: vDel, At: time.Now()}, true
+	if r := ingest(del); !r.Accepted || r.Err != nil {
+		t.Fatalf("the delete-applied report: %+v", r)
+	}
+	late := base
+	late.Obs, late.Status = store.Observation{Version: v1["eu"], At: time.Now().Add(-time.Second)}, []byte(`{"at":1,"late":true}`)
+	if r := ingest(late); r.Accepted || r.Err != nil {
+		t.Fatalf("a report from before the delete, arriving after it: %+v; want it refused as stale", r)
+	}
+	var rows int
+	if err := s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM object_reports WHERE id = 'late'").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d report rows of the deleted object (%v); want none", rows, err)
+	}
+}

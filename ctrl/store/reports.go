@@ -302,6 +302,7 @@ func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResu
 		g, had := stored[k]
 		switch {
 		case had && !g.admits(r.Obs, nowNs):
+		case !had && staleAfterDelete(d, r):
 		case d.deleted && r.Deleted && r.Obs.Version >= d.version:
 			// The cluster applied the delete: nothing of it is left to
 			// show, and its rows go.
@@ -329,7 +330,7 @@ func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResu
 		}
 		k := reps[i].key()
 		g, had := running[k]
-		admitted := !had || g.admits(reps[i].Obs, nowNs)
+		admitted := had && g.admits(reps[i].Obs, nowNs) || !had && !staleAfterDelete(desired[k.objKey], &reps[i])
 		if admitted {
 			running[k] = guard{version: reps[i].Obs.Version, atNs: reps[i].Obs.At.UnixNano(), receivedNs: nowNs}
 		}
@@ -363,6 +364,16 @@ func ingest(ctx context.Context, tx *sql.Tx, reps []Report, results []ReportResu
 		return err
 	}
 	return removeGoneInstances(ctx, tx, reps, deps)
+}
+
+// staleAfterDelete: r is a report from before its object's delete, and
+// the cluster has no report row on the object. The delete-applied report
+// removed that row, which was also the order guard of the cluster's
+// reports; a report sent earlier and arriving later must not bring the
+// deleted object's state back (nor leave a row no later report removes).
+// Until the cluster applies the delete, its row guards as usual.
+func staleAfterDelete(d desiredRow, r *Report) bool {
+	return d.deleted && r.Obs.Version < d.version
 }
 
 func compareRepKeys(a, b repKey) int {
