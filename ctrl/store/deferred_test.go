@@ -279,3 +279,42 @@ func TestScaleAfterEitherLockTouchesTheSameRows(t *testing.T) {
 		})
 	}
 }
+
+// TestAFailingCallerCannotUndoAnEarlierKeptScale: a caller whose first
+// statements read only its own deployment (a scale kept, then a read of
+// that deployment, which takes its savepoint) and which then writes and
+// fails must roll back to a savepoint taken after every earlier caller's
+// kept writes were sent: the earlier caller's scale, answered success,
+// stays. (No caller makes that sequence today; the order makes it
+// impossible.)
+func TestAFailingCallerCannotUndoAnEarlierKeptScale(t *testing.T) {
+	s := openBatchStore(t)
+	seedReady(t, s, "sp-a", "sp-b")
+	res := runBatch(t, s, []call{
+		{fn: scale("sp-a", 3, "ready", "kept", nil)},
+		{fn: func(ctx context.Context, tx *store.Tx) error {
+			if _, err := tx.LockDeploymentToScale(ctx, "sp-b"); err != nil {
+				return err
+			}
+			if _, err := tx.ScaleTopology(ctx, "sp-b", 7); err != nil {
+				return err
+			}
+			if _, err := tx.LockDeployment(ctx, "sp-b"); err != nil { // sends its own scale: savepoint
+				return err
+			}
+			if _, err := tx.Exec(ctx, "UPDATE deployments SET updated_at = updated_at WHERE id = 'sp-b'"); err != nil {
+				return err
+			}
+			return errBoom
+		}},
+	}, nil)
+	if res[0].err != nil || !errors.Is(res[1].err, errBoom) {
+		t.Fatalf("results %+v; want the first answered, the second its own error", res)
+	}
+	if d, tp := replicasOf(t, s, "sp-a"); d != 3 || tp != 3 {
+		t.Errorf("sp-a: deployment %d, topology %d replicas after the later caller failed; want the first caller's 3", d, tp)
+	}
+	if d, tp := replicasOf(t, s, "sp-b"); d != 1 || tp != 1 {
+		t.Errorf("sp-b: deployment %d, topology %d replicas; want the failed caller's scale rolled back", d, tp)
+	}
+}

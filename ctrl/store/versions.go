@@ -146,14 +146,18 @@ func (t *Tx) prepare(ctx context.Context, write bool, deploymentID string) error
 	if t.sendErr != nil {
 		return t.sendErr
 	}
-	if b := t.batch; b != nil && !b.empty() && (deploymentID == "" || b.scaled[deploymentID]) {
+	own := !t.own.empty() && (deploymentID == "" || t.own.scaled[deploymentID])
+	save := (write || own) && t.savepoint && !t.saved
+	// The earlier callers' kept writes go before this caller's savepoint,
+	// always: sent after it, a rollback of this caller would undo them,
+	// though they are answered success.
+	if b := t.batch; b != nil && !b.empty() && (save || deploymentID == "" || b.scaled[deploymentID]) {
 		if err := b.send(ctx, t.tx); err != nil {
 			t.sendErr = err
 			return err
 		}
 	}
-	own := !t.own.empty() && (deploymentID == "" || t.own.scaled[deploymentID])
-	if (write || own) && t.savepoint && !t.saved {
+	if save {
 		if _, err := t.tx.ExecContext(ctx, "SAVEPOINT member"); err != nil {
 			t.sendErr = fmt.Errorf("store: savepoint: %w", err)
 			return t.sendErr
