@@ -12,8 +12,10 @@
 //
 //   - A cluster counts for an object of kind K in region R when it is
 //     registered in R and live — its last heartbeat is at most LiveWindow
-//     old — and it serves K: its host runs a controller reconciling K, or
-//     its heartbeats do not say which controllers it runs. A removed
+//     old — and it serves K: its host has enabled a controller reconciling
+//     K, running or not (one that is down has not applied what it should,
+//     so its region waits for it), or its heartbeats do not say which
+//     controllers it runs. A removed
 //     cluster is not registered any more (its rows went with it).
 //   - A counted cluster has applied version V of a live object when its
 //     last report is at version V or later; of a deleted object, also

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
 )
 
 // NotServedError says which regions have no live cluster running a
@@ -78,7 +79,7 @@ func regionServed(region string, clusters []store.ClusterLiveness, kind string, 
 				running = append(running, ctl.Name)
 				continue
 			}
-			if slices.Contains(ctl.Kinds, kind) || ctl.Name == kind {
+			if slices.Contains(ctl.Kinds, kind) || len(ctl.Kinds) == 0 && kinds.OfBuiltInController(ctl.Name) == kind {
 				msg := fmt.Sprintf("cluster %s's controller %s is not running", c.ID, ctl.Name)
 				if ctl.LastError != "" {
 					msg += ": " + ctl.LastError

@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -385,5 +387,42 @@ func TestALateReportDoesNotBringBackADeletedObject(t *testing.T) {
 	var rows int
 	if err := s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM object_reports WHERE id = 'late'").Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("%d report rows of the deleted object (%v); want none", rows, err)
+	}
+}
+
+// TestAClusterWhoseControllerIsDownStillCounts: a live cluster whose
+// controller for a kind is enabled but not running (crashed, refused by
+// its pin, reloading) has not applied the kind's objects: it counts, and
+// the region does not converge without it. So does a built-in controller
+// that never started (its kinds unknown yet, its name the kind's). A
+// cluster that runs no controller for the kind does not count.
+func TestAClusterWhoseControllerIsDownStillCounts(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	liveClusters(t, s, "eu", "eu-up", "eu-down", "eu-other")
+	hb := func(id string, ctl store.ControllerStatus) {
+		t.Helper()
+		if err := s.Heartbeat(ctx, id, "eu", store.HeartbeatData{AgentVersion: "t", Host: &store.HostReport{Controllers: []store.ControllerStatus{ctl}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hb("eu-up", store.ControllerStatus{Name: "quota", Kinds: []string{quota}, Running: true})
+	hb("eu-down", store.ControllerStatus{Name: "quota", Kinds: []string{quota}, Running: false, LastError: "plugin process exited unexpectedly"})
+	hb("eu-other", store.ControllerStatus{Name: "cilium", Kinds: []string{kinds.CiliumNetworkPolicy}, Running: true})
+	_, v := putObject(t, s, quota, "q", `{"cpu":"1"}`, "eu")
+	reportResource(t, s, "eu", "eu-up", "q", v["eu"], `{}`)
+	o, err := s.GetObject(ctx, quota, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := o.Regions[0].Actual
+	if a.Converged() || strings.Join(a.Missing(), ",") != "eu-down" || slices.Contains(a.Counted, "eu-other") {
+		t.Fatalf("counted %v, missing %v, converged %v; want eu-down counted and missing, eu-other not counted", a.Counted, a.Missing(), a.Converged())
+	}
+
+	never := store.RuleCluster("c", "eu", time.Now(), &store.HostReport{Controllers: []store.ControllerStatus{{Name: "deployment"}}})
+	if !never.Serves(kinds.Deployment, time.Now()) || never.Serves(kinds.Sentinel, time.Now()) {
+		t.Errorf("a built-in deployment controller that never started: serves deployment %v, sentinel %v; want true, false",
+			never.Serves(kinds.Deployment, time.Now()), never.Serves(kinds.Sentinel, time.Now()))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/actual"
+	"krane.dev/internal/kinds"
 )
 
 // This file loads the inputs of the aggregation rule (ctrl/actual) and
@@ -77,14 +78,15 @@ func (s *Store) ruleClusters(ctx context.Context, regions []string) (map[string]
 }
 
 // RuleCluster is a cluster as the aggregation rule sees it: its last
-// heartbeat and the kinds its host's running controllers reconcile (host
-// nil: its heartbeats do not say).
+// heartbeat and the kinds its host serves (HostReport.Serves: its enabled
+// controllers', running or not; host nil: its heartbeats do not say).
 func RuleCluster(id, region string, lastHeartbeat time.Time, host *HostReport) actual.Cluster {
 	c := actual.Cluster{ID: id, Region: region, LastHeartbeat: lastHeartbeat, KindsReported: host != nil}
 	if host != nil {
 		for _, ctl := range host.Controllers {
-			if ctl.Running {
-				c.Kinds = append(c.Kinds, ctl.Kinds...)
+			c.Kinds = append(c.Kinds, ctl.Kinds...)
+			if k := kinds.OfBuiltInController(ctl.Name); len(ctl.Kinds) == 0 && k != "" {
+				c.Kinds = append(c.Kinds, k)
 			}
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"krane.dev/internal/kinds"
 )
 
 // TokenKind is who a token belongs to.
@@ -444,17 +446,31 @@ type ControllerStatus struct {
 	LastError     string   `json:"last_error,omitempty"`
 }
 
-// Owns reports whether a running controller of the host reconciles kind.
-func (h *HostReport) Owns(kind string) bool {
+// Serves reports whether a controller the host has enabled reconciles
+// kind, and whether one that does runs now. A controller serves the kinds
+// it last described, or, while it has never started (a pin refused, a
+// first start failed), the kind of its built-in name. This is the one rule
+// of who serves a kind: the aggregation rule counts a live cluster that
+// serves the kind, running or not (one whose controller is down has not
+// applied what it should: its region waits, RuleCluster), and a deploy is
+// refused at once where no live cluster runs one (fleetapi.CheckServed).
+func (h *HostReport) Serves(kind string) (serves, running bool) {
 	if h == nil {
-		return false
+		return false, false
 	}
 	for _, c := range h.Controllers {
-		if c.Running && slices.Contains(c.Kinds, kind) {
-			return true
+		if slices.Contains(c.Kinds, kind) || len(c.Kinds) == 0 && kinds.OfBuiltInController(c.Name) == kind {
+			serves = true
+			running = running || c.Running
 		}
 	}
-	return false
+	return serves, running
+}
+
+// Owns reports whether a running controller of the host reconciles kind.
+func (h *HostReport) Owns(kind string) bool {
+	_, running := h.Serves(kind)
+	return running
 }
 
 // Heartbeat records that a cluster is alive, its agent version, cursors

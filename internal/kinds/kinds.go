@@ -19,6 +19,22 @@ const (
 // BuiltIn lists the built-in kinds.
 var BuiltIn = []string{Deployment, Sentinel, CiliumNetworkPolicy}
 
+// OfBuiltInController is the kind the built-in controller of that name
+// (its block in krane.hcl) reconciles, "" for another name: what a host
+// serves while such a controller has never started and so has not
+// described its kinds yet.
+func OfBuiltInController(name string) string {
+	switch name {
+	case "deployment":
+		return Deployment
+	case "sentinel":
+		return Sentinel
+	case "cilium":
+		return CiliumNetworkPolicy
+	}
+	return ""
+}
+
 // SentinelIDPrefix starts every sentinel id ctrl makes. Sealed secrets are
 // told apart by it: a sentinel id names a sentinel's credentials, any other
 // id a deployment's secret environment.
