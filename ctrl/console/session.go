@@ -28,7 +28,12 @@ const (
 )
 
 // maxSessions bounds the sessions kept; past it the oldest ends.
-const maxSessions = 10000
+// maxSessionsPerToken bounds one operator token's; past it that token's
+// oldest ends, so no one token signing in over and over ends the others'.
+const (
+	maxSessions         = 10000
+	maxSessionsPerToken = 20
+)
 
 // sessionRecheck is how long a replica trusts a session it read: a
 // sign-out on another replica ends this replica's live streams of it
@@ -38,7 +43,7 @@ const sessionRecheck = time.Second
 // SessionStore keeps the console's sessions where every ctrl replica
 // reads them (in ctrl serve: the database, *store.Store).
 type SessionStore interface {
-	CreateConsoleSession(ctx context.Context, cs store.ConsoleSession, max int) error
+	CreateConsoleSession(ctx context.Context, cs store.ConsoleSession, max, perToken int) error
 	// GetConsoleSession returns store.ErrNotFound for no session, or an
 	// expired one.
 	GetConsoleSession(ctx context.Context, idHash []byte) (store.ConsoleSession, error)
@@ -135,7 +140,7 @@ func (ss *sessions) create(ctx context.Context, w http.ResponseWriter, token, to
 	k := derive(secret)
 	now := time.Now()
 	cs := store.ConsoleSession{IDHash: k.idHash, TokenID: tokenID, SealedToken: seal(k.seal, []byte(token), k.idHash), CreatedAt: now, ExpiresAt: now.Add(ss.ttl)}
-	if err := ss.store.CreateConsoleSession(ctx, cs, ss.max); err != nil {
+	if err := ss.store.CreateConsoleSession(ctx, cs, ss.max, maxSessionsPerToken); err != nil {
 		return err
 	}
 	http.SetCookie(w, ss.cookie(sessionCookie, base64.RawURLEncoding.EncodeToString(secret), cs.ExpiresAt))

@@ -26,11 +26,23 @@ type ConsoleSession struct {
 const MaxConsoleFlash = 2048
 
 // CreateConsoleSession stores a new session. Expired sessions are deleted
-// first; past max sessions, the oldest are ended.
-func (s *Store) CreateConsoleSession(ctx context.Context, cs ConsoleSession, max int) error {
+// first; past perToken sessions of its token, that token's oldest end, and
+// past max sessions in all, the oldest of any. So one operator signing in
+// over and over ends only its own sessions: it takes at most perToken of
+// the max.
+func (s *Store) CreateConsoleSession(ctx context.Context, cs ConsoleSession, max, perToken int) error {
 	now := time.Now().UnixMilli()
 	if _, err := s.db.ExecContext(ctx, "DELETE FROM console_sessions WHERE expires_at <= ? LIMIT 1000", now); err != nil {
 		return fmt.Errorf("store: delete expired console sessions: %w", err)
+	}
+	var mine int
+	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM console_sessions WHERE token_id = ?", cs.TokenID).Scan(&mine); err != nil {
+		return fmt.Errorf("store: count the console sessions of token %s: %w", cs.TokenID, err)
+	}
+	if over := mine - perToken + 1; over > 0 {
+		if _, err := s.db.ExecContext(ctx, "DELETE FROM console_sessions WHERE token_id = ? ORDER BY created_at LIMIT ?", cs.TokenID, over); err != nil {
+			return fmt.Errorf("store: end the oldest console sessions of token %s: %w", cs.TokenID, err)
+		}
 	}
 	var n int
 	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM console_sessions").Scan(&n); err != nil {

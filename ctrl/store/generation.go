@@ -152,9 +152,9 @@ type CursorClaim struct {
 	ClaimedAt         time.Time
 }
 
-// CursorClaims lists the clusters' claims, newest first.
+// CursorClaims lists the clusters' claims, one per cluster, newest first.
 func (s *Store) CursorClaims(ctx context.Context) ([]CursorClaim, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT cluster_id, region, cursor_at, head, generation, claimed_at FROM cursor_claims ORDER BY claimed_at DESC")
+	rows, err := s.db.QueryContext(ctx, "SELECT cluster_id, region, cursor_at, head, generation, claimed_at FROM cursor_claims ORDER BY claimed_at DESC, cluster_id")
 	if err != nil {
 		return nil, fmt.Errorf("store: read the clusters' claims that the database went back in time: %w", err)
 	}

@@ -385,3 +385,41 @@ func TestStalledConnectionFails(t *testing.T) {
 		t.Fatal("a read on a stalled connection without a deadline hung for 60s")
 	}
 }
+
+// TestOneTokenSigningInEndsOnlyItsOwnSessions: sign-ins past a token's
+// share end that token's oldest sessions, never another operator's; the
+// overall bound still holds.
+func TestOneTokenSigningInEndsOnlyItsOwnSessions(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	at := time.Now()
+	session := func(token string, n int) store.ConsoleSession {
+		at = at.Add(time.Millisecond)
+		return store.ConsoleSession{IDHash: []byte(fmt.Sprintf("%-32s", fmt.Sprintf("%s-%d", token, n))), TokenID: token, SealedToken: []byte("x"),
+			CreatedAt: at, ExpiresAt: at.Add(time.Hour)}
+	}
+	other := session("tok-other", 0)
+	if err := s.CreateConsoleSession(ctx, other, 100, 5); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if err := s.CreateConsoleSession(ctx, session("tok-greedy", i), 100, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.GetConsoleSession(ctx, other.IDHash); err != nil {
+		t.Fatalf("another operator's session after one token signed in 50 times: %v; want it kept", err)
+	}
+	var greedy int
+	if err := s.DB().QueryRowContext(ctx, "SELECT COUNT(*) FROM console_sessions WHERE token_id = 'tok-greedy'").Scan(&greedy); err != nil || greedy != 5 {
+		t.Fatalf("the greedy token holds %d sessions (%v); want its share, 5", greedy, err)
+	}
+	for i := range 10 {
+		if err := s.CreateConsoleSession(ctx, session(fmt.Sprintf("tok-%d", i), 0), 8, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := s.CountConsoleSessions(ctx); err != nil || n > 8 {
+		t.Fatalf("%d sessions under an overall bound of 8 (%v)", n, err)
+	}
+}
