@@ -62,7 +62,13 @@ func WithIdentity(ctx context.Context, id Identity) context.Context {
 type TokenStore interface {
 	LookupToken(ctx context.Context, id string) (store.Token, error)
 	LookupTokens(ctx context.Context, ids []string) ([]store.Token, error)
-	RevokedTokensSince(ctx context.Context, since time.Time) ([]store.Token, error)
+	// RevokedTokensRead is the tokens revoked since since, with the
+	// database's time just before the read.
+	RevokedTokensRead(ctx context.Context, since time.Time) ([]store.Token, time.Time, error)
+	// RecordRevocationsRead says that this replica has read the
+	// revocations committed before readAt (the database's time): a revoke
+	// waits for every replica to say so.
+	RecordRevocationsRead(ctx context.Context, replica, version string, startedAt, readAt time.Time) error
 	RevokeToken(ctx context.Context, id string) (store.Token, bool, error)
 }
 
@@ -86,6 +92,11 @@ type Options struct {
 	Logger          hclog.Logger
 	// Registerer receives the auth metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Replica names this ctrl among the replicas sharing the database,
+	// Version its release: WatchRevocations records, after each read of
+	// the revoked tokens, how far it read (the revoking command waits for
+	// every replica). Empty: nothing is recorded.
+	Replica, Version string
 }
 
 // Authenticator checks the bearer token of every call, and keeps a
@@ -93,6 +104,9 @@ type Options struct {
 // expiry) closes them at once.
 type Authenticator struct {
 	tokens    TokenStore
+	replica   string
+	version   string
+	started   time.Time
 	ttl       time.Duration
 	pollEvery time.Duration
 	recheck   time.Duration
@@ -166,7 +180,7 @@ func New(tokens TokenStore, o Options) *Authenticator {
 		o.Logger = hclog.NewNullLogger()
 	}
 	a := &Authenticator{
-		tokens: tokens, ttl: o.CacheTTL, pollEvery: o.RevocationPollInterval, recheck: o.RecheckInterval, log: o.Logger.Named("auth"),
+		tokens: tokens, replica: o.Replica, version: o.Version, started: time.Now(), ttl: o.CacheTTL, pollEvery: o.RevocationPollInterval, recheck: o.RecheckInterval, log: o.Logger.Named("auth"),
 		cache: map[string]cachedToken{}, streams: map[string]map[*openStream]struct{}{}, revoked: map[string]time.Time{},
 	}
 	a.m.denied = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -425,14 +439,18 @@ func (a *Authenticator) WatchRevocations(ctx context.Context) {
 	lastOK := time.Now()
 	lastRecheck, lastRefresh := lastOK, lastOK
 	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-poll.C:
+	// The first read at once: the replica is known to a revoking command
+	// (RecordRevocationsRead) from its start.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-poll.C:
+			}
 		}
 		start := time.Now()
-		if toks, err := a.tokens.RevokedTokensSince(ctx, lastOK.Add(-revocationLookback)); err != nil {
+		if toks, readAt, err := a.tokens.RevokedTokensRead(ctx, lastOK.Add(-revocationLookback)); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -453,6 +471,13 @@ func (a *Authenticator) WatchRevocations(ctx context.Context) {
 				ids[i] = t.ID
 			}
 			a.tokensRevoked(ids...)
+			// Only now, with their streams closed and the cache rid of
+			// them, are these revocations read.
+			if a.replica != "" {
+				if err := a.tokens.RecordRevocationsRead(ctx, a.replica, a.version, a.started, readAt); err != nil && ctx.Err() == nil {
+					a.log.Warn("cannot record how far this ctrl read the revoked tokens; `ctrl admin token revoke` waits for it meanwhile", "error", err)
+				}
+			}
 		}
 		// Independent of the poll: it also covers a poll that keeps failing
 		// while single-token reads work.

@@ -42,8 +42,11 @@ func (c *countingTokens) LookupTokens(_ context.Context, ids []string) ([]store.
 	return out, nil
 }
 
-func (c *countingTokens) RevokedTokensSince(context.Context, time.Time) ([]store.Token, error) {
-	return nil, nil
+func (c *countingTokens) RevokedTokensRead(context.Context, time.Time) ([]store.Token, time.Time, error) {
+	return nil, time.Now(), nil
+}
+func (c *countingTokens) RecordRevocationsRead(context.Context, string, string, time.Time, time.Time) error {
+	return nil
 }
 func (c *countingTokens) RevokeToken(context.Context, string) (store.Token, bool, error) {
 	return store.Token{}, false, nil

@@ -339,11 +339,12 @@ func newCluster() *cobra.Command {
 	register.Flags().StringVar(&registerExpires, "expires-in", "", expiresInUsage)
 
 	var revokeID string
+	var revokeWait time.Duration
 	revoke := &cobra.Command{
 		Use:   "revoke --cluster C",
 		Short: "Revoke every token of a cluster; its open streams end at once on every ctrl",
 		Long: "Revoke every valid token of a cluster. Every ctrl refuses calls with them and closes the cluster's open streams " +
-			"within its auth.revocation_poll_interval (default 250ms). To revoke one token (say, the old one after a rotation), use `ctrl admin token revoke ID`.",
+			"within its auth.revocation_poll_interval (default 250ms); the command returns once every replica has (up to --wait). To revoke one token (say, the old one after a rotation), use `ctrl admin token revoke ID`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := openStore(cmd, true)
@@ -360,12 +361,13 @@ func newCluster() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %d token(s) of cluster %s\n", n, revokeID)
 			if n > 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "Its open streams are closed on every ctrl within auth.revocation_poll_interval (default 250ms).")
+				return waitRevocationsRead(cmd, st, revokeWait)
 			}
 			return nil
 		},
 	}
 	revoke.Flags().StringVar(&revokeID, "cluster", "", "cluster id (required)")
+	revoke.Flags().DurationVar(&revokeWait, "wait", 10*time.Second, "how long to wait for every ctrl replica to refuse the tokens before returning (it fails, naming them, if some did not)")
 	_ = revoke.MarkFlagRequired("cluster")
 
 	remove := &cobra.Command{
@@ -393,7 +395,7 @@ func newCluster() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "removed cluster %s of region %s: %d token(s) revoked; %d reports, %d instances, %d apply errors deleted\n",
 				r.ID, r.Region, r.TokensRevoked, r.Reports, r.Instances, r.ApplyErrors)
 			if r.TokensRevoked > 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "Its open streams are closed on every ctrl within auth.revocation_poll_interval (default 250ms).")
+				return waitRevocationsRead(cmd, st, 10*time.Second)
 			}
 			return nil
 		},
@@ -460,6 +462,7 @@ func newCluster() *cobra.Command {
 func newToken() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "API tokens: create operator tokens, list and revoke any token"}
 	var name, expires string
+	var revokeWait time.Duration
 	create := &cobra.Command{
 		Use:   "create-operator --name N",
 		Short: "Create an operator token and print it once",
@@ -539,7 +542,8 @@ func newToken() *cobra.Command {
 		Use:   "revoke ID",
 		Short: "Revoke one token (cluster or operator); its open streams end at once on every ctrl",
 		Long: "Revoke the token with this id (the ID column of `ctrl admin token list`; it is also the part after krane_c_ or krane_o_ in the token). " +
-			"Every ctrl refuses calls with it and closes its open streams within auth.revocation_poll_interval (default 250ms).",
+			"Every ctrl refuses calls with it and closes its open streams within auth.revocation_poll_interval (default 250ms); the command returns once " +
+			"every ctrl replica reading the database has done so (up to --wait).",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return errors.New("name the token to revoke: `ctrl admin token revoke ID` (ids are in the first column of `ctrl admin token list`)")
@@ -572,10 +576,10 @@ func newToken() *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", who)
-			fmt.Fprintln(cmd.ErrOrStderr(), "Its open streams are closed on every ctrl within auth.revocation_poll_interval (default 250ms).")
-			return nil
+			return waitRevocationsRead(cmd, st, revokeWait)
 		},
 	}
+	revoke.Flags().DurationVar(&revokeWait, "wait", 10*time.Second, "how long to wait for every ctrl replica to refuse the token before returning (it fails, naming them, if some did not)")
 	cmd.AddCommand(create, list, revoke)
 	return cmd
 }

@@ -17,10 +17,12 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/cli"
 	"krane.dev/ctrl/internal/ctrltest"
+	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -234,7 +236,7 @@ func TestTokenListRevokeAndExpiresIn(t *testing.T) {
 
 	// token revoke: by id (or a pasted token), once; unknown ids say where ids are.
 	code, out, errOut = run(t, "token", "revoke", operator.ID)
-	if code != 0 || !strings.Contains(out, "revoked operator token "+operator.ID+" (ci pipeline)") || !strings.Contains(errOut, "revocation_poll_interval") {
+	if code != 0 || !strings.Contains(out, "revoked operator token "+operator.ID+" (ci pipeline)") || !strings.Contains(errOut, "refuses it now") {
 		t.Fatalf("token revoke: %d %q %q", code, out, errOut)
 	}
 	if code, out, _ := run(t, "token", "revoke", operator.ID); code != 0 || !strings.Contains(out, "already revoked") {
@@ -349,5 +351,47 @@ func TestRegisterClustersFromAList(t *testing.T) {
 		if _, err := cli.Heartbeat(ctx, &clusterv1.HeartbeatRequest{AgentVersion: "test"}); err != nil {
 			t.Fatalf("heartbeat of eu-%d with its new token: %v", i, err)
 		}
+	}
+}
+
+// TestRevokeReturnsOnceEveryReplicaRefuses: `ctrl admin token revoke`
+// returns once every ctrl replica reading the database has read the
+// revocation, so the token is refused on each of them from then on; a
+// replica that has not read it within --wait is named, and the command
+// fails.
+func TestRevokeReturnsOnceEveryReplicaRefuses(t *testing.T) {
+	dsn := testenv.SharedMySQL(t).Database(t, t.Name())
+	a := ctrltest.Start(t, ctrltest.Options{DSN: dsn})
+	b := ctrltest.Start(t, ctrltest.Options{DSN: dsn})
+	ctx := context.Background()
+	token := a.OperatorToken(t, "ops")
+	p, err := auth.Parse(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []*ctrltest.Env{a, b} { // each replica caches the token
+		if _, err := ctrlv1.NewFleetServiceClient(env.Dial(t, token)).ListClusters(ctx, &ctrlv1.ListClustersRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := run(t, "admin", "token", "revoke", p.ID, "--db-dsn", dsn)
+	if code != 0 || !strings.Contains(errOut, "Every ctrl replica reading the database (2) refuses it now") {
+		t.Fatalf("revoke: exit %d\n%s%s", code, out, errOut)
+	}
+	for name, env := range map[string]*ctrltest.Env{"a": a, "b": b} {
+		_, err := ctrlv1.NewFleetServiceClient(env.Dial(t, token)).ListClusters(ctx, &ctrlv1.ListClustersRequest{})
+		if status.Code(err) != codes.Unauthenticated {
+			t.Errorf("replica %s, right after the revoke returned: %v; want UNAUTHENTICATED", name, err)
+		}
+	}
+
+	// A replica that reads the revoked tokens only every minute holds the
+	// command up, and is named.
+	ctrltest.Start(t, ctrltest.Options{DSN: dsn, Configure: func(c *serve.Config) { c.Auth.RevocationPollInterval = time.Minute }})
+	second := a.OperatorToken(t, "ops-2")
+	p2, _ := auth.Parse(second)
+	code, _, errOut = run(t, "admin", "token", "revoke", p2.ID, "--db-dsn", dsn, "--wait", "2s")
+	if code == 0 || !strings.Contains(errOut, "1 ctrl replica(s) have not read the revocation") {
+		t.Fatalf("revoke with a replica that has not read it: exit %d %q; want a failure naming it", code, errOut)
 	}
 }

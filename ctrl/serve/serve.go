@@ -16,8 +16,10 @@ package serve
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -170,14 +172,14 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	registerWriteMetrics(reg, st)
 	reg.MustRegister(bounds.Refused)
 	reg.MustRegister(fleetapi.NewCollector(st, log))
-	authn := auth.New(st, auth.Options{
-		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,
-		Logger: log, Registerer: reg,
-	})
 	ctrlVersion := deps.Version
 	if ctrlVersion == "" {
 		ctrlVersion = version.Version
 	}
+	authn := auth.New(st, auth.Options{
+		CacheTTL: cfg.Auth.CacheTTL, RevocationPollInterval: cfg.Auth.RevocationPollInterval, RecheckInterval: cfg.Auth.RecheckInterval,
+		Logger: log, Registerer: reg, Replica: replicaID(), Version: ctrlVersion,
+	})
 	skew := clusterapi.NewSkew(ctrlVersion, st.RecordAgentVersion, log, reg)
 	opts, err := GRPCServerOptions(cfg.GRPC, authn, skew, log)
 	if err != nil {
@@ -573,4 +575,12 @@ func expireVaultAudit(ctx context.Context, st *store.Store, retention time.Durat
 		case <-t.C:
 		}
 	}
+}
+
+// replicaID names this ctrl process among the replicas sharing the
+// database (ctrl_replicas).
+func replicaID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
