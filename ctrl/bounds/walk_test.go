@@ -477,6 +477,11 @@ func rows(t *testing.T, env *ctrltest.Env) string {
 	names.Close()
 	var b strings.Builder
 	for _, tbl := range tables {
+		if tbl == "ctrl_replicas" {
+			// Each replica's own heartbeat (revocations read, version)
+			// runs on a timer, not on a request.
+			continue
+		}
 		var name string
 		var sum *int64
 		if err := env.Store.DB().QueryRowContext(ctx, "CHECKSUM TABLE `"+tbl+"`").Scan(&name, &sum); err != nil {

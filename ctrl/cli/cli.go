@@ -42,7 +42,7 @@ func NewRoot() *cobra.Command {
 	serve.AddConfigFlag(root.PersistentFlags())
 	serve.AddFlags(root.PersistentFlags(), func(key string) bool { return key == "db.dsn" })
 	root.AddCommand(newServe(), newAdmin(), newDeploy(), newRestate(), newVault())
-	root.AddCommand(newSentinel(), newRollout(), newFleet(), newKind(), newResource())
+	root.AddCommand(newSentinel(), newRollout(), newFleet(), newKind(), newResource(), newEnvironment())
 	// The spellings from before `ctrl admin` (ctrl migrate, ctrl cluster
 	// ..., ctrl token ..., ctrl db ...) still work, hidden from help, for
 	// one release (docs/operating.md, "Setting up ctrl").

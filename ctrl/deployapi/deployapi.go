@@ -574,3 +574,34 @@ func decodePageToken(t string) (store.DeploymentCursor, error) {
 
 // caller names the operator token's owner, for history and logs.
 func caller(ctx context.Context) string { return auth.CallerName(ctx) }
+
+// SetEnvironmentHosts replaces the hosts an environment's sentinels serve;
+// its sentinels receive them as new routes.
+func (s *Server) SetEnvironmentHosts(ctx context.Context, req *ctrlv1.SetEnvironmentHostsRequest) (*ctrlv1.EnvironmentInfo, error) {
+	hosts, err := deployspec.Hosts(req.GetHosts())
+	if err != nil {
+		return nil, err
+	}
+	env := req.GetEnvironmentId()
+	if _, err := s.store.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		return tx.SetEnvironmentHosts(ctx, env, hosts)
+	}); err != nil {
+		return nil, fmt.Errorf("setting the hosts of environment %s failed: %w", env, err)
+	}
+	s.log.Info("environment hosts set", "environment", env, "hosts", hosts, "by", caller(ctx))
+	return s.GetEnvironment(ctx, &ctrlv1.GetEnvironmentRequest{EnvironmentId: env})
+}
+
+// GetEnvironment shows an environment's live deployment and hosts.
+func (s *Server) GetEnvironment(ctx context.Context, req *ctrlv1.GetEnvironmentRequest) (*ctrlv1.EnvironmentInfo, error) {
+	env := req.GetEnvironmentId()
+	live, err := s.store.LiveDeployment(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	hosts, err := s.store.EnvironmentHosts(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return &ctrlv1.EnvironmentInfo{Id: env, LiveDeploymentId: live, Hosts: hosts}, nil
+}

@@ -278,3 +278,46 @@ func Namespace(workspaceID string) string {
 	}
 	return "ws-" + clean + "-" + suffix
 }
+
+// maxHosts bounds an environment's hosts (SetEnvironmentHostsRequest).
+const maxHosts = 100
+
+// Hosts checks an environment's hosts and returns them as the sentinels
+// compare them: lower case, sorted, each once. A host is a DNS name
+// (RFC 1123: dot-separated labels of letters, digits and inner hyphens,
+// each at most 63 bytes, at most 253 in all), with no port, scheme,
+// wildcard or trailing dot.
+func Hosts(hosts []string) ([]string, error) {
+	if len(hosts) > maxHosts {
+		return nil, &api.FieldError{Field: "hosts", Reason: fmt.Sprintf("%d hosts; at most %d", len(hosts), maxHosts)}
+	}
+	set := map[string]bool{}
+	for i, h := range hosts {
+		h = strings.ToLower(strings.TrimSpace(h))
+		if err := validHost(h); err != nil {
+			return nil, &api.FieldError{Field: fmt.Sprintf("hosts[%d]", i), Reason: fmt.Sprintf("%q: %s", hosts[i], err)}
+		}
+		set[h] = true
+	}
+	return slices.Sorted(maps.Keys(set)), nil
+}
+
+func validHost(h string) error {
+	if h == "" || len(h) > 253 {
+		return fmt.Errorf("want a DNS name of 1 to 253 bytes, e.g. app.example.com")
+	}
+	if strings.ContainsAny(h, ":/*") {
+		return fmt.Errorf("a host is a DNS name alone: no scheme, port, path or wildcard")
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("label %q: each dot-separated label is 1 to 63 letters, digits or inner hyphens (no trailing dot)", label)
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+				return fmt.Errorf("label %q holds %q: only letters, digits and hyphens", label, r)
+			}
+		}
+	}
+	return nil
+}

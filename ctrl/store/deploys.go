@@ -799,7 +799,7 @@ ON DUPLICATE KEY UPDATE live_deployment_id = VALUES(live_deployment_id), updated
 		environmentID, nullString(deploymentID), nowMillis()); err != nil {
 		return fmt.Errorf("store: set live deployment of environment %s: %w", environmentID, err)
 	}
-	return nil
+	return t.RefreshRoutes(ctx, environmentID)
 }
 
 // LiveDeployment returns an environment's live deployment ("" when none).

@@ -109,7 +109,7 @@ FROM deployment_topology dt JOIN deployments d ON d.id = dt.deployment_id`,
 		keyCols: []string{"id", "region"},
 		keyArgs: func(r Ref) []any { return []any{r.ID, r.Region} },
 		selectFrom: `SELECT id, region, version, workspace_id, project_id, app_id, environment_id, k8s_name,
-  image, replicas, cpu_millicores, memory_mib, desired_state, encrypted_credentials
+  image, replicas, cpu_millicores, memory_mib, desired_state, encrypted_credentials, routes
 FROM sentinels`,
 		regionCond: "region = ?",
 		regionArgs: func(_, region string) []any { return []any{region} },
@@ -188,11 +188,17 @@ func scanSentinel(s scanner, kind string) (Change, error) {
 	c := Change{Kind: kind}
 	var sn clusterv1.Sentinel
 	var desiredState string
+	var routes sql.NullString
 	if err := s.Scan(&c.ID, &c.Region, &c.Version, &sn.WorkspaceId, &sn.ProjectId, &sn.AppId, &sn.EnvironmentId,
-		&sn.K8SName, &sn.Image, &sn.Replicas, &sn.CpuMillicores, &sn.MemoryMib, &desiredState, &sn.EncryptedCredentials); err != nil {
+		&sn.K8SName, &sn.Image, &sn.Replicas, &sn.CpuMillicores, &sn.MemoryMib, &desiredState, &sn.EncryptedCredentials, &routes); err != nil {
 		return c, err
 	}
 	sn.Id = c.ID
+	r, err := decodeRoutes(c.ID, routes)
+	if err != nil {
+		return c, err
+	}
+	sn.Routes = r
 	c.Deleted = desiredState != "running"
 	c.Spec = &sn
 	return c, nil

@@ -2,12 +2,16 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
+	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 )
 
@@ -126,5 +130,69 @@ func TestUnusedSentinelRecheckedUnderItsLock(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("history %+v: want the wait noted once", events)
+	}
+}
+
+// TestSentinelsCarryTheirEnvironmentsRoutes: an environment's sentinels
+// carry its hosts and live deployment (namespace, name, port) in their
+// desired state; new hosts, a promote and a new sentinel each give the
+// environment's sentinels new routes as new versions; a host belongs to
+// one environment.
+func TestSentinelsCarryTheirEnvironmentsRoutes(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	write := func(fn func(ctx context.Context, tx *store.Tx) error) {
+		t.Helper()
+		if _, err := s.WriteTx(ctx, fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routesOf := func(id string) (*clusterv1.SentinelRoutes, uint64) {
+		t.Helper()
+		region := map[string]string{"sen_1": "eu", "sen_2": "us"}[id]
+		c, err := s.Desired(ctx, kinds.Sentinel, region, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Spec.(*clusterv1.Sentinel).GetRoutes(), c.Version
+	}
+	write(func(ctx context.Context, tx *store.Tx) error {
+		if err := putDeployment(ctx, tx, "d1", "eu", "img:1", 1, "running"); err != nil {
+			return err
+		}
+		return tx.PutSentinel(ctx, store.Sentinel{ID: "sen_1", Region: "eu", EnvironmentID: "env", K8sName: "sen-1", Image: "sen:1", Replicas: 1})
+	})
+	if r, _ := routesOf("sen_1"); r == nil || len(r.GetHosts()) != 0 || r.Backend != nil {
+		t.Fatalf("a new sentinel of an environment with nothing to route: %v", r)
+	}
+	write(func(ctx context.Context, tx *store.Tx) error { return tx.SetEnvironmentHosts(ctx, "env", []string{"a.example.com", "b.example.com"}) })
+	r, v1 := routesOf("sen_1")
+	if strings.Join(r.GetHosts(), ",") != "a.example.com,b.example.com" || r.Backend != nil {
+		t.Fatalf("after setting hosts: %v", r)
+	}
+	write(func(ctx context.Context, tx *store.Tx) error { return tx.SetLiveDeployment(ctx, "env", "d1") })
+	r, v2 := routesOf("sen_1")
+	if b := r.GetBackend(); v2 <= v1 || b.GetDeploymentId() != "d1" || b.GetK8SNamespace() != "ns" || b.GetK8SName() != "d-d1" || b.GetPort() != 8080 {
+		t.Fatalf("after the promote: %v at version %d (was %d)", r, v2, v1)
+	}
+	// The same routes again: no new version.
+	write(func(ctx context.Context, tx *store.Tx) error { return tx.SetLiveDeployment(ctx, "env", "d1") })
+	if _, v := routesOf("sen_1"); v != v2 {
+		t.Fatalf("unchanged routes gave sentinel version %d, was %d", v, v2)
+	}
+	// A sentinel of the environment in another region starts with its
+	// routes.
+	write(func(ctx context.Context, tx *store.Tx) error {
+		return tx.PutSentinel(ctx, store.Sentinel{ID: "sen_2", Region: "us", EnvironmentID: "env", K8sName: "sen-2", Image: "sen:1", Replicas: 1})
+	})
+	if r, _ := routesOf("sen_2"); r.GetBackend().GetDeploymentId() != "d1" || len(r.GetHosts()) != 2 {
+		t.Fatalf("a new sentinel: %v", r)
+	}
+	_, err := s.WriteTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		return tx.SetEnvironmentHosts(ctx, "other", []string{"b.example.com"})
+	})
+	var fe *api.FieldError
+	if !errors.As(err, &fe) || !strings.Contains(fe.Reason, "environment env") {
+		t.Fatalf("another environment claiming a host: %v; want a field error naming its owner", err)
 	}
 }

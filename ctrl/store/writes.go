@@ -205,7 +205,7 @@ ON DUPLICATE KEY UPDATE workspace_id = VALUES(workspace_id), project_id = VALUES
 		return fmt.Errorf("store: write sentinel %s: %w", s.ID, err)
 	}
 	t.Touch(kinds.Sentinel, s.Region, s.ID)
-	return nil
+	return t.RefreshRoutes(ctx, s.EnvironmentID)
 }
 
 // CiliumNetworkPolicy is the desired state of one Cilium network policy.

@@ -136,7 +136,7 @@ func (x Instance_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Instance_Status.Descriptor instead.
 func (Instance_Status) EnumDescriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24, 0}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26, 0}
 }
 
 type WatchRequest struct {
@@ -1738,8 +1738,12 @@ type Sentinel struct {
 	// The sentinel container's credentials, sealed by ctrl; opened only
 	// through DecryptEnv by a cluster of the sentinel's region. Empty: none.
 	EncryptedCredentials []byte `protobuf:"bytes,11,opt,name=encrypted_credentials,json=encryptedCredentials,proto3" json:"encrypted_credentials,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Where the sentinel sends its environment's requests: the hosts it
+	// serves and the environment's live deployment. Unset from a ctrl older
+	// than routes; the sentinel then serves nothing but its health.
+	Routes        *SentinelRoutes `protobuf:"bytes,12,opt,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sentinel) Reset() {
@@ -1849,6 +1853,141 @@ func (x *Sentinel) GetEncryptedCredentials() []byte {
 	return nil
 }
 
+func (x *Sentinel) GetRoutes() *SentinelRoutes {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+// SentinelRoutes is what a sentinel routes.
+type SentinelRoutes struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The environment's hosts (DNS names, lower case): requests for any
+	// other host are refused.
+	Hosts []string `protobuf:"bytes,1,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	// The environment's live deployment; unset while it has none.
+	Backend       *RouteBackend `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SentinelRoutes) Reset() {
+	*x = SentinelRoutes{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SentinelRoutes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SentinelRoutes) ProtoMessage() {}
+
+func (x *SentinelRoutes) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SentinelRoutes.ProtoReflect.Descriptor instead.
+func (*SentinelRoutes) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SentinelRoutes) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *SentinelRoutes) GetBackend() *RouteBackend {
+	if x != nil {
+		return x.Backend
+	}
+	return nil
+}
+
+// RouteBackend is a deployment requests go to, as its cluster names it.
+type RouteBackend struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	DeploymentId string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
+	// The deployment's namespace and name (and of its headless Service,
+	// whose EndpointSlices list its instances).
+	K8SNamespace string `protobuf:"bytes,2,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
+	K8SName      string `protobuf:"bytes,3,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
+	// The port its instances listen on.
+	Port          int32 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteBackend) Reset() {
+	*x = RouteBackend{}
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteBackend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteBackend) ProtoMessage() {}
+
+func (x *RouteBackend) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteBackend.ProtoReflect.Descriptor instead.
+func (*RouteBackend) Descriptor() ([]byte, []int) {
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RouteBackend) GetDeploymentId() string {
+	if x != nil {
+		return x.DeploymentId
+	}
+	return ""
+}
+
+func (x *RouteBackend) GetK8SNamespace() string {
+	if x != nil {
+		return x.K8SNamespace
+	}
+	return ""
+}
+
+func (x *RouteBackend) GetK8SName() string {
+	if x != nil {
+		return x.K8SName
+	}
+	return ""
+}
+
+func (x *RouteBackend) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
 // CiliumNetworkPolicy is a policy authored by ctrl as JSON
 // (kind "ciliumnetworkpolicy"). Krane sets the name, namespace and its labels.
 type CiliumNetworkPolicy struct {
@@ -1864,7 +2003,7 @@ type CiliumNetworkPolicy struct {
 
 func (x *CiliumNetworkPolicy) Reset() {
 	*x = CiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +2015,7 @@ func (x *CiliumNetworkPolicy) String() string {
 func (*CiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[22]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2028,7 @@ func (x *CiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{22}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CiliumNetworkPolicy) GetId() string {
@@ -1939,7 +2078,7 @@ type DeploymentStatus struct {
 
 func (x *DeploymentStatus) Reset() {
 	*x = DeploymentStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2090,7 @@ func (x *DeploymentStatus) String() string {
 func (*DeploymentStatus) ProtoMessage() {}
 
 func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[23]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2103,7 @@ func (x *DeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentStatus.ProtoReflect.Descriptor instead.
 func (*DeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{23}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeploymentStatus) GetDeploymentId() string {
@@ -2045,7 +2184,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2196,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[24]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2209,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{24}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Instance) GetK8SName() string {
@@ -2160,7 +2299,7 @@ type SentinelStatus struct {
 
 func (x *SentinelStatus) Reset() {
 	*x = SentinelStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2311,7 @@ func (x *SentinelStatus) String() string {
 func (*SentinelStatus) ProtoMessage() {}
 
 func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[25]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2324,7 @@ func (x *SentinelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelStatus.ProtoReflect.Descriptor instead.
 func (*SentinelStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{25}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SentinelStatus) GetSentinelId() string {
@@ -2278,7 +2417,7 @@ type CiliumNetworkPolicyStatus struct {
 
 func (x *CiliumNetworkPolicyStatus) Reset() {
 	*x = CiliumNetworkPolicyStatus{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2429,7 @@ func (x *CiliumNetworkPolicyStatus) String() string {
 func (*CiliumNetworkPolicyStatus) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[26]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2442,7 @@ func (x *CiliumNetworkPolicyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyStatus.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyStatus) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{26}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CiliumNetworkPolicyStatus) GetId() string {
@@ -2344,7 +2483,7 @@ type WatchDeploymentsRequest struct {
 
 func (x *WatchDeploymentsRequest) Reset() {
 	*x = WatchDeploymentsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2495,7 @@ func (x *WatchDeploymentsRequest) String() string {
 func (*WatchDeploymentsRequest) ProtoMessage() {}
 
 func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[27]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2508,7 @@ func (x *WatchDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{27}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchDeploymentsRequest) GetRegion() string {
@@ -2396,7 +2535,7 @@ type WatchSentinelsRequest struct {
 
 func (x *WatchSentinelsRequest) Reset() {
 	*x = WatchSentinelsRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2547,7 @@ func (x *WatchSentinelsRequest) String() string {
 func (*WatchSentinelsRequest) ProtoMessage() {}
 
 func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[28]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2560,7 @@ func (x *WatchSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{28}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchSentinelsRequest) GetRegion() string {
@@ -2448,7 +2587,7 @@ type WatchCiliumNetworkPoliciesRequest struct {
 
 func (x *WatchCiliumNetworkPoliciesRequest) Reset() {
 	*x = WatchCiliumNetworkPoliciesRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2599,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) String() string {
 func (*WatchCiliumNetworkPoliciesRequest) ProtoMessage() {}
 
 func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[29]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2612,7 @@ func (x *WatchCiliumNetworkPoliciesRequest) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use WatchCiliumNetworkPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*WatchCiliumNetworkPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{29}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchCiliumNetworkPoliciesRequest) GetRegion() string {
@@ -2504,7 +2643,7 @@ type DeploymentState struct {
 
 func (x *DeploymentState) Reset() {
 	*x = DeploymentState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2655,7 @@ func (x *DeploymentState) String() string {
 func (*DeploymentState) ProtoMessage() {}
 
 func (x *DeploymentState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[30]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +2668,7 @@ func (x *DeploymentState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentState.ProtoReflect.Descriptor instead.
 func (*DeploymentState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{30}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeploymentState) GetVersion() uint64 {
@@ -2591,7 +2730,7 @@ type DeleteDeployment struct {
 
 func (x *DeleteDeployment) Reset() {
 	*x = DeleteDeployment{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +2742,7 @@ func (x *DeleteDeployment) String() string {
 func (*DeleteDeployment) ProtoMessage() {}
 
 func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[31]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +2755,7 @@ func (x *DeleteDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeployment.ProtoReflect.Descriptor instead.
 func (*DeleteDeployment) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{31}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteDeployment) GetId() string {
@@ -2654,7 +2793,7 @@ type SentinelState struct {
 
 func (x *SentinelState) Reset() {
 	*x = SentinelState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2666,7 +2805,7 @@ func (x *SentinelState) String() string {
 func (*SentinelState) ProtoMessage() {}
 
 func (x *SentinelState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[32]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2679,7 +2818,7 @@ func (x *SentinelState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelState.ProtoReflect.Descriptor instead.
 func (*SentinelState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{32}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SentinelState) GetVersion() uint64 {
@@ -2740,7 +2879,7 @@ type DeleteSentinel struct {
 
 func (x *DeleteSentinel) Reset() {
 	*x = DeleteSentinel{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +2891,7 @@ func (x *DeleteSentinel) String() string {
 func (*DeleteSentinel) ProtoMessage() {}
 
 func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[33]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +2904,7 @@ func (x *DeleteSentinel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSentinel.ProtoReflect.Descriptor instead.
 func (*DeleteSentinel) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{33}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteSentinel) GetId() string {
@@ -2796,7 +2935,7 @@ type CiliumNetworkPolicyState struct {
 
 func (x *CiliumNetworkPolicyState) Reset() {
 	*x = CiliumNetworkPolicyState{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +2947,7 @@ func (x *CiliumNetworkPolicyState) String() string {
 func (*CiliumNetworkPolicyState) ProtoMessage() {}
 
 func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[34]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +2960,7 @@ func (x *CiliumNetworkPolicyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CiliumNetworkPolicyState.ProtoReflect.Descriptor instead.
 func (*CiliumNetworkPolicyState) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{34}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CiliumNetworkPolicyState) GetVersion() uint64 {
@@ -2883,7 +3022,7 @@ type DeleteCiliumNetworkPolicy struct {
 
 func (x *DeleteCiliumNetworkPolicy) Reset() {
 	*x = DeleteCiliumNetworkPolicy{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +3034,7 @@ func (x *DeleteCiliumNetworkPolicy) String() string {
 func (*DeleteCiliumNetworkPolicy) ProtoMessage() {}
 
 func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[35]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +3047,7 @@ func (x *DeleteCiliumNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCiliumNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*DeleteCiliumNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{35}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteCiliumNetworkPolicy) GetId() string {
@@ -2941,7 +3080,7 @@ type GetDesiredDeploymentStateRequest struct {
 
 func (x *GetDesiredDeploymentStateRequest) Reset() {
 	*x = GetDesiredDeploymentStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2953,7 +3092,7 @@ func (x *GetDesiredDeploymentStateRequest) String() string {
 func (*GetDesiredDeploymentStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[36]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2966,7 +3105,7 @@ func (x *GetDesiredDeploymentStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredDeploymentStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredDeploymentStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{36}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetDesiredDeploymentStateRequest) GetDeploymentId() string {
@@ -2985,7 +3124,7 @@ type GetDesiredSentinelStateRequest struct {
 
 func (x *GetDesiredSentinelStateRequest) Reset() {
 	*x = GetDesiredSentinelStateRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3136,7 @@ func (x *GetDesiredSentinelStateRequest) String() string {
 func (*GetDesiredSentinelStateRequest) ProtoMessage() {}
 
 func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[37]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3149,7 @@ func (x *GetDesiredSentinelStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDesiredSentinelStateRequest.ProtoReflect.Descriptor instead.
 func (*GetDesiredSentinelStateRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{37}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetDesiredSentinelStateRequest) GetSentinelId() string {
@@ -3031,7 +3170,7 @@ type ReportDeploymentStatusRequest struct {
 
 func (x *ReportDeploymentStatusRequest) Reset() {
 	*x = ReportDeploymentStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3043,7 +3182,7 @@ func (x *ReportDeploymentStatusRequest) String() string {
 func (*ReportDeploymentStatusRequest) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[38]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3056,7 +3195,7 @@ func (x *ReportDeploymentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{38}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReportDeploymentStatusRequest) GetStatus() *DeploymentStatus {
@@ -3089,7 +3228,7 @@ type ReportDeploymentStatusResponse struct {
 
 func (x *ReportDeploymentStatusResponse) Reset() {
 	*x = ReportDeploymentStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3101,7 +3240,7 @@ func (x *ReportDeploymentStatusResponse) String() string {
 func (*ReportDeploymentStatusResponse) ProtoMessage() {}
 
 func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[39]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3114,7 +3253,7 @@ func (x *ReportDeploymentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeploymentStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportDeploymentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{39}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReportDeploymentStatusResponse) GetAccepted() bool {
@@ -3135,7 +3274,7 @@ type ReportSentinelStatusRequest struct {
 
 func (x *ReportSentinelStatusRequest) Reset() {
 	*x = ReportSentinelStatusRequest{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3147,7 +3286,7 @@ func (x *ReportSentinelStatusRequest) String() string {
 func (*ReportSentinelStatusRequest) ProtoMessage() {}
 
 func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[40]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3160,7 +3299,7 @@ func (x *ReportSentinelStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{40}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReportSentinelStatusRequest) GetStatus() *SentinelStatus {
@@ -3193,7 +3332,7 @@ type ReportSentinelStatusResponse struct {
 
 func (x *ReportSentinelStatusResponse) Reset() {
 	*x = ReportSentinelStatusResponse{}
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[41]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3344,7 @@ func (x *ReportSentinelStatusResponse) String() string {
 func (*ReportSentinelStatusResponse) ProtoMessage() {}
 
 func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[41]
+	mi := &file_krane_cluster_v1_cluster_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3357,7 @@ func (x *ReportSentinelStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSentinelStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportSentinelStatusResponse) Descriptor() ([]byte, []int) {
-	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{41}
+	return file_krane_cluster_v1_cluster_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReportSentinelStatusResponse) GetAccepted() bool {
@@ -3387,7 +3526,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0ftimeout_seconds\x18\x06 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\x90\x1c(\x00R\x0etimeoutSeconds\x127\n" +
 	"\x11failure_threshold\x18\a \x01(\x05B\n" +
-	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\x10failureThreshold\"\xe2\x02\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\x10failureThreshold\"\x9c\x03\n" +
 	"\bSentinel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bk8s_name\x18\x02 \x01(\tR\ak8sName\x12!\n" +
@@ -3402,7 +3541,16 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\n" +
 	" \x01(\x03R\tmemoryMib\x123\n" +
-	"\x15encrypted_credentials\x18\v \x01(\fR\x14encryptedCredentials\"}\n" +
+	"\x15encrypted_credentials\x18\v \x01(\fR\x14encryptedCredentials\x128\n" +
+	"\x06routes\x18\f \x01(\v2 .krane.cluster.v1.SentinelRoutesR\x06routes\"`\n" +
+	"\x0eSentinelRoutes\x12\x14\n" +
+	"\x05hosts\x18\x01 \x03(\tR\x05hosts\x128\n" +
+	"\abackend\x18\x02 \x01(\v2\x1e.krane.cluster.v1.RouteBackendR\abackend\"\x87\x01\n" +
+	"\fRouteBackend\x12#\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12#\n" +
+	"\rk8s_namespace\x18\x02 \x01(\tR\fk8sNamespace\x12\x19\n" +
+	"\bk8s_name\x18\x03 \x01(\tR\ak8sName\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\x05R\x04port\"}\n" +
 	"\x13CiliumNetworkPolicy\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rk8s_namespace\x18\x02 \x01(\tR\fk8sNamespace\x12\x19\n" +
@@ -3549,7 +3697,7 @@ func file_krane_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_cluster_v1_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_krane_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(Health)(0),                               // 0: krane.cluster.v1.Health
 	(Instance_Status)(0),                      // 1: krane.cluster.v1.Instance.Status
@@ -3575,101 +3723,105 @@ var file_krane_cluster_v1_cluster_proto_goTypes = []any{
 	(*Workload)(nil),                          // 21: krane.cluster.v1.Workload
 	(*Healthcheck)(nil),                       // 22: krane.cluster.v1.Healthcheck
 	(*Sentinel)(nil),                          // 23: krane.cluster.v1.Sentinel
-	(*CiliumNetworkPolicy)(nil),               // 24: krane.cluster.v1.CiliumNetworkPolicy
-	(*DeploymentStatus)(nil),                  // 25: krane.cluster.v1.DeploymentStatus
-	(*Instance)(nil),                          // 26: krane.cluster.v1.Instance
-	(*SentinelStatus)(nil),                    // 27: krane.cluster.v1.SentinelStatus
-	(*CiliumNetworkPolicyStatus)(nil),         // 28: krane.cluster.v1.CiliumNetworkPolicyStatus
-	(*WatchDeploymentsRequest)(nil),           // 29: krane.cluster.v1.WatchDeploymentsRequest
-	(*WatchSentinelsRequest)(nil),             // 30: krane.cluster.v1.WatchSentinelsRequest
-	(*WatchCiliumNetworkPoliciesRequest)(nil), // 31: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	(*DeploymentState)(nil),                   // 32: krane.cluster.v1.DeploymentState
-	(*DeleteDeployment)(nil),                  // 33: krane.cluster.v1.DeleteDeployment
-	(*SentinelState)(nil),                     // 34: krane.cluster.v1.SentinelState
-	(*DeleteSentinel)(nil),                    // 35: krane.cluster.v1.DeleteSentinel
-	(*CiliumNetworkPolicyState)(nil),          // 36: krane.cluster.v1.CiliumNetworkPolicyState
-	(*DeleteCiliumNetworkPolicy)(nil),         // 37: krane.cluster.v1.DeleteCiliumNetworkPolicy
-	(*GetDesiredDeploymentStateRequest)(nil),  // 38: krane.cluster.v1.GetDesiredDeploymentStateRequest
-	(*GetDesiredSentinelStateRequest)(nil),    // 39: krane.cluster.v1.GetDesiredSentinelStateRequest
-	(*ReportDeploymentStatusRequest)(nil),     // 40: krane.cluster.v1.ReportDeploymentStatusRequest
-	(*ReportDeploymentStatusResponse)(nil),    // 41: krane.cluster.v1.ReportDeploymentStatusResponse
-	(*ReportSentinelStatusRequest)(nil),       // 42: krane.cluster.v1.ReportSentinelStatusRequest
-	(*ReportSentinelStatusResponse)(nil),      // 43: krane.cluster.v1.ReportSentinelStatusResponse
-	nil,                                       // 44: krane.cluster.v1.HeartbeatRequest.CursorsEntry
-	nil,                                       // 45: krane.cluster.v1.HeartbeatRequest.ParkedEntry
-	nil,                                       // 46: krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	nil,                                       // 47: krane.cluster.v1.Deployment.EnvVarsEntry
-	nil,                                       // 48: krane.cluster.v1.Workload.EnvVarsEntry
-	(*anypb.Any)(nil),                         // 49: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 50: google.protobuf.Timestamp
+	(*SentinelRoutes)(nil),                    // 24: krane.cluster.v1.SentinelRoutes
+	(*RouteBackend)(nil),                      // 25: krane.cluster.v1.RouteBackend
+	(*CiliumNetworkPolicy)(nil),               // 26: krane.cluster.v1.CiliumNetworkPolicy
+	(*DeploymentStatus)(nil),                  // 27: krane.cluster.v1.DeploymentStatus
+	(*Instance)(nil),                          // 28: krane.cluster.v1.Instance
+	(*SentinelStatus)(nil),                    // 29: krane.cluster.v1.SentinelStatus
+	(*CiliumNetworkPolicyStatus)(nil),         // 30: krane.cluster.v1.CiliumNetworkPolicyStatus
+	(*WatchDeploymentsRequest)(nil),           // 31: krane.cluster.v1.WatchDeploymentsRequest
+	(*WatchSentinelsRequest)(nil),             // 32: krane.cluster.v1.WatchSentinelsRequest
+	(*WatchCiliumNetworkPoliciesRequest)(nil), // 33: krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	(*DeploymentState)(nil),                   // 34: krane.cluster.v1.DeploymentState
+	(*DeleteDeployment)(nil),                  // 35: krane.cluster.v1.DeleteDeployment
+	(*SentinelState)(nil),                     // 36: krane.cluster.v1.SentinelState
+	(*DeleteSentinel)(nil),                    // 37: krane.cluster.v1.DeleteSentinel
+	(*CiliumNetworkPolicyState)(nil),          // 38: krane.cluster.v1.CiliumNetworkPolicyState
+	(*DeleteCiliumNetworkPolicy)(nil),         // 39: krane.cluster.v1.DeleteCiliumNetworkPolicy
+	(*GetDesiredDeploymentStateRequest)(nil),  // 40: krane.cluster.v1.GetDesiredDeploymentStateRequest
+	(*GetDesiredSentinelStateRequest)(nil),    // 41: krane.cluster.v1.GetDesiredSentinelStateRequest
+	(*ReportDeploymentStatusRequest)(nil),     // 42: krane.cluster.v1.ReportDeploymentStatusRequest
+	(*ReportDeploymentStatusResponse)(nil),    // 43: krane.cluster.v1.ReportDeploymentStatusResponse
+	(*ReportSentinelStatusRequest)(nil),       // 44: krane.cluster.v1.ReportSentinelStatusRequest
+	(*ReportSentinelStatusResponse)(nil),      // 45: krane.cluster.v1.ReportSentinelStatusResponse
+	nil,                                       // 46: krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	nil,                                       // 47: krane.cluster.v1.HeartbeatRequest.ParkedEntry
+	nil,                                       // 48: krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	nil,                                       // 49: krane.cluster.v1.Deployment.EnvVarsEntry
+	nil,                                       // 50: krane.cluster.v1.Workload.EnvVarsEntry
+	(*anypb.Any)(nil),                         // 51: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 52: google.protobuf.Timestamp
 }
 var file_krane_cluster_v1_cluster_proto_depIdxs = []int32{
 	4,  // 0: krane.cluster.v1.WatchEvent.change:type_name -> krane.cluster.v1.ResourceChange
 	5,  // 1: krane.cluster.v1.WatchEvent.bootstrap_complete:type_name -> krane.cluster.v1.BootstrapComplete
 	6,  // 2: krane.cluster.v1.WatchEvent.keep_alive:type_name -> krane.cluster.v1.KeepAlive
-	49, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
-	50, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
-	50, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	49, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
+	51, // 3: krane.cluster.v1.ResourceChange.spec:type_name -> google.protobuf.Any
+	52, // 4: krane.cluster.v1.KeepAlive.server_time:type_name -> google.protobuf.Timestamp
+	52, // 5: krane.cluster.v1.ReportStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	51, // 6: krane.cluster.v1.ReportStatusRequest.status:type_name -> google.protobuf.Any
 	10, // 7: krane.cluster.v1.ReportStatusRequest.apply_error:type_name -> krane.cluster.v1.ApplyError
 	9,  // 8: krane.cluster.v1.ReportStatusesRequest.reports:type_name -> krane.cluster.v1.ReportStatusRequest
 	14, // 9: krane.cluster.v1.ReportStatusesResponse.results:type_name -> krane.cluster.v1.ReportStatusResult
-	44, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
+	46, // 10: krane.cluster.v1.HeartbeatRequest.cursors:type_name -> krane.cluster.v1.HeartbeatRequest.CursorsEntry
 	16, // 11: krane.cluster.v1.HeartbeatRequest.controllers:type_name -> krane.cluster.v1.ControllerStatus
-	45, // 12: krane.cluster.v1.HeartbeatRequest.parked:type_name -> krane.cluster.v1.HeartbeatRequest.ParkedEntry
-	46, // 13: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
-	47, // 14: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
+	47, // 12: krane.cluster.v1.HeartbeatRequest.parked:type_name -> krane.cluster.v1.HeartbeatRequest.ParkedEntry
+	48, // 13: krane.cluster.v1.DecryptEnvResponse.env:type_name -> krane.cluster.v1.DecryptEnvResponse.EnvEntry
+	49, // 14: krane.cluster.v1.Deployment.env_vars:type_name -> krane.cluster.v1.Deployment.EnvVarsEntry
 	22, // 15: krane.cluster.v1.Deployment.healthcheck:type_name -> krane.cluster.v1.Healthcheck
 	21, // 16: krane.cluster.v1.Deployment.workload:type_name -> krane.cluster.v1.Workload
-	48, // 17: krane.cluster.v1.Workload.env_vars:type_name -> krane.cluster.v1.Workload.EnvVarsEntry
+	50, // 17: krane.cluster.v1.Workload.env_vars:type_name -> krane.cluster.v1.Workload.EnvVarsEntry
 	22, // 18: krane.cluster.v1.Workload.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	26, // 19: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
-	1,  // 20: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
-	50, // 21: krane.cluster.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
-	0,  // 22: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
-	20, // 23: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
-	33, // 24: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
-	23, // 25: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
-	35, // 26: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
-	24, // 27: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
-	37, // 28: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
-	25, // 29: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
-	50, // 30: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	27, // 31: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
-	50, // 32: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
-	2,  // 33: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
-	7,  // 34: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
-	8,  // 35: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
-	9,  // 36: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
-	12, // 37: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
-	15, // 38: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
-	18, // 39: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
-	29, // 40: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
-	30, // 41: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
-	31, // 42: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
-	38, // 43: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
-	39, // 44: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
-	40, // 45: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
-	42, // 46: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
-	3,  // 47: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
-	3,  // 48: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
-	4,  // 49: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
-	11, // 50: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
-	13, // 51: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
-	17, // 52: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
-	19, // 53: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
-	32, // 54: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
-	34, // 55: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
-	36, // 56: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
-	32, // 57: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
-	34, // 58: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
-	41, // 59: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
-	43, // 60: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
-	47, // [47:61] is the sub-list for method output_type
-	33, // [33:47] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	24, // 19: krane.cluster.v1.Sentinel.routes:type_name -> krane.cluster.v1.SentinelRoutes
+	25, // 20: krane.cluster.v1.SentinelRoutes.backend:type_name -> krane.cluster.v1.RouteBackend
+	28, // 21: krane.cluster.v1.DeploymentStatus.instances:type_name -> krane.cluster.v1.Instance
+	1,  // 22: krane.cluster.v1.Instance.status:type_name -> krane.cluster.v1.Instance.Status
+	52, // 23: krane.cluster.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 24: krane.cluster.v1.SentinelStatus.health:type_name -> krane.cluster.v1.Health
+	20, // 25: krane.cluster.v1.DeploymentState.apply:type_name -> krane.cluster.v1.Deployment
+	35, // 26: krane.cluster.v1.DeploymentState.delete:type_name -> krane.cluster.v1.DeleteDeployment
+	23, // 27: krane.cluster.v1.SentinelState.apply:type_name -> krane.cluster.v1.Sentinel
+	37, // 28: krane.cluster.v1.SentinelState.delete:type_name -> krane.cluster.v1.DeleteSentinel
+	26, // 29: krane.cluster.v1.CiliumNetworkPolicyState.apply:type_name -> krane.cluster.v1.CiliumNetworkPolicy
+	39, // 30: krane.cluster.v1.CiliumNetworkPolicyState.delete:type_name -> krane.cluster.v1.DeleteCiliumNetworkPolicy
+	27, // 31: krane.cluster.v1.ReportDeploymentStatusRequest.status:type_name -> krane.cluster.v1.DeploymentStatus
+	52, // 32: krane.cluster.v1.ReportDeploymentStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	29, // 33: krane.cluster.v1.ReportSentinelStatusRequest.status:type_name -> krane.cluster.v1.SentinelStatus
+	52, // 34: krane.cluster.v1.ReportSentinelStatusRequest.observed_at:type_name -> google.protobuf.Timestamp
+	2,  // 35: krane.cluster.v1.ClusterService.Watch:input_type -> krane.cluster.v1.WatchRequest
+	7,  // 36: krane.cluster.v1.ClusterService.ListDesired:input_type -> krane.cluster.v1.ListDesiredRequest
+	8,  // 37: krane.cluster.v1.ClusterService.GetDesiredState:input_type -> krane.cluster.v1.GetDesiredStateRequest
+	9,  // 38: krane.cluster.v1.ClusterService.ReportStatus:input_type -> krane.cluster.v1.ReportStatusRequest
+	12, // 39: krane.cluster.v1.ClusterService.ReportStatuses:input_type -> krane.cluster.v1.ReportStatusesRequest
+	15, // 40: krane.cluster.v1.ClusterService.Heartbeat:input_type -> krane.cluster.v1.HeartbeatRequest
+	18, // 41: krane.cluster.v1.ClusterService.DecryptEnv:input_type -> krane.cluster.v1.DecryptEnvRequest
+	31, // 42: krane.cluster.v1.ClusterService.WatchDeployments:input_type -> krane.cluster.v1.WatchDeploymentsRequest
+	32, // 43: krane.cluster.v1.ClusterService.WatchSentinels:input_type -> krane.cluster.v1.WatchSentinelsRequest
+	33, // 44: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:input_type -> krane.cluster.v1.WatchCiliumNetworkPoliciesRequest
+	40, // 45: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:input_type -> krane.cluster.v1.GetDesiredDeploymentStateRequest
+	41, // 46: krane.cluster.v1.ClusterService.GetDesiredSentinelState:input_type -> krane.cluster.v1.GetDesiredSentinelStateRequest
+	42, // 47: krane.cluster.v1.ClusterService.ReportDeploymentStatus:input_type -> krane.cluster.v1.ReportDeploymentStatusRequest
+	44, // 48: krane.cluster.v1.ClusterService.ReportSentinelStatus:input_type -> krane.cluster.v1.ReportSentinelStatusRequest
+	3,  // 49: krane.cluster.v1.ClusterService.Watch:output_type -> krane.cluster.v1.WatchEvent
+	3,  // 50: krane.cluster.v1.ClusterService.ListDesired:output_type -> krane.cluster.v1.WatchEvent
+	4,  // 51: krane.cluster.v1.ClusterService.GetDesiredState:output_type -> krane.cluster.v1.ResourceChange
+	11, // 52: krane.cluster.v1.ClusterService.ReportStatus:output_type -> krane.cluster.v1.ReportStatusResponse
+	13, // 53: krane.cluster.v1.ClusterService.ReportStatuses:output_type -> krane.cluster.v1.ReportStatusesResponse
+	17, // 54: krane.cluster.v1.ClusterService.Heartbeat:output_type -> krane.cluster.v1.HeartbeatResponse
+	19, // 55: krane.cluster.v1.ClusterService.DecryptEnv:output_type -> krane.cluster.v1.DecryptEnvResponse
+	34, // 56: krane.cluster.v1.ClusterService.WatchDeployments:output_type -> krane.cluster.v1.DeploymentState
+	36, // 57: krane.cluster.v1.ClusterService.WatchSentinels:output_type -> krane.cluster.v1.SentinelState
+	38, // 58: krane.cluster.v1.ClusterService.WatchCiliumNetworkPolicies:output_type -> krane.cluster.v1.CiliumNetworkPolicyState
+	34, // 59: krane.cluster.v1.ClusterService.GetDesiredDeploymentState:output_type -> krane.cluster.v1.DeploymentState
+	36, // 60: krane.cluster.v1.ClusterService.GetDesiredSentinelState:output_type -> krane.cluster.v1.SentinelState
+	43, // 61: krane.cluster.v1.ClusterService.ReportDeploymentStatus:output_type -> krane.cluster.v1.ReportDeploymentStatusResponse
+	45, // 62: krane.cluster.v1.ClusterService.ReportSentinelStatus:output_type -> krane.cluster.v1.ReportSentinelStatusResponse
+	49, // [49:63] is the sub-list for method output_type
+	35, // [35:49] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_krane_cluster_v1_cluster_proto_init() }
@@ -3682,15 +3834,15 @@ func file_krane_cluster_v1_cluster_proto_init() {
 		(*WatchEvent_BootstrapComplete)(nil),
 		(*WatchEvent_KeepAlive)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[30].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[32].OneofWrappers = []any{
 		(*DeploymentState_Apply)(nil),
 		(*DeploymentState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[32].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[34].OneofWrappers = []any{
 		(*SentinelState_Apply)(nil),
 		(*SentinelState_Delete)(nil),
 	}
-	file_krane_cluster_v1_cluster_proto_msgTypes[34].OneofWrappers = []any{
+	file_krane_cluster_v1_cluster_proto_msgTypes[36].OneofWrappers = []any{
 		(*CiliumNetworkPolicyState_Apply)(nil),
 		(*CiliumNetworkPolicyState_Delete)(nil),
 	}
@@ -3700,7 +3852,7 @@ func file_krane_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_cluster_v1_cluster_proto_rawDesc), len(file_krane_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   47,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -91,6 +91,164 @@ func (DeploymentStatus) EnumDescriptor() ([]byte, []int) {
 	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{0}
 }
 
+type SetEnvironmentHostsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EnvironmentId string                 `protobuf:"bytes,1,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
+	// DNS names (RFC 1123, compared in lower case), each at most 253 bytes.
+	Hosts         []string `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEnvironmentHostsRequest) Reset() {
+	*x = SetEnvironmentHostsRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEnvironmentHostsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEnvironmentHostsRequest) ProtoMessage() {}
+
+func (x *SetEnvironmentHostsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEnvironmentHostsRequest.ProtoReflect.Descriptor instead.
+func (*SetEnvironmentHostsRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SetEnvironmentHostsRequest) GetEnvironmentId() string {
+	if x != nil {
+		return x.EnvironmentId
+	}
+	return ""
+}
+
+func (x *SetEnvironmentHostsRequest) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+type GetEnvironmentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EnvironmentId string                 `protobuf:"bytes,1,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEnvironmentRequest) Reset() {
+	*x = GetEnvironmentRequest{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEnvironmentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEnvironmentRequest) ProtoMessage() {}
+
+func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
+func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetEnvironmentRequest) GetEnvironmentId() string {
+	if x != nil {
+		return x.EnvironmentId
+	}
+	return ""
+}
+
+type EnvironmentInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Empty while the environment has no live deployment.
+	LiveDeploymentId string   `protobuf:"bytes,2,opt,name=live_deployment_id,json=liveDeploymentId,proto3" json:"live_deployment_id,omitempty"`
+	Hosts            []string `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EnvironmentInfo) Reset() {
+	*x = EnvironmentInfo{}
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvironmentInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvironmentInfo) ProtoMessage() {}
+
+func (x *EnvironmentInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvironmentInfo.ProtoReflect.Descriptor instead.
+func (*EnvironmentInfo) Descriptor() ([]byte, []int) {
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EnvironmentInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *EnvironmentInfo) GetLiveDeploymentId() string {
+	if x != nil {
+		return x.LiveDeploymentId
+	}
+	return ""
+}
+
+func (x *EnvironmentInfo) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
 // CreateDeploymentRequest: what runs is workload. The top-level image,
 // cpu_millicores, memory_mib, env_vars, healthcheck, port, command and
 // shutdown_signal are its fields as this API took them before; they are
@@ -125,7 +283,7 @@ type CreateDeploymentRequest struct {
 
 func (x *CreateDeploymentRequest) Reset() {
 	*x = CreateDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[0]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -137,7 +295,7 @@ func (x *CreateDeploymentRequest) String() string {
 func (*CreateDeploymentRequest) ProtoMessage() {}
 
 func (x *CreateDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[0]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -150,7 +308,7 @@ func (x *CreateDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*CreateDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{0}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateDeploymentRequest) GetWorkspaceId() string {
@@ -288,7 +446,7 @@ type CreateDeploymentResponse struct {
 
 func (x *CreateDeploymentResponse) Reset() {
 	*x = CreateDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[1]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -300,7 +458,7 @@ func (x *CreateDeploymentResponse) String() string {
 func (*CreateDeploymentResponse) ProtoMessage() {}
 
 func (x *CreateDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[1]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -313,7 +471,7 @@ func (x *CreateDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*CreateDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{1}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateDeploymentResponse) GetDeploymentId() string {
@@ -332,7 +490,7 @@ type GetDeploymentRequest struct {
 
 func (x *GetDeploymentRequest) Reset() {
 	*x = GetDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[2]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +502,7 @@ func (x *GetDeploymentRequest) String() string {
 func (*GetDeploymentRequest) ProtoMessage() {}
 
 func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[2]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +515,7 @@ func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*GetDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{2}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetDeploymentRequest) GetDeploymentId() string {
@@ -412,7 +570,7 @@ type DeploymentInfo struct {
 
 func (x *DeploymentInfo) Reset() {
 	*x = DeploymentInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[3]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +582,7 @@ func (x *DeploymentInfo) String() string {
 func (*DeploymentInfo) ProtoMessage() {}
 
 func (x *DeploymentInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[3]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +595,7 @@ func (x *DeploymentInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentInfo.ProtoReflect.Descriptor instead.
 func (*DeploymentInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{3}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeploymentInfo) GetId() string {
@@ -620,7 +778,7 @@ type DeploymentEvent struct {
 
 func (x *DeploymentEvent) Reset() {
 	*x = DeploymentEvent{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +790,7 @@ func (x *DeploymentEvent) String() string {
 func (*DeploymentEvent) ProtoMessage() {}
 
 func (x *DeploymentEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[4]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +803,7 @@ func (x *DeploymentEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploymentEvent.ProtoReflect.Descriptor instead.
 func (*DeploymentEvent) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{4}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeploymentEvent) GetStatus() DeploymentStatus {
@@ -689,7 +847,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +859,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[5]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +872,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{5}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegionStatus) GetRegion() string {
@@ -787,7 +945,7 @@ type InstanceInfo struct {
 
 func (x *InstanceInfo) Reset() {
 	*x = InstanceInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +957,7 @@ func (x *InstanceInfo) String() string {
 func (*InstanceInfo) ProtoMessage() {}
 
 func (x *InstanceInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[6]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +970,7 @@ func (x *InstanceInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceInfo.ProtoReflect.Descriptor instead.
 func (*InstanceInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{6}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *InstanceInfo) GetK8SName() string {
@@ -868,7 +1026,7 @@ type ListDeploymentsRequest struct {
 
 func (x *ListDeploymentsRequest) Reset() {
 	*x = ListDeploymentsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1038,7 @@ func (x *ListDeploymentsRequest) String() string {
 func (*ListDeploymentsRequest) ProtoMessage() {}
 
 func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[7]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1051,7 @@ func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{7}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListDeploymentsRequest) GetEnvironmentId() string {
@@ -927,7 +1085,7 @@ type ListDeploymentsResponse struct {
 
 func (x *ListDeploymentsResponse) Reset() {
 	*x = ListDeploymentsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1097,7 @@ func (x *ListDeploymentsResponse) String() string {
 func (*ListDeploymentsResponse) ProtoMessage() {}
 
 func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[8]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1110,7 @@ func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{8}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListDeploymentsResponse) GetDeployments() []*DeploymentInfo {
@@ -982,7 +1140,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1152,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[9]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1165,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{9}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RollbackRequest) GetEnvironmentId() string {
@@ -1040,7 +1198,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1210,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[10]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1223,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{10}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteRequest) GetDeploymentId() string {
@@ -1083,7 +1241,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1253,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[11]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1266,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{11}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
 }
 
 type StopDeploymentRequest struct {
@@ -1120,7 +1278,7 @@ type StopDeploymentRequest struct {
 
 func (x *StopDeploymentRequest) Reset() {
 	*x = StopDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1290,7 @@ func (x *StopDeploymentRequest) String() string {
 func (*StopDeploymentRequest) ProtoMessage() {}
 
 func (x *StopDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[12]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1303,7 @@ func (x *StopDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*StopDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{12}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StopDeploymentRequest) GetDeploymentId() string {
@@ -1163,7 +1321,7 @@ type StopDeploymentResponse struct {
 
 func (x *StopDeploymentResponse) Reset() {
 	*x = StopDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1333,7 @@ func (x *StopDeploymentResponse) String() string {
 func (*StopDeploymentResponse) ProtoMessage() {}
 
 func (x *StopDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[13]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1346,7 @@ func (x *StopDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*StopDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{13}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
 }
 
 type ScaleDeploymentRequest struct {
@@ -1202,7 +1360,7 @@ type ScaleDeploymentRequest struct {
 
 func (x *ScaleDeploymentRequest) Reset() {
 	*x = ScaleDeploymentRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1372,7 @@ func (x *ScaleDeploymentRequest) String() string {
 func (*ScaleDeploymentRequest) ProtoMessage() {}
 
 func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[14]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1385,7 @@ func (x *ScaleDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*ScaleDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{14}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ScaleDeploymentRequest) GetDeploymentId() string {
@@ -1254,7 +1412,7 @@ type ScaleDeploymentResponse struct {
 
 func (x *ScaleDeploymentResponse) Reset() {
 	*x = ScaleDeploymentResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1424,7 @@ func (x *ScaleDeploymentResponse) String() string {
 func (*ScaleDeploymentResponse) ProtoMessage() {}
 
 func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[15]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1437,7 @@ func (x *ScaleDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*ScaleDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{15}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ScaleDeploymentResponse) GetPreviousReplicas() int32 {
@@ -1305,7 +1463,7 @@ type StopSentinelRequest struct {
 
 func (x *StopSentinelRequest) Reset() {
 	*x = StopSentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1475,7 @@ func (x *StopSentinelRequest) String() string {
 func (*StopSentinelRequest) ProtoMessage() {}
 
 func (x *StopSentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[16]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1488,7 @@ func (x *StopSentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSentinelRequest.ProtoReflect.Descriptor instead.
 func (*StopSentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{16}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StopSentinelRequest) GetSentinelId() string {
@@ -1351,7 +1509,7 @@ type StopSentinelResponse struct {
 
 func (x *StopSentinelResponse) Reset() {
 	*x = StopSentinelResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1521,7 @@ func (x *StopSentinelResponse) String() string {
 func (*StopSentinelResponse) ProtoMessage() {}
 
 func (x *StopSentinelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[17]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1534,7 @@ func (x *StopSentinelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSentinelResponse.ProtoReflect.Descriptor instead.
 func (*StopSentinelResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{17}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StopSentinelResponse) GetSentinel() *SentinelInfo {
@@ -1419,7 +1577,7 @@ type DeploySentinelRequest struct {
 
 func (x *DeploySentinelRequest) Reset() {
 	*x = DeploySentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1431,7 +1589,7 @@ func (x *DeploySentinelRequest) String() string {
 func (*DeploySentinelRequest) ProtoMessage() {}
 
 func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[18]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1444,7 +1602,7 @@ func (x *DeploySentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelRequest.ProtoReflect.Descriptor instead.
 func (*DeploySentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{18}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeploySentinelRequest) GetSentinelId() string {
@@ -1518,7 +1676,7 @@ type DeploySentinelResponse struct {
 
 func (x *DeploySentinelResponse) Reset() {
 	*x = DeploySentinelResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1688,7 @@ func (x *DeploySentinelResponse) String() string {
 func (*DeploySentinelResponse) ProtoMessage() {}
 
 func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[19]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1701,7 @@ func (x *DeploySentinelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeploySentinelResponse.ProtoReflect.Descriptor instead.
 func (*DeploySentinelResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{19}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeploySentinelResponse) GetSentinel() *SentinelInfo {
@@ -1583,7 +1741,7 @@ type GetSentinelRequest struct {
 
 func (x *GetSentinelRequest) Reset() {
 	*x = GetSentinelRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1753,7 @@ func (x *GetSentinelRequest) String() string {
 func (*GetSentinelRequest) ProtoMessage() {}
 
 func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[20]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1766,7 @@ func (x *GetSentinelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSentinelRequest.ProtoReflect.Descriptor instead.
 func (*GetSentinelRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{20}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetSentinelRequest) GetSentinelId() string {
@@ -1656,7 +1814,7 @@ type SentinelInfo struct {
 
 func (x *SentinelInfo) Reset() {
 	*x = SentinelInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +1826,7 @@ func (x *SentinelInfo) String() string {
 func (*SentinelInfo) ProtoMessage() {}
 
 func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[21]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +1839,7 @@ func (x *SentinelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SentinelInfo.ProtoReflect.Descriptor instead.
 func (*SentinelInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{21}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SentinelInfo) GetId() string {
@@ -1871,7 +2029,7 @@ type ListSentinelsRequest struct {
 
 func (x *ListSentinelsRequest) Reset() {
 	*x = ListSentinelsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +2041,7 @@ func (x *ListSentinelsRequest) String() string {
 func (*ListSentinelsRequest) ProtoMessage() {}
 
 func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[22]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +2054,7 @@ func (x *ListSentinelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsRequest.ProtoReflect.Descriptor instead.
 func (*ListSentinelsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{22}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListSentinelsRequest) GetRegion() string {
@@ -1937,7 +2095,7 @@ type ListSentinelsResponse struct {
 
 func (x *ListSentinelsResponse) Reset() {
 	*x = ListSentinelsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2107,7 @@ func (x *ListSentinelsResponse) String() string {
 func (*ListSentinelsResponse) ProtoMessage() {}
 
 func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[23]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2120,7 @@ func (x *ListSentinelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSentinelsResponse.ProtoReflect.Descriptor instead.
 func (*ListSentinelsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{23}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListSentinelsResponse) GetSentinels() []*SentinelInfo {
@@ -1996,7 +2154,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2166,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[24]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2179,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{24}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StartRolloutRequest) GetImage() string {
@@ -2067,7 +2225,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2237,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[25]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2250,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{25}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
 }
 
 type ResumeRolloutRequest struct {
@@ -2105,7 +2263,7 @@ type ResumeRolloutRequest struct {
 
 func (x *ResumeRolloutRequest) Reset() {
 	*x = ResumeRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2275,7 @@ func (x *ResumeRolloutRequest) String() string {
 func (*ResumeRolloutRequest) ProtoMessage() {}
 
 func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[26]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2288,7 @@ func (x *ResumeRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{26}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeRolloutRequest) GetRetryFailed() bool {
@@ -2148,7 +2306,7 @@ type CancelRolloutRequest struct {
 
 func (x *CancelRolloutRequest) Reset() {
 	*x = CancelRolloutRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2318,7 @@ func (x *CancelRolloutRequest) String() string {
 func (*CancelRolloutRequest) ProtoMessage() {}
 
 func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[27]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2331,7 @@ func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{27}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
 }
 
 type RollbackAllRequest struct {
@@ -2184,7 +2342,7 @@ type RollbackAllRequest struct {
 
 func (x *RollbackAllRequest) Reset() {
 	*x = RollbackAllRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2354,7 @@ func (x *RollbackAllRequest) String() string {
 func (*RollbackAllRequest) ProtoMessage() {}
 
 func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[28]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2367,7 @@ func (x *RollbackAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllRequest.ProtoReflect.Descriptor instead.
 func (*RollbackAllRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{28}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
 }
 
 type RollbackAllResponse struct {
@@ -2223,7 +2381,7 @@ type RollbackAllResponse struct {
 
 func (x *RollbackAllResponse) Reset() {
 	*x = RollbackAllResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2393,7 @@ func (x *RollbackAllResponse) String() string {
 func (*RollbackAllResponse) ProtoMessage() {}
 
 func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[29]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2406,7 @@ func (x *RollbackAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackAllResponse.ProtoReflect.Descriptor instead.
 func (*RollbackAllResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{29}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RollbackAllResponse) GetReverted() int32 {
@@ -2300,7 +2458,7 @@ type RolloutStatus struct {
 
 func (x *RolloutStatus) Reset() {
 	*x = RolloutStatus{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2470,7 @@ func (x *RolloutStatus) String() string {
 func (*RolloutStatus) ProtoMessage() {}
 
 func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[30]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2483,7 @@ func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
 func (*RolloutStatus) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{30}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RolloutStatus) GetState() string {
@@ -2455,7 +2613,7 @@ type Wave struct {
 
 func (x *Wave) Reset() {
 	*x = Wave{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2625,7 @@ func (x *Wave) String() string {
 func (*Wave) ProtoMessage() {}
 
 func (x *Wave) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[31]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2638,7 @@ func (x *Wave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Wave.ProtoReflect.Descriptor instead.
 func (*Wave) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{31}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Wave) GetIndex() int32 {
@@ -2538,7 +2696,7 @@ type RegisterKindRequest struct {
 
 func (x *RegisterKindRequest) Reset() {
 	*x = RegisterKindRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2708,7 @@ func (x *RegisterKindRequest) String() string {
 func (*RegisterKindRequest) ProtoMessage() {}
 
 func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[32]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2721,7 @@ func (x *RegisterKindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterKindRequest.ProtoReflect.Descriptor instead.
 func (*RegisterKindRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{32}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RegisterKindRequest) GetKind() string {
@@ -2596,7 +2754,7 @@ type GetKindRequest struct {
 
 func (x *GetKindRequest) Reset() {
 	*x = GetKindRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2766,7 @@ func (x *GetKindRequest) String() string {
 func (*GetKindRequest) ProtoMessage() {}
 
 func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[33]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2779,7 @@ func (x *GetKindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKindRequest.ProtoReflect.Descriptor instead.
 func (*GetKindRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{33}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetKindRequest) GetKind() string {
@@ -2646,7 +2804,7 @@ type KindInfo struct {
 
 func (x *KindInfo) Reset() {
 	*x = KindInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2816,7 @@ func (x *KindInfo) String() string {
 func (*KindInfo) ProtoMessage() {}
 
 func (x *KindInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[34]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2829,7 @@ func (x *KindInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInfo.ProtoReflect.Descriptor instead.
 func (*KindInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{34}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KindInfo) GetKind() string {
@@ -2724,7 +2882,7 @@ type ListKindsRequest struct {
 
 func (x *ListKindsRequest) Reset() {
 	*x = ListKindsRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +2894,7 @@ func (x *ListKindsRequest) String() string {
 func (*ListKindsRequest) ProtoMessage() {}
 
 func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[35]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +2907,7 @@ func (x *ListKindsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKindsRequest.ProtoReflect.Descriptor instead.
 func (*ListKindsRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{35}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
 }
 
 type ListKindsResponse struct {
@@ -2761,7 +2919,7 @@ type ListKindsResponse struct {
 
 func (x *ListKindsResponse) Reset() {
 	*x = ListKindsResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2931,7 @@ func (x *ListKindsResponse) String() string {
 func (*ListKindsResponse) ProtoMessage() {}
 
 func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[36]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2944,7 @@ func (x *ListKindsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKindsResponse.ProtoReflect.Descriptor instead.
 func (*ListKindsResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{36}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListKindsResponse) GetKinds() []*KindInfo {
@@ -2809,7 +2967,7 @@ type Resource struct {
 
 func (x *Resource) Reset() {
 	*x = Resource{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2821,7 +2979,7 @@ func (x *Resource) String() string {
 func (*Resource) ProtoMessage() {}
 
 func (x *Resource) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[37]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2834,7 +2992,7 @@ func (x *Resource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resource.ProtoReflect.Descriptor instead.
 func (*Resource) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{37}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Resource) GetKind() string {
@@ -2876,7 +3034,7 @@ type PutResourcesRequest struct {
 
 func (x *PutResourcesRequest) Reset() {
 	*x = PutResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +3046,7 @@ func (x *PutResourcesRequest) String() string {
 func (*PutResourcesRequest) ProtoMessage() {}
 
 func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[38]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3059,7 @@ func (x *PutResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResourcesRequest.ProtoReflect.Descriptor instead.
 func (*PutResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{38}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PutResourcesRequest) GetResources() []*Resource {
@@ -2927,7 +3085,7 @@ type PutResourcesResponse struct {
 
 func (x *PutResourcesResponse) Reset() {
 	*x = PutResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3097,7 @@ func (x *PutResourcesResponse) String() string {
 func (*PutResourcesResponse) ProtoMessage() {}
 
 func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[39]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3110,7 @@ func (x *PutResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResourcesResponse.ProtoReflect.Descriptor instead.
 func (*PutResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{39}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PutResourcesResponse) GetResults() []*PutResult {
@@ -2975,7 +3133,7 @@ type PutResult struct {
 
 func (x *PutResult) Reset() {
 	*x = PutResult{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +3145,7 @@ func (x *PutResult) String() string {
 func (*PutResult) ProtoMessage() {}
 
 func (x *PutResult) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[40]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +3158,7 @@ func (x *PutResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResult.ProtoReflect.Descriptor instead.
 func (*PutResult) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{40}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PutResult) GetKind() string {
@@ -3044,7 +3202,7 @@ type RegionChange struct {
 
 func (x *RegionChange) Reset() {
 	*x = RegionChange{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3214,7 @@ func (x *RegionChange) String() string {
 func (*RegionChange) ProtoMessage() {}
 
 func (x *RegionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[41]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3227,7 @@ func (x *RegionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionChange.ProtoReflect.Descriptor instead.
 func (*RegionChange) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{41}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RegionChange) GetRegion() string {
@@ -3105,7 +3263,7 @@ type DeleteResourceRequest struct {
 
 func (x *DeleteResourceRequest) Reset() {
 	*x = DeleteResourceRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3275,7 @@ func (x *DeleteResourceRequest) String() string {
 func (*DeleteResourceRequest) ProtoMessage() {}
 
 func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[42]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3288,7 @@ func (x *DeleteResourceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResourceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteResourceRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{42}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteResourceRequest) GetKind() string {
@@ -3163,7 +3321,7 @@ type DeleteResourceResponse struct {
 
 func (x *DeleteResourceResponse) Reset() {
 	*x = DeleteResourceResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3175,7 +3333,7 @@ func (x *DeleteResourceResponse) String() string {
 func (*DeleteResourceResponse) ProtoMessage() {}
 
 func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[43]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3188,7 +3346,7 @@ func (x *DeleteResourceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResourceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResourceResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{43}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeleteResourceResponse) GetRegions() []*RegionChange {
@@ -3208,7 +3366,7 @@ type GetResourceRequest struct {
 
 func (x *GetResourceRequest) Reset() {
 	*x = GetResourceRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3220,7 +3378,7 @@ func (x *GetResourceRequest) String() string {
 func (*GetResourceRequest) ProtoMessage() {}
 
 func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[44]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3233,7 +3391,7 @@ func (x *GetResourceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResourceRequest.ProtoReflect.Descriptor instead.
 func (*GetResourceRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{44}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetResourceRequest) GetKind() string {
@@ -3262,7 +3420,7 @@ type ResourceInfo struct {
 
 func (x *ResourceInfo) Reset() {
 	*x = ResourceInfo{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3274,7 +3432,7 @@ func (x *ResourceInfo) String() string {
 func (*ResourceInfo) ProtoMessage() {}
 
 func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[45]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3287,7 +3445,7 @@ func (x *ResourceInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceInfo.ProtoReflect.Descriptor instead.
 func (*ResourceInfo) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{45}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ResourceInfo) GetResource() *Resource {
@@ -3344,7 +3502,7 @@ type ResourceRegion struct {
 
 func (x *ResourceRegion) Reset() {
 	*x = ResourceRegion{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3356,7 +3514,7 @@ func (x *ResourceRegion) String() string {
 func (*ResourceRegion) ProtoMessage() {}
 
 func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[46]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3369,7 +3527,7 @@ func (x *ResourceRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceRegion.ProtoReflect.Descriptor instead.
 func (*ResourceRegion) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{46}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ResourceRegion) GetRegion() string {
@@ -3477,7 +3635,7 @@ type ClusterReport struct {
 
 func (x *ClusterReport) Reset() {
 	*x = ClusterReport{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3647,7 @@ func (x *ClusterReport) String() string {
 func (*ClusterReport) ProtoMessage() {}
 
 func (x *ClusterReport) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[47]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3660,7 @@ func (x *ClusterReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterReport.ProtoReflect.Descriptor instead.
 func (*ClusterReport) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{47}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ClusterReport) GetClusterId() string {
@@ -3569,7 +3727,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3581,7 +3739,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[48]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3594,7 +3752,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{48}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ApplyError) GetClusterId() string {
@@ -3653,7 +3811,7 @@ type ListResourcesRequest struct {
 
 func (x *ListResourcesRequest) Reset() {
 	*x = ListResourcesRequest{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +3823,7 @@ func (x *ListResourcesRequest) String() string {
 func (*ListResourcesRequest) ProtoMessage() {}
 
 func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[49]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +3836,7 @@ func (x *ListResourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesRequest.ProtoReflect.Descriptor instead.
 func (*ListResourcesRequest) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{49}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListResourcesRequest) GetKind() string {
@@ -3729,7 +3887,7 @@ type ListResourcesResponse struct {
 
 func (x *ListResourcesResponse) Reset() {
 	*x = ListResourcesResponse{}
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[50]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3741,7 +3899,7 @@ func (x *ListResourcesResponse) String() string {
 func (*ListResourcesResponse) ProtoMessage() {}
 
 func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[50]
+	mi := &file_krane_ctrl_v1_ctrl_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3754,7 +3912,7 @@ func (x *ListResourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResourcesResponse.ProtoReflect.Descriptor instead.
 func (*ListResourcesResponse) Descriptor() ([]byte, []int) {
-	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{50}
+	return file_krane_ctrl_v1_ctrl_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListResourcesResponse) GetResources() []*ResourceInfo {
@@ -3775,7 +3933,16 @@ var File_krane_ctrl_v1_ctrl_proto protoreflect.FileDescriptor
 
 const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\n" +
-	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"\xe2\b\n" +
+	"\x18krane/ctrl/v1/ctrl.proto\x12\rkrane.ctrl.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekrane/cluster/v1/cluster.proto\"u\n" +
+	"\x1aSetEnvironmentHostsRequest\x120\n" +
+	"\x0eenvironment_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01(@R\renvironmentId\x12%\n" +
+	"\x05hosts\x18\x02 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10d\"\x05r\x03(\xfd\x01R\x05hosts\"I\n" +
+	"\x15GetEnvironmentRequest\x120\n" +
+	"\x0eenvironment_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01(@R\renvironmentId\"e\n" +
+	"\x0fEnvironmentInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
+	"\x12live_deployment_id\x18\x02 \x01(\tR\x10liveDeploymentId\x12\x14\n" +
+	"\x05hosts\x18\x03 \x03(\tR\x05hosts\"\xe2\b\n" +
 	"\x17CreateDeploymentRequest\x12*\n" +
 	"\fworkspace_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\vworkspaceId\x12&\n" +
 	"\n" +
@@ -4111,7 +4278,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x19DEPLOYMENT_STATUS_NETWORK\x10\x03\x12\x1b\n" +
 	"\x17DEPLOYMENT_STATUS_READY\x10\x04\x12\x1c\n" +
 	"\x18DEPLOYMENT_STATUS_FAILED\x10\x05\x12\x1d\n" +
-	"\x19DEPLOYMENT_STATUS_STOPPED\x10\x062\x8f\x05\n" +
+	"\x19DEPLOYMENT_STATUS_STOPPED\x10\x062\xc9\x06\n" +
 	"\x11DeploymentService\x12c\n" +
 	"\x10CreateDeployment\x12&.krane.ctrl.v1.CreateDeploymentRequest\x1a'.krane.ctrl.v1.CreateDeploymentResponse\x12S\n" +
 	"\rGetDeployment\x12#.krane.ctrl.v1.GetDeploymentRequest\x1a\x1d.krane.ctrl.v1.DeploymentInfo\x12`\n" +
@@ -4119,7 +4286,9 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\bRollback\x12\x1e.krane.ctrl.v1.RollbackRequest\x1a'.krane.ctrl.v1.CreateDeploymentResponse\x12H\n" +
 	"\aPromote\x12\x1d.krane.ctrl.v1.PromoteRequest\x1a\x1e.krane.ctrl.v1.PromoteResponse\x12]\n" +
 	"\x0eStopDeployment\x12$.krane.ctrl.v1.StopDeploymentRequest\x1a%.krane.ctrl.v1.StopDeploymentResponse\x12`\n" +
-	"\x0fScaleDeployment\x12%.krane.ctrl.v1.ScaleDeploymentRequest\x1a&.krane.ctrl.v1.ScaleDeploymentResponse2\xf4\x02\n" +
+	"\x0fScaleDeployment\x12%.krane.ctrl.v1.ScaleDeploymentRequest\x1a&.krane.ctrl.v1.ScaleDeploymentResponse\x12`\n" +
+	"\x13SetEnvironmentHosts\x12).krane.ctrl.v1.SetEnvironmentHostsRequest\x1a\x1e.krane.ctrl.v1.EnvironmentInfo\x12V\n" +
+	"\x0eGetEnvironment\x12$.krane.ctrl.v1.GetEnvironmentRequest\x1a\x1e.krane.ctrl.v1.EnvironmentInfo2\xf4\x02\n" +
 	"\x0fSentinelService\x12]\n" +
 	"\x0eDeploySentinel\x12$.krane.ctrl.v1.DeploySentinelRequest\x1a%.krane.ctrl.v1.DeploySentinelResponse\x12M\n" +
 	"\vGetSentinel\x12!.krane.ctrl.v1.GetSentinelRequest\x1a\x1b.krane.ctrl.v1.SentinelInfo\x12Z\n" +
@@ -4153,163 +4322,170 @@ func file_krane_ctrl_v1_ctrl_proto_rawDescGZIP() []byte {
 }
 
 var file_krane_ctrl_v1_ctrl_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_krane_ctrl_v1_ctrl_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_krane_ctrl_v1_ctrl_proto_goTypes = []any{
-	(DeploymentStatus)(0),            // 0: krane.ctrl.v1.DeploymentStatus
-	(*CreateDeploymentRequest)(nil),  // 1: krane.ctrl.v1.CreateDeploymentRequest
-	(*CreateDeploymentResponse)(nil), // 2: krane.ctrl.v1.CreateDeploymentResponse
-	(*GetDeploymentRequest)(nil),     // 3: krane.ctrl.v1.GetDeploymentRequest
-	(*DeploymentInfo)(nil),           // 4: krane.ctrl.v1.DeploymentInfo
-	(*DeploymentEvent)(nil),          // 5: krane.ctrl.v1.DeploymentEvent
-	(*RegionStatus)(nil),             // 6: krane.ctrl.v1.RegionStatus
-	(*InstanceInfo)(nil),             // 7: krane.ctrl.v1.InstanceInfo
-	(*ListDeploymentsRequest)(nil),   // 8: krane.ctrl.v1.ListDeploymentsRequest
-	(*ListDeploymentsResponse)(nil),  // 9: krane.ctrl.v1.ListDeploymentsResponse
-	(*RollbackRequest)(nil),          // 10: krane.ctrl.v1.RollbackRequest
-	(*PromoteRequest)(nil),           // 11: krane.ctrl.v1.PromoteRequest
-	(*PromoteResponse)(nil),          // 12: krane.ctrl.v1.PromoteResponse
-	(*StopDeploymentRequest)(nil),    // 13: krane.ctrl.v1.StopDeploymentRequest
-	(*StopDeploymentResponse)(nil),   // 14: krane.ctrl.v1.StopDeploymentResponse
-	(*ScaleDeploymentRequest)(nil),   // 15: krane.ctrl.v1.ScaleDeploymentRequest
-	(*ScaleDeploymentResponse)(nil),  // 16: krane.ctrl.v1.ScaleDeploymentResponse
-	(*StopSentinelRequest)(nil),      // 17: krane.ctrl.v1.StopSentinelRequest
-	(*StopSentinelResponse)(nil),     // 18: krane.ctrl.v1.StopSentinelResponse
-	(*DeploySentinelRequest)(nil),    // 19: krane.ctrl.v1.DeploySentinelRequest
-	(*DeploySentinelResponse)(nil),   // 20: krane.ctrl.v1.DeploySentinelResponse
-	(*GetSentinelRequest)(nil),       // 21: krane.ctrl.v1.GetSentinelRequest
-	(*SentinelInfo)(nil),             // 22: krane.ctrl.v1.SentinelInfo
-	(*ListSentinelsRequest)(nil),     // 23: krane.ctrl.v1.ListSentinelsRequest
-	(*ListSentinelsResponse)(nil),    // 24: krane.ctrl.v1.ListSentinelsResponse
-	(*StartRolloutRequest)(nil),      // 25: krane.ctrl.v1.StartRolloutRequest
-	(*GetRolloutStatusRequest)(nil),  // 26: krane.ctrl.v1.GetRolloutStatusRequest
-	(*ResumeRolloutRequest)(nil),     // 27: krane.ctrl.v1.ResumeRolloutRequest
-	(*CancelRolloutRequest)(nil),     // 28: krane.ctrl.v1.CancelRolloutRequest
-	(*RollbackAllRequest)(nil),       // 29: krane.ctrl.v1.RollbackAllRequest
-	(*RollbackAllResponse)(nil),      // 30: krane.ctrl.v1.RollbackAllResponse
-	(*RolloutStatus)(nil),            // 31: krane.ctrl.v1.RolloutStatus
-	(*Wave)(nil),                     // 32: krane.ctrl.v1.Wave
-	(*RegisterKindRequest)(nil),      // 33: krane.ctrl.v1.RegisterKindRequest
-	(*GetKindRequest)(nil),           // 34: krane.ctrl.v1.GetKindRequest
-	(*KindInfo)(nil),                 // 35: krane.ctrl.v1.KindInfo
-	(*ListKindsRequest)(nil),         // 36: krane.ctrl.v1.ListKindsRequest
-	(*ListKindsResponse)(nil),        // 37: krane.ctrl.v1.ListKindsResponse
-	(*Resource)(nil),                 // 38: krane.ctrl.v1.Resource
-	(*PutResourcesRequest)(nil),      // 39: krane.ctrl.v1.PutResourcesRequest
-	(*PutResourcesResponse)(nil),     // 40: krane.ctrl.v1.PutResourcesResponse
-	(*PutResult)(nil),                // 41: krane.ctrl.v1.PutResult
-	(*RegionChange)(nil),             // 42: krane.ctrl.v1.RegionChange
-	(*DeleteResourceRequest)(nil),    // 43: krane.ctrl.v1.DeleteResourceRequest
-	(*DeleteResourceResponse)(nil),   // 44: krane.ctrl.v1.DeleteResourceResponse
-	(*GetResourceRequest)(nil),       // 45: krane.ctrl.v1.GetResourceRequest
-	(*ResourceInfo)(nil),             // 46: krane.ctrl.v1.ResourceInfo
-	(*ResourceRegion)(nil),           // 47: krane.ctrl.v1.ResourceRegion
-	(*ClusterReport)(nil),            // 48: krane.ctrl.v1.ClusterReport
-	(*ApplyError)(nil),               // 49: krane.ctrl.v1.ApplyError
-	(*ListResourcesRequest)(nil),     // 50: krane.ctrl.v1.ListResourcesRequest
-	(*ListResourcesResponse)(nil),    // 51: krane.ctrl.v1.ListResourcesResponse
-	nil,                              // 52: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	nil,                              // 53: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	nil,                              // 54: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	nil,                              // 55: krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
-	(*v1.Healthcheck)(nil),           // 56: krane.cluster.v1.Healthcheck
-	(*v1.Workload)(nil),              // 57: krane.cluster.v1.Workload
-	(*timestamppb.Timestamp)(nil),    // 58: google.protobuf.Timestamp
-	(v1.Health)(0),                   // 59: krane.cluster.v1.Health
-	(*structpb.Struct)(nil),          // 60: google.protobuf.Struct
+	(DeploymentStatus)(0),              // 0: krane.ctrl.v1.DeploymentStatus
+	(*SetEnvironmentHostsRequest)(nil), // 1: krane.ctrl.v1.SetEnvironmentHostsRequest
+	(*GetEnvironmentRequest)(nil),      // 2: krane.ctrl.v1.GetEnvironmentRequest
+	(*EnvironmentInfo)(nil),            // 3: krane.ctrl.v1.EnvironmentInfo
+	(*CreateDeploymentRequest)(nil),    // 4: krane.ctrl.v1.CreateDeploymentRequest
+	(*CreateDeploymentResponse)(nil),   // 5: krane.ctrl.v1.CreateDeploymentResponse
+	(*GetDeploymentRequest)(nil),       // 6: krane.ctrl.v1.GetDeploymentRequest
+	(*DeploymentInfo)(nil),             // 7: krane.ctrl.v1.DeploymentInfo
+	(*DeploymentEvent)(nil),            // 8: krane.ctrl.v1.DeploymentEvent
+	(*RegionStatus)(nil),               // 9: krane.ctrl.v1.RegionStatus
+	(*InstanceInfo)(nil),               // 10: krane.ctrl.v1.InstanceInfo
+	(*ListDeploymentsRequest)(nil),     // 11: krane.ctrl.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),    // 12: krane.ctrl.v1.ListDeploymentsResponse
+	(*RollbackRequest)(nil),            // 13: krane.ctrl.v1.RollbackRequest
+	(*PromoteRequest)(nil),             // 14: krane.ctrl.v1.PromoteRequest
+	(*PromoteResponse)(nil),            // 15: krane.ctrl.v1.PromoteResponse
+	(*StopDeploymentRequest)(nil),      // 16: krane.ctrl.v1.StopDeploymentRequest
+	(*StopDeploymentResponse)(nil),     // 17: krane.ctrl.v1.StopDeploymentResponse
+	(*ScaleDeploymentRequest)(nil),     // 18: krane.ctrl.v1.ScaleDeploymentRequest
+	(*ScaleDeploymentResponse)(nil),    // 19: krane.ctrl.v1.ScaleDeploymentResponse
+	(*StopSentinelRequest)(nil),        // 20: krane.ctrl.v1.StopSentinelRequest
+	(*StopSentinelResponse)(nil),       // 21: krane.ctrl.v1.StopSentinelResponse
+	(*DeploySentinelRequest)(nil),      // 22: krane.ctrl.v1.DeploySentinelRequest
+	(*DeploySentinelResponse)(nil),     // 23: krane.ctrl.v1.DeploySentinelResponse
+	(*GetSentinelRequest)(nil),         // 24: krane.ctrl.v1.GetSentinelRequest
+	(*SentinelInfo)(nil),               // 25: krane.ctrl.v1.SentinelInfo
+	(*ListSentinelsRequest)(nil),       // 26: krane.ctrl.v1.ListSentinelsRequest
+	(*ListSentinelsResponse)(nil),      // 27: krane.ctrl.v1.ListSentinelsResponse
+	(*StartRolloutRequest)(nil),        // 28: krane.ctrl.v1.StartRolloutRequest
+	(*GetRolloutStatusRequest)(nil),    // 29: krane.ctrl.v1.GetRolloutStatusRequest
+	(*ResumeRolloutRequest)(nil),       // 30: krane.ctrl.v1.ResumeRolloutRequest
+	(*CancelRolloutRequest)(nil),       // 31: krane.ctrl.v1.CancelRolloutRequest
+	(*RollbackAllRequest)(nil),         // 32: krane.ctrl.v1.RollbackAllRequest
+	(*RollbackAllResponse)(nil),        // 33: krane.ctrl.v1.RollbackAllResponse
+	(*RolloutStatus)(nil),              // 34: krane.ctrl.v1.RolloutStatus
+	(*Wave)(nil),                       // 35: krane.ctrl.v1.Wave
+	(*RegisterKindRequest)(nil),        // 36: krane.ctrl.v1.RegisterKindRequest
+	(*GetKindRequest)(nil),             // 37: krane.ctrl.v1.GetKindRequest
+	(*KindInfo)(nil),                   // 38: krane.ctrl.v1.KindInfo
+	(*ListKindsRequest)(nil),           // 39: krane.ctrl.v1.ListKindsRequest
+	(*ListKindsResponse)(nil),          // 40: krane.ctrl.v1.ListKindsResponse
+	(*Resource)(nil),                   // 41: krane.ctrl.v1.Resource
+	(*PutResourcesRequest)(nil),        // 42: krane.ctrl.v1.PutResourcesRequest
+	(*PutResourcesResponse)(nil),       // 43: krane.ctrl.v1.PutResourcesResponse
+	(*PutResult)(nil),                  // 44: krane.ctrl.v1.PutResult
+	(*RegionChange)(nil),               // 45: krane.ctrl.v1.RegionChange
+	(*DeleteResourceRequest)(nil),      // 46: krane.ctrl.v1.DeleteResourceRequest
+	(*DeleteResourceResponse)(nil),     // 47: krane.ctrl.v1.DeleteResourceResponse
+	(*GetResourceRequest)(nil),         // 48: krane.ctrl.v1.GetResourceRequest
+	(*ResourceInfo)(nil),               // 49: krane.ctrl.v1.ResourceInfo
+	(*ResourceRegion)(nil),             // 50: krane.ctrl.v1.ResourceRegion
+	(*ClusterReport)(nil),              // 51: krane.ctrl.v1.ClusterReport
+	(*ApplyError)(nil),                 // 52: krane.ctrl.v1.ApplyError
+	(*ListResourcesRequest)(nil),       // 53: krane.ctrl.v1.ListResourcesRequest
+	(*ListResourcesResponse)(nil),      // 54: krane.ctrl.v1.ListResourcesResponse
+	nil,                                // 55: krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	nil,                                // 56: krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	nil,                                // 57: krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	nil,                                // 58: krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
+	(*v1.Healthcheck)(nil),             // 59: krane.cluster.v1.Healthcheck
+	(*v1.Workload)(nil),                // 60: krane.cluster.v1.Workload
+	(*timestamppb.Timestamp)(nil),      // 61: google.protobuf.Timestamp
+	(v1.Health)(0),                     // 62: krane.cluster.v1.Health
+	(*structpb.Struct)(nil),            // 63: google.protobuf.Struct
 }
 var file_krane_ctrl_v1_ctrl_proto_depIdxs = []int32{
-	52, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
-	53, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
-	56, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	57, // 3: krane.ctrl.v1.CreateDeploymentRequest.workload:type_name -> krane.cluster.v1.Workload
+	55, // 0: krane.ctrl.v1.CreateDeploymentRequest.env_vars:type_name -> krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntry
+	56, // 1: krane.ctrl.v1.CreateDeploymentRequest.secret_env:type_name -> krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntry
+	59, // 2: krane.ctrl.v1.CreateDeploymentRequest.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	60, // 3: krane.ctrl.v1.CreateDeploymentRequest.workload:type_name -> krane.cluster.v1.Workload
 	0,  // 4: krane.ctrl.v1.DeploymentInfo.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	54, // 5: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
-	56, // 6: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
-	6,  // 7: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
-	58, // 8: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
-	58, // 9: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 10: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
-	57, // 11: krane.ctrl.v1.DeploymentInfo.workload:type_name -> krane.cluster.v1.Workload
+	57, // 5: krane.ctrl.v1.DeploymentInfo.env_vars:type_name -> krane.ctrl.v1.DeploymentInfo.EnvVarsEntry
+	59, // 6: krane.ctrl.v1.DeploymentInfo.healthcheck:type_name -> krane.cluster.v1.Healthcheck
+	9,  // 7: krane.ctrl.v1.DeploymentInfo.regions:type_name -> krane.ctrl.v1.RegionStatus
+	61, // 8: krane.ctrl.v1.DeploymentInfo.created_at:type_name -> google.protobuf.Timestamp
+	61, // 9: krane.ctrl.v1.DeploymentInfo.updated_at:type_name -> google.protobuf.Timestamp
+	8,  // 10: krane.ctrl.v1.DeploymentInfo.history:type_name -> krane.ctrl.v1.DeploymentEvent
+	60, // 11: krane.ctrl.v1.DeploymentInfo.workload:type_name -> krane.cluster.v1.Workload
 	0,  // 12: krane.ctrl.v1.DeploymentEvent.status:type_name -> krane.ctrl.v1.DeploymentStatus
-	58, // 13: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
-	7,  // 14: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
-	4,  // 15: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
-	22, // 16: krane.ctrl.v1.StopSentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	55, // 17: krane.ctrl.v1.DeploySentinelRequest.credentials:type_name -> krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
-	22, // 18: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
-	59, // 19: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
-	58, // 20: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
-	22, // 21: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
-	31, // 22: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
-	32, // 23: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
-	58, // 24: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
-	58, // 25: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
-	58, // 26: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
-	58, // 27: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
-	35, // 28: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
-	60, // 29: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
-	38, // 30: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
-	41, // 31: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
-	42, // 32: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
-	42, // 33: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
-	38, // 34: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
-	47, // 35: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
-	60, // 36: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
-	58, // 37: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
-	49, // 38: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
-	48, // 39: krane.ctrl.v1.ResourceRegion.clusters:type_name -> krane.ctrl.v1.ClusterReport
-	58, // 40: krane.ctrl.v1.ClusterReport.observed_at:type_name -> google.protobuf.Timestamp
-	60, // 41: krane.ctrl.v1.ClusterReport.status:type_name -> google.protobuf.Struct
-	58, // 42: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
-	46, // 43: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
-	1,  // 44: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
-	3,  // 45: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
-	8,  // 46: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
-	10, // 47: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
-	11, // 48: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
-	13, // 49: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
-	15, // 50: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
-	19, // 51: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
-	21, // 52: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
-	23, // 53: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
-	17, // 54: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
-	25, // 55: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
-	26, // 56: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
-	27, // 57: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
-	28, // 58: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
-	29, // 59: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
-	33, // 60: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
-	34, // 61: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
-	36, // 62: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
-	39, // 63: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
-	43, // 64: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
-	45, // 65: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
-	50, // 66: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
-	2,  // 67: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	4,  // 68: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
-	9,  // 69: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
-	2,  // 70: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
-	12, // 71: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
-	14, // 72: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
-	16, // 73: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
-	20, // 74: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
-	22, // 75: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
-	24, // 76: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
-	18, // 77: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
-	31, // 78: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 79: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 80: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	31, // 81: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
-	30, // 82: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
-	35, // 83: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
-	35, // 84: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
-	37, // 85: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
-	40, // 86: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
-	44, // 87: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
-	46, // 88: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
-	51, // 89: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
-	67, // [67:90] is the sub-list for method output_type
-	44, // [44:67] is the sub-list for method input_type
+	61, // 13: krane.ctrl.v1.DeploymentEvent.at:type_name -> google.protobuf.Timestamp
+	10, // 14: krane.ctrl.v1.RegionStatus.instances:type_name -> krane.ctrl.v1.InstanceInfo
+	7,  // 15: krane.ctrl.v1.ListDeploymentsResponse.deployments:type_name -> krane.ctrl.v1.DeploymentInfo
+	25, // 16: krane.ctrl.v1.StopSentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	58, // 17: krane.ctrl.v1.DeploySentinelRequest.credentials:type_name -> krane.ctrl.v1.DeploySentinelRequest.CredentialsEntry
+	25, // 18: krane.ctrl.v1.DeploySentinelResponse.sentinel:type_name -> krane.ctrl.v1.SentinelInfo
+	62, // 19: krane.ctrl.v1.SentinelInfo.health:type_name -> krane.cluster.v1.Health
+	61, // 20: krane.ctrl.v1.SentinelInfo.updated_at:type_name -> google.protobuf.Timestamp
+	25, // 21: krane.ctrl.v1.ListSentinelsResponse.sentinels:type_name -> krane.ctrl.v1.SentinelInfo
+	34, // 22: krane.ctrl.v1.RollbackAllResponse.status:type_name -> krane.ctrl.v1.RolloutStatus
+	35, // 23: krane.ctrl.v1.RolloutStatus.waves:type_name -> krane.ctrl.v1.Wave
+	61, // 24: krane.ctrl.v1.RolloutStatus.started_at:type_name -> google.protobuf.Timestamp
+	61, // 25: krane.ctrl.v1.RolloutStatus.updated_at:type_name -> google.protobuf.Timestamp
+	61, // 26: krane.ctrl.v1.KindInfo.created_at:type_name -> google.protobuf.Timestamp
+	61, // 27: krane.ctrl.v1.KindInfo.updated_at:type_name -> google.protobuf.Timestamp
+	38, // 28: krane.ctrl.v1.ListKindsResponse.kinds:type_name -> krane.ctrl.v1.KindInfo
+	63, // 29: krane.ctrl.v1.Resource.spec:type_name -> google.protobuf.Struct
+	41, // 30: krane.ctrl.v1.PutResourcesRequest.resources:type_name -> krane.ctrl.v1.Resource
+	44, // 31: krane.ctrl.v1.PutResourcesResponse.results:type_name -> krane.ctrl.v1.PutResult
+	45, // 32: krane.ctrl.v1.PutResult.regions:type_name -> krane.ctrl.v1.RegionChange
+	45, // 33: krane.ctrl.v1.DeleteResourceResponse.regions:type_name -> krane.ctrl.v1.RegionChange
+	41, // 34: krane.ctrl.v1.ResourceInfo.resource:type_name -> krane.ctrl.v1.Resource
+	50, // 35: krane.ctrl.v1.ResourceInfo.regions:type_name -> krane.ctrl.v1.ResourceRegion
+	63, // 36: krane.ctrl.v1.ResourceRegion.status:type_name -> google.protobuf.Struct
+	61, // 37: krane.ctrl.v1.ResourceRegion.observed_at:type_name -> google.protobuf.Timestamp
+	52, // 38: krane.ctrl.v1.ResourceRegion.errors:type_name -> krane.ctrl.v1.ApplyError
+	51, // 39: krane.ctrl.v1.ResourceRegion.clusters:type_name -> krane.ctrl.v1.ClusterReport
+	61, // 40: krane.ctrl.v1.ClusterReport.observed_at:type_name -> google.protobuf.Timestamp
+	63, // 41: krane.ctrl.v1.ClusterReport.status:type_name -> google.protobuf.Struct
+	61, // 42: krane.ctrl.v1.ApplyError.updated_at:type_name -> google.protobuf.Timestamp
+	49, // 43: krane.ctrl.v1.ListResourcesResponse.resources:type_name -> krane.ctrl.v1.ResourceInfo
+	4,  // 44: krane.ctrl.v1.DeploymentService.CreateDeployment:input_type -> krane.ctrl.v1.CreateDeploymentRequest
+	6,  // 45: krane.ctrl.v1.DeploymentService.GetDeployment:input_type -> krane.ctrl.v1.GetDeploymentRequest
+	11, // 46: krane.ctrl.v1.DeploymentService.ListDeployments:input_type -> krane.ctrl.v1.ListDeploymentsRequest
+	13, // 47: krane.ctrl.v1.DeploymentService.Rollback:input_type -> krane.ctrl.v1.RollbackRequest
+	14, // 48: krane.ctrl.v1.DeploymentService.Promote:input_type -> krane.ctrl.v1.PromoteRequest
+	16, // 49: krane.ctrl.v1.DeploymentService.StopDeployment:input_type -> krane.ctrl.v1.StopDeploymentRequest
+	18, // 50: krane.ctrl.v1.DeploymentService.ScaleDeployment:input_type -> krane.ctrl.v1.ScaleDeploymentRequest
+	1,  // 51: krane.ctrl.v1.DeploymentService.SetEnvironmentHosts:input_type -> krane.ctrl.v1.SetEnvironmentHostsRequest
+	2,  // 52: krane.ctrl.v1.DeploymentService.GetEnvironment:input_type -> krane.ctrl.v1.GetEnvironmentRequest
+	22, // 53: krane.ctrl.v1.SentinelService.DeploySentinel:input_type -> krane.ctrl.v1.DeploySentinelRequest
+	24, // 54: krane.ctrl.v1.SentinelService.GetSentinel:input_type -> krane.ctrl.v1.GetSentinelRequest
+	26, // 55: krane.ctrl.v1.SentinelService.ListSentinels:input_type -> krane.ctrl.v1.ListSentinelsRequest
+	20, // 56: krane.ctrl.v1.SentinelService.StopSentinel:input_type -> krane.ctrl.v1.StopSentinelRequest
+	28, // 57: krane.ctrl.v1.RolloutService.StartRollout:input_type -> krane.ctrl.v1.StartRolloutRequest
+	29, // 58: krane.ctrl.v1.RolloutService.GetRolloutStatus:input_type -> krane.ctrl.v1.GetRolloutStatusRequest
+	30, // 59: krane.ctrl.v1.RolloutService.ResumeRollout:input_type -> krane.ctrl.v1.ResumeRolloutRequest
+	31, // 60: krane.ctrl.v1.RolloutService.CancelRollout:input_type -> krane.ctrl.v1.CancelRolloutRequest
+	32, // 61: krane.ctrl.v1.RolloutService.RollbackAll:input_type -> krane.ctrl.v1.RollbackAllRequest
+	36, // 62: krane.ctrl.v1.ResourceService.RegisterKind:input_type -> krane.ctrl.v1.RegisterKindRequest
+	37, // 63: krane.ctrl.v1.ResourceService.GetKind:input_type -> krane.ctrl.v1.GetKindRequest
+	39, // 64: krane.ctrl.v1.ResourceService.ListKinds:input_type -> krane.ctrl.v1.ListKindsRequest
+	42, // 65: krane.ctrl.v1.ResourceService.PutResources:input_type -> krane.ctrl.v1.PutResourcesRequest
+	46, // 66: krane.ctrl.v1.ResourceService.DeleteResource:input_type -> krane.ctrl.v1.DeleteResourceRequest
+	48, // 67: krane.ctrl.v1.ResourceService.GetResource:input_type -> krane.ctrl.v1.GetResourceRequest
+	53, // 68: krane.ctrl.v1.ResourceService.ListResources:input_type -> krane.ctrl.v1.ListResourcesRequest
+	5,  // 69: krane.ctrl.v1.DeploymentService.CreateDeployment:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	7,  // 70: krane.ctrl.v1.DeploymentService.GetDeployment:output_type -> krane.ctrl.v1.DeploymentInfo
+	12, // 71: krane.ctrl.v1.DeploymentService.ListDeployments:output_type -> krane.ctrl.v1.ListDeploymentsResponse
+	5,  // 72: krane.ctrl.v1.DeploymentService.Rollback:output_type -> krane.ctrl.v1.CreateDeploymentResponse
+	15, // 73: krane.ctrl.v1.DeploymentService.Promote:output_type -> krane.ctrl.v1.PromoteResponse
+	17, // 74: krane.ctrl.v1.DeploymentService.StopDeployment:output_type -> krane.ctrl.v1.StopDeploymentResponse
+	19, // 75: krane.ctrl.v1.DeploymentService.ScaleDeployment:output_type -> krane.ctrl.v1.ScaleDeploymentResponse
+	3,  // 76: krane.ctrl.v1.DeploymentService.SetEnvironmentHosts:output_type -> krane.ctrl.v1.EnvironmentInfo
+	3,  // 77: krane.ctrl.v1.DeploymentService.GetEnvironment:output_type -> krane.ctrl.v1.EnvironmentInfo
+	23, // 78: krane.ctrl.v1.SentinelService.DeploySentinel:output_type -> krane.ctrl.v1.DeploySentinelResponse
+	25, // 79: krane.ctrl.v1.SentinelService.GetSentinel:output_type -> krane.ctrl.v1.SentinelInfo
+	27, // 80: krane.ctrl.v1.SentinelService.ListSentinels:output_type -> krane.ctrl.v1.ListSentinelsResponse
+	21, // 81: krane.ctrl.v1.SentinelService.StopSentinel:output_type -> krane.ctrl.v1.StopSentinelResponse
+	34, // 82: krane.ctrl.v1.RolloutService.StartRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	34, // 83: krane.ctrl.v1.RolloutService.GetRolloutStatus:output_type -> krane.ctrl.v1.RolloutStatus
+	34, // 84: krane.ctrl.v1.RolloutService.ResumeRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	34, // 85: krane.ctrl.v1.RolloutService.CancelRollout:output_type -> krane.ctrl.v1.RolloutStatus
+	33, // 86: krane.ctrl.v1.RolloutService.RollbackAll:output_type -> krane.ctrl.v1.RollbackAllResponse
+	38, // 87: krane.ctrl.v1.ResourceService.RegisterKind:output_type -> krane.ctrl.v1.KindInfo
+	38, // 88: krane.ctrl.v1.ResourceService.GetKind:output_type -> krane.ctrl.v1.KindInfo
+	40, // 89: krane.ctrl.v1.ResourceService.ListKinds:output_type -> krane.ctrl.v1.ListKindsResponse
+	43, // 90: krane.ctrl.v1.ResourceService.PutResources:output_type -> krane.ctrl.v1.PutResourcesResponse
+	47, // 91: krane.ctrl.v1.ResourceService.DeleteResource:output_type -> krane.ctrl.v1.DeleteResourceResponse
+	49, // 92: krane.ctrl.v1.ResourceService.GetResource:output_type -> krane.ctrl.v1.ResourceInfo
+	54, // 93: krane.ctrl.v1.ResourceService.ListResources:output_type -> krane.ctrl.v1.ListResourcesResponse
+	69, // [69:94] is the sub-list for method output_type
+	44, // [44:69] is the sub-list for method input_type
 	44, // [44:44] is the sub-list for extension type_name
 	44, // [44:44] is the sub-list for extension extendee
 	0,  // [0:44] is the sub-list for field type_name
@@ -4326,7 +4502,7 @@ func file_krane_ctrl_v1_ctrl_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_krane_ctrl_v1_ctrl_proto_rawDesc), len(file_krane_ctrl_v1_ctrl_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   55,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

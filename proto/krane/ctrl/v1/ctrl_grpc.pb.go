@@ -24,13 +24,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DeploymentService_CreateDeployment_FullMethodName = "/krane.ctrl.v1.DeploymentService/CreateDeployment"
-	DeploymentService_GetDeployment_FullMethodName    = "/krane.ctrl.v1.DeploymentService/GetDeployment"
-	DeploymentService_ListDeployments_FullMethodName  = "/krane.ctrl.v1.DeploymentService/ListDeployments"
-	DeploymentService_Rollback_FullMethodName         = "/krane.ctrl.v1.DeploymentService/Rollback"
-	DeploymentService_Promote_FullMethodName          = "/krane.ctrl.v1.DeploymentService/Promote"
-	DeploymentService_StopDeployment_FullMethodName   = "/krane.ctrl.v1.DeploymentService/StopDeployment"
-	DeploymentService_ScaleDeployment_FullMethodName  = "/krane.ctrl.v1.DeploymentService/ScaleDeployment"
+	DeploymentService_CreateDeployment_FullMethodName    = "/krane.ctrl.v1.DeploymentService/CreateDeployment"
+	DeploymentService_GetDeployment_FullMethodName       = "/krane.ctrl.v1.DeploymentService/GetDeployment"
+	DeploymentService_ListDeployments_FullMethodName     = "/krane.ctrl.v1.DeploymentService/ListDeployments"
+	DeploymentService_Rollback_FullMethodName            = "/krane.ctrl.v1.DeploymentService/Rollback"
+	DeploymentService_Promote_FullMethodName             = "/krane.ctrl.v1.DeploymentService/Promote"
+	DeploymentService_StopDeployment_FullMethodName      = "/krane.ctrl.v1.DeploymentService/StopDeployment"
+	DeploymentService_ScaleDeployment_FullMethodName     = "/krane.ctrl.v1.DeploymentService/ScaleDeployment"
+	DeploymentService_SetEnvironmentHosts_FullMethodName = "/krane.ctrl.v1.DeploymentService/SetEnvironmentHosts"
+	DeploymentService_GetEnvironment_FullMethodName      = "/krane.ctrl.v1.DeploymentService/GetEnvironment"
 )
 
 // DeploymentServiceClient is the client API for DeploymentService service.
@@ -52,6 +54,11 @@ type DeploymentServiceClient interface {
 	// in place (no new deployment, no workflow): every region's cluster
 	// receives the new count as a new version.
 	ScaleDeployment(ctx context.Context, in *ScaleDeploymentRequest, opts ...grpc.CallOption) (*ScaleDeploymentResponse, error)
+	// SetEnvironmentHosts sets the hosts an environment's sentinels serve
+	// (replacing the list; empty: none). A host belongs to one environment.
+	SetEnvironmentHosts(ctx context.Context, in *SetEnvironmentHostsRequest, opts ...grpc.CallOption) (*EnvironmentInfo, error)
+	// GetEnvironment shows an environment's live deployment and hosts.
+	GetEnvironment(ctx context.Context, in *GetEnvironmentRequest, opts ...grpc.CallOption) (*EnvironmentInfo, error)
 }
 
 type deploymentServiceClient struct {
@@ -132,6 +139,26 @@ func (c *deploymentServiceClient) ScaleDeployment(ctx context.Context, in *Scale
 	return out, nil
 }
 
+func (c *deploymentServiceClient) SetEnvironmentHosts(ctx context.Context, in *SetEnvironmentHostsRequest, opts ...grpc.CallOption) (*EnvironmentInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnvironmentInfo)
+	err := c.cc.Invoke(ctx, DeploymentService_SetEnvironmentHosts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *deploymentServiceClient) GetEnvironment(ctx context.Context, in *GetEnvironmentRequest, opts ...grpc.CallOption) (*EnvironmentInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnvironmentInfo)
+	err := c.cc.Invoke(ctx, DeploymentService_GetEnvironment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DeploymentServiceServer is the server API for DeploymentService service.
 // All implementations must embed UnimplementedDeploymentServiceServer
 // for forward compatibility.
@@ -151,6 +178,11 @@ type DeploymentServiceServer interface {
 	// in place (no new deployment, no workflow): every region's cluster
 	// receives the new count as a new version.
 	ScaleDeployment(context.Context, *ScaleDeploymentRequest) (*ScaleDeploymentResponse, error)
+	// SetEnvironmentHosts sets the hosts an environment's sentinels serve
+	// (replacing the list; empty: none). A host belongs to one environment.
+	SetEnvironmentHosts(context.Context, *SetEnvironmentHostsRequest) (*EnvironmentInfo, error)
+	// GetEnvironment shows an environment's live deployment and hosts.
+	GetEnvironment(context.Context, *GetEnvironmentRequest) (*EnvironmentInfo, error)
 	mustEmbedUnimplementedDeploymentServiceServer()
 }
 
@@ -181,6 +213,12 @@ func (UnimplementedDeploymentServiceServer) StopDeployment(context.Context, *Sto
 }
 func (UnimplementedDeploymentServiceServer) ScaleDeployment(context.Context, *ScaleDeploymentRequest) (*ScaleDeploymentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ScaleDeployment not implemented")
+}
+func (UnimplementedDeploymentServiceServer) SetEnvironmentHosts(context.Context, *SetEnvironmentHostsRequest) (*EnvironmentInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetEnvironmentHosts not implemented")
+}
+func (UnimplementedDeploymentServiceServer) GetEnvironment(context.Context, *GetEnvironmentRequest) (*EnvironmentInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetEnvironment not implemented")
 }
 func (UnimplementedDeploymentServiceServer) mustEmbedUnimplementedDeploymentServiceServer() {}
 func (UnimplementedDeploymentServiceServer) testEmbeddedByValue()                           {}
@@ -329,6 +367,42 @@ func _DeploymentService_ScaleDeployment_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DeploymentService_SetEnvironmentHosts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetEnvironmentHostsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DeploymentServiceServer).SetEnvironmentHosts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DeploymentService_SetEnvironmentHosts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DeploymentServiceServer).SetEnvironmentHosts(ctx, req.(*SetEnvironmentHostsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DeploymentService_GetEnvironment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetEnvironmentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DeploymentServiceServer).GetEnvironment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DeploymentService_GetEnvironment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DeploymentServiceServer).GetEnvironment(ctx, req.(*GetEnvironmentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DeploymentService_ServiceDesc is the grpc.ServiceDesc for DeploymentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -363,6 +437,14 @@ var DeploymentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ScaleDeployment",
 			Handler:    _DeploymentService_ScaleDeployment_Handler,
+		},
+		{
+			MethodName: "SetEnvironmentHosts",
+			Handler:    _DeploymentService_SetEnvironmentHosts_Handler,
+		},
+		{
+			MethodName: "GetEnvironment",
+			Handler:    _DeploymentService_GetEnvironment_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
