@@ -165,7 +165,9 @@ func TestSentinelsCarryTheirEnvironmentsRoutes(t *testing.T) {
 	if r, _ := routesOf("sen_1"); r == nil || len(r.GetHosts()) != 0 || r.Backend != nil {
 		t.Fatalf("a new sentinel of an environment with nothing to route: %v", r)
 	}
-	write(func(ctx context.Context, tx *store.Tx) error { return tx.SetEnvironmentHosts(ctx, "env", []string{"a.example.com", "b.example.com"}) })
+	write(func(ctx context.Context, tx *store.Tx) error {
+		return tx.SetEnvironmentHosts(ctx, "env", []string{"a.example.com", "b.example.com"})
+	})
 	r, v1 := routesOf("sen_1")
 	if strings.Join(r.GetHosts(), ",") != "a.example.com,b.example.com" || r.Backend != nil {
 		t.Fatalf("after setting hosts: %v", r)
