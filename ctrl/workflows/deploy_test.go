@@ -85,6 +85,12 @@ func TestDeployToTwoRegionsReachesReadyWhenBothReport(t *testing.T) {
 	if !d.GetLive() {
 		t.Fatal("the first ready deployment of an environment must become live")
 	}
+	// Going live changes what the sentinels route to, so they travel again.
+	live := sentinels(t, db, "env-a")
+	if live["eu"].Version <= sens["eu"].Version || live["us"].Version <= sens["us"].Version {
+		t.Fatalf("sentinels %+v after going live, want both re-stamped above %+v: their routes now name the live deployment", live, sens)
+	}
+	sens = live
 	if len(d.GetRegions()) != 2 || d.GetRegions()[0].GetRunning() != 2 || len(d.GetRegions()[1].GetInstances()) != 2 {
 		t.Fatalf("regions %v, want eu and us with 2 running instances each", d.GetRegions())
 	}

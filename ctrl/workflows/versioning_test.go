@@ -162,6 +162,20 @@ func checkSequence(t *testing.T, vs []uint64) {
 	}
 }
 
+// checkDeployVersions checks the versions a first deploy of an environment
+// to two regions hands out: its topology and ingress policies take 1..4 in
+// one grant, the two sentinels it creates take 5 and 6, and going live
+// changes the sentinels' routes, which re-stamps them at 7 and 8. No
+// version is handed out twice and none is skipped.
+func checkDeployVersions(t *testing.T, stamped []uint64, sentinels ...uint64) {
+	t.Helper()
+	checkSequence(t, stamped)
+	s := slices.Sorted(slices.Values(sentinels))
+	if len(stamped) != 4 || !slices.Equal(s, []uint64{7, 8}) {
+		t.Fatalf("stamped %v sentinels %v: want 1..4 stamped and the sentinels at 7 and 8 (created at 5 and 6, re-stamped when their routes named the live deployment)", stamped, sentinels)
+	}
+}
+
 func TestVersioningServiceIdempotencyKeyReturnsTheSameVersions(t *testing.T) {
 	r := testenv.SharedRestate(t)
 	w := newWorld(t, ctrltest.Options{Restate: r})
