@@ -92,6 +92,7 @@ type kubeState struct {
 	podIndex        cache.Indexer
 	secretIndex     cache.Indexer
 	pdbIndex        cache.Indexer
+	serviceIndex    cache.Indexer
 	// pullSourceStores hold the configured pull Secrets of
 	// pull_secret_namespace, one informer each, by name.
 	pullSourceStores map[string]cache.Store
@@ -146,7 +147,7 @@ var Permissions = []sdk.Permission{
 	{Group: "node.k8s.io", Resource: "runtimeclasses", Verbs: []string{"get"}},
 	{Resource: "secrets", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
 	{Group: "policy", Resource: "poddisruptionbudgets", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
-	{Resource: "services", Verbs: []string{"list"}},
+	{Resource: "services", Verbs: []string{"list", "watch", "create", "patch", "delete"}},
 	{Resource: "configmaps", Verbs: []string{"list"}},
 	{Resource: "serviceaccounts", Verbs: []string{"list"}},
 	{Resource: "persistentvolumeclaims", Verbs: []string{"list"}},
@@ -234,16 +235,17 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState, cfg Confi
 	// their status (only compared with what is applied). ReplicaSets keep
 	// theirs (rolls and status read it); Secrets have none.
 	ours := kube.InformerOptions{LabelSelector: kube.ManagedSelector(Component), Transform: kube.Chain(
-		kube.StripManagedFields, kube.Slim(kube.SlimPod), kube.StripStatusOf[*policyv1.PodDisruptionBudget]())}
+		kube.StripManagedFields, kube.Slim(kube.SlimPod), kube.StripStatusOf[*policyv1.PodDisruptionBudget](), kube.StripStatusOf[*corev1.Service]())}
 	rsInf := kube.Informer[appsv1.ReplicaSet, appsv1.ReplicaSetList](k.informers, k.clients, "replicasets", ours)
 	podInf := kube.Informer[corev1.Pod, corev1.PodList](k.informers, k.clients, "pods", ours)
 	secretInf := kube.Informer[corev1.Secret, corev1.SecretList](k.informers, k.clients, "secrets", ours)
 	pdbInf := kube.Informer[policyv1.PodDisruptionBudget, policyv1.PodDisruptionBudgetList](k.informers, k.clients, "poddisruptionbudgets", ours)
+	svcInf := kube.Informer[corev1.Service, corev1.ServiceList](k.informers, k.clients, "services", ours)
 	nsInf := kube.Informer[corev1.Namespace, corev1.NamespaceList](k.informers, k.clients, "namespaces",
 		kube.InformerOptions{LabelSelector: kube.ManagedByLabel + "=" + kube.ManagedBy})
 	nodes := k.informers.Add(kube.NewMetadataInformer(k.metadata, nodesGVR, kube.InformerOptions{}), "nodes")
 
-	for _, inf := range []cache.SharedIndexInformer{rsInf, podInf, secretInf, pdbInf} {
+	for _, inf := range []cache.SharedIndexInformer{rsInf, podInf, secretInf, pdbInf, svcInf} {
 		if err := inf.AddIndexers(deploymentIndexers); err != nil {
 			return err
 		}
@@ -285,8 +287,8 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState, cfg Confi
 	k.replicaSetIndex, k.podIndex = rsInf.GetIndexer(), podInf.GetIndexer()
 	// Secrets need no event handler: they are only compared at Apply.
 	k.secrets, k.secretIndex = corelisters.NewSecretLister(secretInf.GetIndexer()), secretInf.GetIndexer()
-	// PodDisruptionBudgets too: compared at Apply, no handler.
-	k.pdbIndex = pdbInf.GetIndexer()
+	// PodDisruptionBudgets and Services too: compared at Apply, no handler.
+	k.pdbIndex, k.serviceIndex = pdbInf.GetIndexer(), svcInf.GetIndexer()
 	k.namespaces = corelisters.NewNamespaceLister(nsInf.GetIndexer())
 	k.nodes = cache.NewGenericLister(nodes.GetIndexer(), nodesGVR.GroupResource())
 	return k.informers.Start(ctx, cacheSyncTimeout)
@@ -364,16 +366,16 @@ func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 		}
 		res, err := c.write(ctx, k, ch.ID, desired, secret)
 		if err == nil {
-			_, err = c.syncPDB(ctx, k, ch.ID, d)
+			_, err = c.syncCompanions(ctx, k, ch.ID, d)
 		}
 		return res, err
 	}
-	wrotePDB, err := c.syncPDB(ctx, k, ch.ID, d)
+	wroteCompanion, err := c.syncCompanions(ctx, k, ch.ID, d)
 	if err != nil {
 		return 0, err
 	}
 	result := sdk.Unchanged
-	if wrotePDB {
+	if wroteCompanion {
 		result = sdk.Applied
 	}
 	if ns := desired.GetNamespace(); !c.pullSecretsCurrent(cfg, k, ns) {
@@ -640,7 +642,7 @@ func (c *Controller) remove(ctx context.Context, k *kubeState, id string, versio
 	if err := c.deleteSecrets(ctx, k, id); err != nil {
 		return 0, err
 	}
-	if err := c.deletePDBs(ctx, k, id); err != nil {
+	if err := c.deleteCompanions(ctx, k, id); err != nil {
 		return 0, classify(err, id)
 	}
 	if specNamespace != "" {

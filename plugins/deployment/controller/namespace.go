@@ -191,8 +191,8 @@ func namespaceKeeper(ctx context.Context, k *kubeState, ns string) (string, erro
 }
 
 // keepsNamespace: objects that go away on their own, that every namespace
-// gets, or that are our pods or Secrets (their ReplicaSet, listed too,
-// decides) do not keep a namespace.
+// gets, or that are our pods, Secrets or Services (their ReplicaSet,
+// listed too, decides) do not keep a namespace.
 func keepsNamespace(resource string, m metav1.ObjectMeta) bool {
 	switch {
 	case m.DeletionTimestamp != nil:
@@ -201,7 +201,7 @@ func keepsNamespace(resource string, m metav1.ObjectMeta) bool {
 		return false
 	case resource == "serviceaccounts" && m.Name == "default":
 		return false
-	case (resource == "pods" || resource == "secrets") && m.Labels[kube.ManagedByLabel] == kube.ManagedBy && m.Labels[kube.ComponentLabel] == Component:
+	case (resource == "pods" || resource == "secrets" || resource == "services") && m.Labels[kube.ManagedByLabel] == kube.ManagedBy && m.Labels[kube.ComponentLabel] == Component:
 		return false
 	}
 	return true
