@@ -69,6 +69,12 @@ type Options struct {
 	// CRDs are manifests of CustomResourceDefinitions installed once the
 	// API server is up (New waits until they are served).
 	CRDs [][]byte
+	// DisabledControllers are kube-controller-manager controllers not run
+	// (names as its --controllers flag takes them, e.g.
+	// "endpointslice-controller"): a test that plays one of them itself,
+	// say writing EndpointSlices that point at its own servers, turns the
+	// real one off.
+	DisabledControllers []string
 }
 
 // NodePool is a group of simulated nodes, PerZone of them in each zone,
@@ -185,7 +191,7 @@ func New(opts Options) (*Cluster, error) {
 		"--kubeconfig", c.Kubeconfig,
 		"--service-account-private-key-file", filepath.Join(dir, "sa.key"),
 		"--root-ca-file", filepath.Join(c.certDir, "apiserver.crt"),
-		"--controllers", "*",
+		"--controllers", controllers(c.opts.DisabledControllers),
 		"--leader-elect=false",
 		"--bind-address", "127.0.0.1",
 		"--secure-port", "0",
@@ -545,4 +551,13 @@ func Probe(ctx context.Context, client *http.Client, url, token string) error {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return nil
+}
+
+// controllers is the --controllers value: every controller, less disabled.
+func controllers(disabled []string) string {
+	v := "*"
+	for _, d := range disabled {
+		v += ",-" + d
+	}
+	return v
 }

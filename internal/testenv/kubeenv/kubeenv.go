@@ -34,6 +34,10 @@ type Options struct {
 	// WithoutCiliumCRD leaves the CiliumNetworkPolicy CRD uninstalled
 	// (install it later with InstallCiliumCRD).
 	WithoutCiliumCRD bool
+	// WithoutEndpointSlices turns off the controllers that keep Services'
+	// EndpointSlices: a test that routes to real servers of its own
+	// (simulated pods serve nothing) writes the slices itself.
+	WithoutEndpointSlices bool
 }
 
 // Node pool labels and taints of the simulated nodes.
@@ -91,6 +95,9 @@ func New(opts Options) (*Cluster, error) {
 		{Name: "sentinel", PerZone: opts.SentinelNodesPerZone, Labels: map[string]string{LabelNodeClass: NodeClassSentry},
 			Taints: []corev1.Taint{{Key: LabelNodeClass, Value: NodeClassSentry, Effect: corev1.TaintEffectNoSchedule}}},
 	}}
+	if opts.WithoutEndpointSlices {
+		eo.DisabledControllers = []string{"endpointslice-controller", "endpointslicemirroring-controller"}
+	}
 	if !opts.WithoutCiliumCRD {
 		crd, err := ciliumCRD()
 		if err != nil {

@@ -70,7 +70,7 @@ var rbacOnce sync.Map // *kubeenv.Cluster -> kubeconfig path
 // sharedCluster is the package's cluster.
 func sharedCluster(t *testing.T) *kubeenv.Cluster { return kubeenv.Shared(t) }
 
-// pluginKubeconfig applies the plugin's rbac.yaml and returns a kubeconfig
+// pluginKubeconfig applies the plugin's rbac.yaml (and pods.yaml) and returns a kubeconfig
 // of the ServiceAccount it binds: the plugin gets exactly those rights.
 func pluginKubeconfig(t *testing.T, c *kubeenv.Cluster) string {
 	t.Helper()
@@ -82,12 +82,15 @@ func pluginKubeconfig(t *testing.T, c *kubeenv.Cluster) string {
 	if err := c.EnsureNamespace(ctx, "krane"); err != nil {
 		t.Fatal(err)
 	}
-	manifest, err := os.ReadFile("../rbac.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ApplyYAML(ctx, manifest); err != nil {
-		t.Fatalf("apply rbac.yaml: %v", err)
+	// The plugin's rights, and the account its sentinel pods run as.
+	for _, file := range []string{"../rbac.yaml", "../pods.yaml"} {
+		manifest, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ApplyYAML(ctx, manifest); err != nil {
+			t.Fatalf("apply %s: %v", file, err)
+		}
 	}
 	_, path, err := c.ServiceAccountConfig(ctx, "krane", "krane-plugin-sentinel")
 	if err != nil {

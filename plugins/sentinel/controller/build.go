@@ -18,7 +18,7 @@ import (
 	"krane.dev/sdk/kube"
 )
 
-// Labels of the seeds, carried by all five objects and the pods.
+// Labels of the seeds, carried by every object and the pods.
 const (
 	LabelWorkspace   = "unkey.com/workspace.id"
 	LabelProject     = "unkey.com/project.id"
@@ -44,6 +44,7 @@ const (
 	portNameHTTP    = "http"
 	portNameTCP     = "gossip-tcp"
 	portNameUDP     = "gossip-udp"
+	portNameAdmin   = "admin"
 )
 
 // PolicyGVR is the CiliumNetworkPolicy resource, applied with the dynamic
@@ -165,9 +166,12 @@ func buildDeployment(s *clusterv1.Sentinel, version uint64, p params) *appsv1.De
 	res := corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem}
 
 	pod := corev1.PodSpec{
-		// Sentinels do not call the Kubernetes API, and a namespace full of
-		// Services must not flood their environment.
-		AutomountServiceAccountToken: ptr(false),
+		// A sentinel reads two things from the Kubernetes API, as its own
+		// account (which the manifests bind read-only): its routes
+		// ConfigMap, and the EndpointSlices of the deployment it routes
+		// to. A namespace full of Services must not flood its environment.
+		ServiceAccountName:           p.ServiceAccount,
+		AutomountServiceAccountToken: ptr(true),
 		EnableServiceLinks:           ptr(false),
 		Tolerations: []corev1.Toleration{{
 			Key: NodeClassLabel, Operator: corev1.TolerationOpEqual, Value: NodeClassSentinel, Effect: corev1.TaintEffectNoSchedule,
@@ -187,6 +191,7 @@ func buildDeployment(s *clusterv1.Sentinel, version uint64, p params) *appsv1.De
 				{Name: portNameHTTP, ContainerPort: p.Port, Protocol: corev1.ProtocolTCP},
 				{Name: portNameTCP, ContainerPort: p.GossipPort, Protocol: corev1.ProtocolTCP},
 				{Name: portNameUDP, ContainerPort: p.GossipPort, Protocol: corev1.ProtocolUDP},
+				{Name: portNameAdmin, ContainerPort: p.AdminPort, Protocol: corev1.ProtocolTCP},
 			},
 			Env:       containerEnv(id, p),
 			EnvFrom:   envFrom(p.EnvFromSecrets, s),
@@ -245,6 +250,11 @@ func containerEnv(id identity, p params) []corev1.EnvVar {
 		{Name: "UNKEY_GOSSIP_PORT", Value: strconv.Itoa(int(p.GossipPort))},
 		{Name: "UNKEY_GOSSIP_SERVICE", Value: fmt.Sprintf("%s.%s.svc", gossipName(id.K8sName), p.Namespace)},
 		{Name: "UNKEY_INSTANCE_ID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
+		// Where the routes are, and where metrics and health are served
+		// (the admin port is never the data port: it is not for the
+		// internet).
+		{Name: "KRANE_SENTINEL_ROUTES", Value: p.Namespace + "/" + routesName(id.K8sName)},
+		{Name: "KRANE_SENTINEL_ADMIN_ADDR", Value: ":" + strconv.Itoa(int(p.AdminPort))},
 	}
 }
 

@@ -50,6 +50,7 @@ type cluster struct {
 	pods        cache.Indexer
 	services    cache.Indexer
 	pdbs        cache.Indexer
+	routes      cache.Indexer
 	// secrets caches the credentials Secrets' metadata (never their data).
 	secrets cache.Indexer
 	// verified: the credentials Secrets this configuration wrote.
@@ -162,6 +163,7 @@ func (c *cluster) startInformers(ctx context.Context) error {
 		{&c.pods, kube.Informer[corev1.Pod, corev1.PodList](inf, c.clients, "pods", objects), false},
 		{&c.services, kube.Informer[corev1.Service, corev1.ServiceList](inf, c.clients, "services", objects), true},
 		{&c.pdbs, kube.Informer[policyv1.PodDisruptionBudget, policyv1.PodDisruptionBudgetList](inf, c.clients, "poddisruptionbudgets", objects), true},
+		{&c.routes, kube.Informer[corev1.ConfigMap, corev1.ConfigMapList](inf, c.clients, "configmaps", objects), true},
 	} {
 		if err := x.inf.AddIndexers(cache.Indexers{bySentinel: sentinelIndex}); err != nil {
 			return err
@@ -349,6 +351,10 @@ func (c *cluster) servicesOf(id string) []*corev1.Service {
 
 func (c *cluster) pdbsOf(id string) []*policyv1.PodDisruptionBudget {
 	return byIndex[*policyv1.PodDisruptionBudget](c.pdbs, id)
+}
+
+func (c *cluster) routesOf(id string) []*corev1.ConfigMap {
+	return byIndex[*corev1.ConfigMap](c.routes, id)
 }
 
 func (c *cluster) secretsOf(id string) []*metav1.PartialObjectMetadata {

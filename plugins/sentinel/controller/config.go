@@ -22,6 +22,13 @@ type Config struct {
 	// Port is the sentinel's HTTP port; GossipPort its peer port (TCP+UDP).
 	Port       int32 `json:"port"`
 	GossipPort int32 `json:"gossip_port"`
+	// AdminPort serves the sentinel's metrics and health, apart from the
+	// data port.
+	AdminPort int32 `json:"admin_port"`
+	// ServiceAccount is the account sentinel pods run as; the manifests
+	// create it and let it read routes ConfigMaps in Namespace and
+	// EndpointSlices.
+	ServiceAccount string `json:"service_account"`
 	// EnvFromSecrets are Secrets in Namespace whose keys become the
 	// sentinel container's environment (database, Redis, ... credentials).
 	EnvFromSecrets []SecretRef `json:"env_from_secrets"`
@@ -47,6 +54,8 @@ const (
 	DefaultHealthPath           = "/_unkey/internal/health"
 	DefaultPort                 = 8040
 	DefaultGossipPort           = 7946
+	DefaultAdminPort            = 9091
+	DefaultServiceAccount       = "krane-sentinel"
 	DefaultStatusResyncInterval = time.Minute
 )
 
@@ -63,6 +72,9 @@ const ConfigSchema = `{
     "readiness_path": {"type": "string", "pattern": "^/", "description": "HTTP path of the readiness probe"},
     "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "sentinel HTTP port (default 8040)"},
     "gossip_port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "gossip port, TCP and UDP (default 7946)"},
+    "admin_port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "sentinel metrics and health port (default 9091)"},
+    "service_account": {"type": "string", "maxLength": 253, "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+      "description": "ServiceAccount of the sentinel pods in the namespace (default \"krane-sentinel\"; the manifests create it)"},
     "env_from_secrets": {
       "type": "array",
       "description": "Secrets in the namespace exposed to the sentinel container as environment variables",
@@ -89,6 +101,8 @@ type settings struct {
 	ReadinessPath        string
 	Port                 int32
 	GossipPort           int32
+	AdminPort            int32
+	ServiceAccount       string
 	EnvFromSecrets       []SecretRef
 	RequireSentinelNodes bool
 	StatusResyncInterval time.Duration
@@ -107,6 +121,8 @@ func parseConfig(raw []byte) (settings, error) {
 		ReadinessPath:        or(cfg.ReadinessPath, DefaultHealthPath),
 		Port:                 cfg.Port,
 		GossipPort:           cfg.GossipPort,
+		AdminPort:            cfg.AdminPort,
+		ServiceAccount:       or(cfg.ServiceAccount, DefaultServiceAccount),
 		EnvFromSecrets:       cfg.EnvFromSecrets,
 		RequireSentinelNodes: cfg.RequireSentinelNodes == nil || *cfg.RequireSentinelNodes,
 		StatusResyncInterval: DefaultStatusResyncInterval,
@@ -117,6 +133,12 @@ func parseConfig(raw []byte) (settings, error) {
 	if s.GossipPort == 0 {
 		s.GossipPort = DefaultGossipPort
 	}
+	if s.AdminPort == 0 {
+		s.AdminPort = DefaultAdminPort
+	}
+	if errs := validation.IsDNS1123Subdomain(s.ServiceAccount); len(errs) > 0 {
+		return settings{}, &sdk.ConfigError{Key: "service_account", Reason: fmt.Sprintf("%q is not a ServiceAccount name: %s", s.ServiceAccount, errs[0])}
+	}
 	if errs := validation.IsDNS1123Label(s.Namespace); len(errs) > 0 {
 		return settings{}, &sdk.ConfigError{Key: "namespace", Reason: fmt.Sprintf("%q: %s", s.Namespace, errs[0])}
 	}
@@ -125,13 +147,16 @@ func parseConfig(raw []byte) (settings, error) {
 			return settings{}, &sdk.ConfigError{Key: key, Reason: fmt.Sprintf("%q: want an absolute URL path without spaces, e.g. %q", p, DefaultHealthPath)}
 		}
 	}
-	for key, p := range map[string]int32{"port": s.Port, "gossip_port": s.GossipPort} {
+	for key, p := range map[string]int32{"port": s.Port, "gossip_port": s.GossipPort, "admin_port": s.AdminPort} {
 		if p < 1 || p > 65535 {
 			return settings{}, &sdk.ConfigError{Key: key, Reason: fmt.Sprintf("%d is not a port number (1-65535)", p)}
 		}
 	}
 	if s.Port == s.GossipPort {
 		return settings{}, &sdk.ConfigError{Key: "gossip_port", Reason: fmt.Sprintf("%d is also the HTTP port: the two must differ", s.GossipPort)}
+	}
+	if s.AdminPort == s.Port || s.AdminPort == s.GossipPort {
+		return settings{}, &sdk.ConfigError{Key: "admin_port", Reason: fmt.Sprintf("%d is also the HTTP or gossip port: each port must differ", s.AdminPort)}
 	}
 	seen := map[string]bool{}
 	for i, ref := range s.EnvFromSecrets {

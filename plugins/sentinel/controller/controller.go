@@ -35,6 +35,7 @@ var (
 	deploymentsGVR = appsv1.SchemeGroupVersion.WithResource("deployments")
 	servicesGVR    = corev1.SchemeGroupVersion.WithResource("services")
 	pdbsGVR        = policyv1.SchemeGroupVersion.WithResource("poddisruptionbudgets")
+	configMapsGVR  = corev1.SchemeGroupVersion.WithResource("configmaps")
 	namespacesGVR  = corev1.SchemeGroupVersion.WithResource("namespaces")
 )
 
@@ -107,6 +108,7 @@ func permissions(ns string) []sdk.Permission {
 		{Group: "apps", Resource: "deployments", Verbs: objects, Namespace: ns},
 		{Resource: "services", Verbs: objects, Namespace: ns},
 		{Group: "policy", Resource: "poddisruptionbudgets", Verbs: objects, Namespace: ns},
+		{Resource: "configmaps", Verbs: objects, Namespace: ns},
 		{Group: "cilium.io", Resource: "ciliumnetworkpolicies", Verbs: objects, Namespace: ns},
 		{Resource: "secrets", Verbs: objects, Namespace: ns},
 		{Group: "apps", Resource: "replicasets", Verbs: []string{"list", "watch"}, Namespace: ns},
@@ -274,6 +276,10 @@ func (cl *cluster) apply(ctx context.Context, s *clusterv1.Sentinel, version uin
 		}
 	}
 	id := identityOf(s, version)
+	routes, err := buildRoutes(s, version, cl.p, owner)
+	if err != nil {
+		return false, err
+	}
 
 	type object struct {
 		gvr           schema.GroupVersionResource
@@ -283,6 +289,7 @@ func (cl *cluster) apply(ctx context.Context, s *clusterv1.Sentinel, version uin
 		{servicesGVR, buildService(s, version, cl.p, owner), liveObject(cached[*corev1.Service](cl.services, ns, name))},
 		{pdbsGVR, buildPDB(s, version, cl.p, owner), liveObject(cached[*policyv1.PodDisruptionBudget](cl.pdbs, ns, name))},
 		{servicesGVR, buildGossipService(id, cl.p, owner), liveObject(cached[*corev1.Service](cl.services, ns, gossipName(name)))},
+		{configMapsGVR, routes, liveObject(cached[*corev1.ConfigMap](cl.routes, ns, routesName(name)))},
 	}
 	// Without the CRD the policy waits: watchPolicyCRD applies it when the
 	// CRD appears, and the status says why it is missing meanwhile.
@@ -421,7 +428,9 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 	}
 	ns := cl.p.Namespace
 	opts := metav1.ListOptions{LabelSelector: kube.ManagedSelector(Component) + "," + LabelSentinel + "=" + id}
-	kept := func(name string) bool { return keep != "" && (name == keep || name == gossipName(keep)) }
+	kept := func(name string) bool {
+		return keep != "" && (name == keep || name == gossipName(keep) || name == routesName(keep))
+	}
 	keepCredentials := ""
 	if keep != "" {
 		keepCredentials = credentialsName(keep)
@@ -459,6 +468,7 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 	}
 	del(servicesGVR)
 	del(pdbsGVR)
+	del(configMapsGVR)
 	if err := cl.deleteCredentials(ctx, id, keepCredentials); err != nil {
 		errs = append(errs, err)
 	}
@@ -474,7 +484,7 @@ func (cl *cluster) deleteSentinel(ctx context.Context, id, keep string) error {
 // hasStale reports whether the caches hold an object of sentinel id not
 // named after the Deployment keep.
 func (cl *cluster) hasStale(id, keep string) bool {
-	stale := func(name string) bool { return name != keep && name != gossipName(keep) }
+	stale := func(name string) bool { return name != keep && name != gossipName(keep) && name != routesName(keep) }
 	for _, s := range cl.secretsOf(id) {
 		if s.Name != credentialsName(keep) {
 			return true
@@ -492,6 +502,11 @@ func (cl *cluster) hasStale(id, keep string) bool {
 	}
 	for _, p := range cl.pdbsOf(id) {
 		if stale(p.Name) {
+			return true
+		}
+	}
+	for _, r := range cl.routesOf(id) {
+		if stale(r.Name) {
 			return true
 		}
 	}

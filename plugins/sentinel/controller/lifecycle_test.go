@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -43,6 +44,8 @@ func TestCreateRolloutDelete(t *testing.T) {
 	h := start(t, c, fullConfig)
 	ctx := context.Background()
 	s := sentinel("snt_roll", "sentinel-roll", "env_roll", imageV1, 3)
+	s.Routes = &clusterv1.SentinelRoutes{Hosts: []string{"api.example.com", "www.example.com"},
+		Backend: &clusterv1.RouteBackend{DeploymentId: "dep_a", K8SNamespace: "ws-a", K8SName: "dep-a", Port: 8080}}
 
 	begin := time.Now()
 	if r := h.apply(change(t, s, 100)); r != sdk.Applied {
@@ -62,7 +65,10 @@ func TestCreateRolloutDelete(t *testing.T) {
 	// template is the same, so the same pods keep running. (The generation
 	// does move: the API server bumps it on any annotation change of a
 	// Deployment, because annotations are copied to its ReplicaSets.)
+	// So does a promote: the routes name another deployment, and only the
+	// routes ConfigMap changes.
 	podsBefore := podUIDs(t, c, s.Id)
+	s.Routes.Backend = &clusterv1.RouteBackend{DeploymentId: "dep_b", K8SNamespace: "ws-a", K8SName: "dep-b", Port: 8080}
 	bumped := h.apply(change(t, s, 101))
 	dep, err := c.Client.AppsV1().Deployments(ns).Get(ctx, s.K8SName, metav1.GetOptions{})
 	if err != nil {
@@ -90,6 +96,7 @@ func TestCreateRolloutDelete(t *testing.T) {
 	if rev := dep.Annotations["deployment.kubernetes.io/revision"]; rev != "1" {
 		t.Errorf("a version bump without a spec change made revision %s", rev)
 	}
+	assertObjects(t, c, s, 101)
 
 	// Image change: a rolling update. At the moment the first "HEALTHY on
 	// v2" report arrives, the cluster must already run v2 everywhere.
@@ -323,6 +330,34 @@ func assertObjects(t *testing.T, c *kubeenv.Cluster, s *clusterv1.Sentinel, vers
 		gs.Selector["unkey.com/sentinel.id"] != "" || len(gs.Ports) != 2 || gs.Ports[0].Port != 7946 || gs.Ports[0].Protocol != corev1.ProtocolTCP ||
 		gs.Ports[1].Port != 7946 || gs.Ports[1].Protocol != corev1.ProtocolUDP {
 		t.Errorf("gossip Service spec %+v", gs)
+	}
+
+	// The routes: what the sentinel process reads (hosts, live backend),
+	// named in its environment, read as the pods' own account.
+	routes, err := c.Client.CoreV1().ConfigMaps(ns).Get(ctx, s.K8SName+"-routes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMeta("routes ConfigMap", routes, dep)
+	var doc controller.Routes
+	if err := json.Unmarshal([]byte(routes.Data[controller.RoutesKey]), &doc); err != nil {
+		t.Fatalf("routes %q: %v", routes.Data[controller.RoutesKey], err)
+	}
+	if doc.SentinelID != s.Id || doc.EnvironmentID != s.EnvironmentId || doc.Version != version || !slices.Equal(doc.Hosts, s.GetRoutes().GetHosts()) {
+		t.Errorf("routes %+v, want sentinel %s environment %s version %d hosts %v", doc, s.Id, s.EnvironmentId, version, s.GetRoutes().GetHosts())
+	}
+	if b := s.GetRoutes().GetBackend(); b != nil && (doc.Backend == nil || doc.Backend.DeploymentID != b.DeploymentId || doc.Backend.Namespace != b.K8SNamespace || doc.Backend.Service != b.K8SName || doc.Backend.Port != b.Port) {
+		t.Errorf("routes backend %+v, want %v", doc.Backend, b)
+	}
+	env := map[string]string{}
+	for _, e := range ctr.Env {
+		env[e.Name] = e.Value
+	}
+	if env["KRANE_SENTINEL_ROUTES"] != ns+"/"+s.K8SName+"-routes" || env["KRANE_SENTINEL_ADMIN_ADDR"] != ":9091" || ports["admin"].ContainerPort != 9091 {
+		t.Errorf("routes env %q admin %q port %+v", env["KRANE_SENTINEL_ROUTES"], env["KRANE_SENTINEL_ADMIN_ADDR"], ports["admin"])
+	}
+	if pod.ServiceAccountName != "krane-sentinel" || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Errorf("service account %q automount %v, want krane-sentinel with its token", pod.ServiceAccountName, pod.AutomountServiceAccountToken)
 	}
 
 	policy, err := c.Dynamic.Resource(controller.PolicyGVR).Namespace(ns).Get(ctx, s.K8SName+"-gossip", metav1.GetOptions{})
