@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"krane.dev/ctrl/restateendpoint"
+	"krane.dev/internal/version"
 )
 
 // Config is ctrl's configuration. Every key can be set in the YAML file
@@ -222,7 +223,7 @@ var settings = []setting{
 	{"deploy.timeout", 5 * time.Minute, "how long a deploy waits for every region to run when its request does not say"},
 	{"deploy.live_cluster_within", 2 * time.Minute, "a deployment (or sentinel) deploy is refused at once when no cluster of a region it targets sent a heartbeat this recently naming a running controller for the kind (hosts send one every 30s); 0 turns the check off"},
 	{"deploy.resync_interval", 30 * time.Second, "how often deploys in progress are checked again (lost wake-ups, workflows that never started, overdue deploys)"},
-	{"sentinel.default_image", "", "image of the sentinel a deploy creates for an environment that has none (required with restate.ingress_url)"},
+	{"sentinel.default_image", version.SentinelImage(version.Version), "image of the sentinel a deploy creates for an environment that has none: by default this release's krane-sentinel image (make release builds it; push it where clusters pull, or name it with its registry here)"},
 	{"sentinel.default_replicas", 2, "replicas of a new sentinel"},
 	{"sentinel.default_cpu_millicores", 250, "CPU of a new sentinel, in millicores"},
 	{"sentinel.default_memory_mib", 256, "memory of a new sentinel, in MiB"},
@@ -486,7 +487,7 @@ func (c Config) validateRestate() []error {
 	}
 	s := c.Sentinel
 	if s.DefaultImage == "" {
-		errs = append(errs, errors.New("sentinel.default_image is required with restate.ingress_url: deploys create a sentinel from it for environments that have none"))
+		errs = append(errs, errors.New("sentinel.default_image is empty: deploys create a sentinel from it for environments that have none; remove the setting to use this release's krane-sentinel image, or name an image"))
 	}
 	if s.DeployTimeout <= 0 || s.DeployTimeout > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("sentinel.deploy_timeout %s is out of range (0, 24h]", s.DeployTimeout))

@@ -240,9 +240,13 @@ func TestRestateConfigKeysAndValidation(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// Unset, the sentinel image is this build's krane-sentinel.
+	if f := fs.Lookup("sentinel-default-image"); f == nil || f.DefValue != "krane-sentinel:dev" {
+		t.Fatalf("flag --sentinel-default-image %+v, want the default krane-sentinel:dev for a development build", f)
+	}
 	cfg.Restate.AdminURL, cfg.Sentinel.DefaultImage, cfg.Restate.IngressURL = "", "", "restate:8080"
 	err = cfg.Validate()
-	for _, want := range []string{"restate.ingress_url \"restate:8080\" is not an http", "restate.register_on_start needs restate.admin_url", "sentinel.default_image is required"} {
+	for _, want := range []string{"restate.ingress_url \"restate:8080\" is not an http", "restate.register_on_start needs restate.admin_url", "sentinel.default_image is empty"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate = %v; want it to say %q", err, want)
 		}

@@ -108,3 +108,18 @@ func HostSkewMessage(ctrl, host string) string {
 	}
 	return ""
 }
+
+// SentinelImageName is the name of the krane-sentinel image (make release
+// builds it beside krane's and ctrl's; push it where your cluster pulls).
+const SentinelImageName = "krane-sentinel"
+
+// SentinelImage is the sentinel image of this build, ctrl's default
+// sentinel.default_image: the release's tag for a release, "dev" (what the
+// demo and a local build load) for anything else, since a development
+// version's "+commit" is not a valid image tag.
+func SentinelImage(v string) string {
+	if semver.IsValid(v) && semver.Prerelease(v) == "" && semver.Build(v) == "" {
+		return SentinelImageName + ":" + v
+	}
+	return SentinelImageName + ":dev"
+}

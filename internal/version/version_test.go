@@ -46,3 +46,16 @@ func TestHostSkewMessageSaysWhatToDo(t *testing.T) {
 		t.Errorf("a host in the window gets a remark: %q", m)
 	}
 }
+
+func TestSentinelImageIsAValidReferenceForEveryBuild(t *testing.T) {
+	for v, want := range map[string]string{
+		"v0.2.0":                           "krane-sentinel:v0.2.0",
+		"v0.2.0-dev.14+0123456789ab":       "krane-sentinel:dev",
+		"v0.2.0-dev.14+0123456789ab.dirty": "krane-sentinel:dev",
+		"dev":                              "krane-sentinel:dev",
+	} {
+		if got := SentinelImage(v); got != want {
+			t.Errorf("SentinelImage(%q) = %q, want %q", v, got, want)
+		}
+	}
+}
