@@ -157,6 +157,17 @@ func buildNamespace(name string) *corev1.Namespace {
 	}
 }
 
+// buildServiceAccount is the account sentinel pods run as. Krane creates
+// it so that pods can start; what it may read is granted by the manifests
+// (pods.yaml), never by the plugin, which could not grant more than it
+// holds anyway.
+func buildServiceAccount(p params) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+		ObjectMeta: metav1.ObjectMeta{Name: p.ServiceAccount, Namespace: p.Namespace, Labels: kube.ManagedLabels(Component)},
+	}
+}
+
 func buildDeployment(s *clusterv1.Sentinel, version uint64, p params) *appsv1.Deployment {
 	id := identityOf(s, version)
 	cpu := *resource.NewMilliQuantity(s.GetCpuMillicores(), resource.DecimalSI)

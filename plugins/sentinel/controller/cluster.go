@@ -51,6 +51,8 @@ type cluster struct {
 	services    cache.Indexer
 	pdbs        cache.Indexer
 	routes      cache.Indexer
+	// serviceAccounts holds the pods' account only (selected by name).
+	serviceAccounts cache.Indexer
 	// secrets caches the credentials Secrets' metadata (never their data).
 	secrets cache.Indexer
 	// verified: the credentials Secrets this configuration wrote.
@@ -180,6 +182,8 @@ func (c *cluster) startInformers(ctx context.Context) error {
 	}
 	c.namespaces = kube.Informer[corev1.Namespace, corev1.NamespaceList](inf, c.clients, "namespaces",
 		kube.InformerOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", ns).String()}).GetIndexer()
+	c.serviceAccounts = kube.Informer[corev1.ServiceAccount, corev1.ServiceAccountList](inf, c.clients, "serviceaccounts",
+		kube.InformerOptions{Namespace: ns, FieldSelector: fields.OneTermEqualSelector("metadata.name", c.p.ServiceAccount).String()}).GetIndexer()
 	// Credentials Secrets as metadata: their data never crosses the wire
 	// into the cache.
 	secretInformer := inf.Add(kube.NewMetadataInformer(c.meta, secretsGVR, kube.InformerOptions{Namespace: ns, LabelSelector: selector}), "secrets")

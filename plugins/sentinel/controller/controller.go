@@ -32,11 +32,12 @@ import (
 const Name = "sentinel"
 
 var (
-	deploymentsGVR = appsv1.SchemeGroupVersion.WithResource("deployments")
-	servicesGVR    = corev1.SchemeGroupVersion.WithResource("services")
-	pdbsGVR        = policyv1.SchemeGroupVersion.WithResource("poddisruptionbudgets")
-	configMapsGVR  = corev1.SchemeGroupVersion.WithResource("configmaps")
-	namespacesGVR  = corev1.SchemeGroupVersion.WithResource("namespaces")
+	deploymentsGVR     = appsv1.SchemeGroupVersion.WithResource("deployments")
+	servicesGVR        = corev1.SchemeGroupVersion.WithResource("services")
+	pdbsGVR            = policyv1.SchemeGroupVersion.WithResource("poddisruptionbudgets")
+	configMapsGVR      = corev1.SchemeGroupVersion.WithResource("configmaps")
+	serviceAccountsGVR = corev1.SchemeGroupVersion.WithResource("serviceaccounts")
+	namespacesGVR      = corev1.SchemeGroupVersion.WithResource("namespaces")
 )
 
 // Option adjusts a Controller (tests and embedding hosts).
@@ -102,7 +103,7 @@ func New(log hclog.Logger, opts ...Option) *Controller {
 // them): the objects of every sentinel in namespace ns (with its
 // credentials Secret), the ReplicaSets and pods its status comes from, and
 // ns itself.
-func permissions(ns string) []sdk.Permission {
+func permissions(ns, serviceAccount string) []sdk.Permission {
 	objects := []string{"list", "watch", "create", "patch", "delete"}
 	return []sdk.Permission{
 		{Group: "apps", Resource: "deployments", Verbs: objects, Namespace: ns},
@@ -115,6 +116,10 @@ func permissions(ns string) []sdk.Permission {
 		{Resource: "pods", Verbs: []string{"list", "watch"}, Namespace: ns},
 		{Resource: "namespaces", Verbs: []string{"create"}},
 		{Resource: "namespaces", Verbs: []string{"list", "watch", "patch"}, Name: ns},
+		// The account sentinel pods run as, created on demand like the
+		// namespace (its rights come from the manifests, pods.yaml).
+		{Resource: "serviceaccounts", Verbs: []string{"create"}, Namespace: ns},
+		{Resource: "serviceaccounts", Verbs: []string{"list", "watch", "patch"}, Namespace: ns, Name: serviceAccount},
 	}
 }
 
@@ -128,7 +133,7 @@ func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.Descr
 			SpecType:    string((&clusterv1.Sentinel{}).ProtoReflect().Descriptor().FullName()),
 		}},
 		ConfigSchema: ConfigSchema,
-		Permissions:  permissions(DefaultNamespace),
+		Permissions:  permissions(DefaultNamespace, DefaultServiceAccount),
 	}}, nil
 }
 
@@ -137,7 +142,7 @@ func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (
 	if err != nil {
 		return nil, err
 	}
-	clients, err := kube.Connect(ctx, req.Kube, permissions(s.Namespace), c.opts.restHooks...)
+	clients, err := kube.Connect(ctx, req.Kube, permissions(s.Namespace, s.ServiceAccount), c.opts.restHooks...)
 	if err != nil {
 		return nil, err
 	}
@@ -408,6 +413,14 @@ func (cl *cluster) ensureNamespace(ctx context.Context, wrote *bool) error {
 	}
 	written, err := cl.applyIfDrifted(ctx, namespacesGVR, buildNamespace(cl.p.Namespace), liveObject(live))
 	if err != nil {
+		return err
+	}
+	if written != nil {
+		*wrote = true
+	}
+	// The pods' account: without it the ReplicaSet cannot create a pod.
+	sa := cached[*corev1.ServiceAccount](cl.serviceAccounts, cl.p.Namespace, cl.p.ServiceAccount)
+	if written, err = cl.applyIfDrifted(ctx, serviceAccountsGVR, buildServiceAccount(cl.p), liveObject(sa)); err != nil {
 		return err
 	}
 	if written != nil {

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -756,5 +757,32 @@ func TestRenameAndNameCollision(t *testing.T) {
 		t.Errorf("Apply of a sentinel onto another's k8s_name = %v, want a permanent k8s_name error naming snt_move", err)
 	}
 	h.delete(s.Id, 603)
+	objectsGone(t, c, s.K8SName)
+}
+
+// TestPodsAccountIsCreated: the account sentinel pods run as is created by
+// the plugin when it is missing (a namespace the manifests did not
+// prepare, or an account deleted by hand): without it no pod could start.
+func TestPodsAccountIsCreated(t *testing.T) {
+	c := sharedCluster(t)
+	ctx := context.Background()
+	accounts := c.Client.CoreV1().ServiceAccounts(ns)
+	if err := accounts.Delete(ctx, controller.DefaultServiceAccount, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	h := start(t, c, `{}`)
+	s := sentinel("snt_account", "sentinel-account", "env_account", imageV1, 1)
+	waitFor(t, 10*time.Second, "the cache to see the account gone", func() (bool, error) {
+		return h.apply(change(t, s, 300)) == sdk.Applied, nil
+	})
+	sa, err := accounts.Get(ctx, controller.DefaultServiceAccount, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the pods' account was not created: %v", err)
+	}
+	if sa.Labels["app.kubernetes.io/managed-by"] != "krane" {
+		t.Errorf("account labels %v, want Krane's", sa.Labels)
+	}
+	h.waitReport(s.Id, time.Time{}, 2*time.Minute, "HEALTHY: its pods started as the account", healthyOn(imageV1))
+	h.delete(s.Id, 301)
 	objectsGone(t, c, s.K8SName)
 }
