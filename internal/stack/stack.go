@@ -588,7 +588,7 @@ func (s *Stack) launchKrane(ctx context.Context, region, name string) (*testenv.
 	c := s.Clusters[region]
 	// What deploy/README.md tells an operator to apply without kustomize,
 	// in that order.
-	for _, f := range []string{"deploy/base/krane/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/cilium/rbac.yaml", "deploy/base/krane/rbac.yaml"} {
+	for _, f := range []string{"deploy/base/krane/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/sentinel/pods.yaml", "plugins/cilium/rbac.yaml", "deploy/base/krane/rbac.yaml"} {
 		p, err := s.repoFile(f)
 		if err != nil {
 			return nil, "", err
