@@ -35,6 +35,7 @@ import (
 	"krane.dev/host/config"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
+	sentinel "krane.dev/plugins/sentinel/controller"
 )
 
 // singleNode names the overlays made for a one-node cluster; the others
@@ -305,6 +306,12 @@ func checkRBAC(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *instal
 			id.source = "ctrl links no Kubernetes client"
 		case runsAs[key] == "restate":
 			id.source = "Restate does not call the Kubernetes API"
+		case sentinelPodsRunAs(in.krane, sa):
+			uses, err := sentinelPodUses()
+			if err != nil {
+				t.Fatal(err)
+			}
+			id.uses, id.source = uses, "plugins/sentinel/pods.yaml: the sentinel plugin runs its sentinels' pods as this account"
 		case enabled:
 			uses, err := pluginUses(ctl.Name)
 			if err != nil {
@@ -526,6 +533,49 @@ func pluginUses(name string) ([]Permission, error) {
 	}
 	if !found {
 		return nil, fmt.Errorf("plugins/%s/rbac.yaml holds no ClusterRole", name)
+	}
+	return out, nil
+}
+
+// sentinelPodsRunAs reports whether sa is the account the enabled sentinel
+// plugin runs sentinel pods as (its default namespace and service_account,
+// the names plugins/sentinel/pods.yaml uses).
+func sentinelPodsRunAs(k *kraneInstall, sa corev1.ServiceAccount) bool {
+	if k == nil || sa.Namespace != sentinel.DefaultNamespace || sa.Name != sentinel.DefaultServiceAccount {
+		return false
+	}
+	for _, ctl := range k.cfg.Enabled() {
+		if ctl.Name == "sentinel" {
+			return true
+		}
+	}
+	return false
+}
+
+// sentinelPodUses are the rules plugins/sentinel/pods.yaml grants the
+// sentinel pods: what the sentinel process reads (its e2e runs it as that
+// account), cluster-wide (ClusterRole) and in its namespace (Role).
+func sentinelPodUses() ([]Permission, error) {
+	objs, err := readManifest(filepath.Join(repoRoot, "plugins", "sentinel", "pods.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Permission
+	for _, u := range objs {
+		switch u.GetKind() {
+		case "ClusterRole":
+			var r rbacv1.ClusterRole
+			if err := convert(u, &r); err != nil {
+				return nil, err
+			}
+			out = append(out, Expand(r.Rules, "")...)
+		case "Role":
+			var r rbacv1.Role
+			if err := convert(u, &r); err != nil {
+				return nil, err
+			}
+			out = append(out, Expand(r.Rules, r.Namespace)...)
+		}
 	}
 	return out, nil
 }

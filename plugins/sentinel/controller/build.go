@@ -204,6 +204,15 @@ func buildDeployment(s *clusterv1.Sentinel, version uint64, p params) *appsv1.De
 				{Name: portNameUDP, ContainerPort: p.GossipPort, Protocol: corev1.ProtocolUDP},
 				{Name: portNameAdmin, ContainerPort: p.AdminPort, Protocol: corev1.ProtocolTCP},
 			},
+			// The restricted Pod Security Standard (the manifests enforce
+			// it on the namespace): a proxy facing the internet runs
+			// unprivileged, as a non-root user, with no capabilities.
+			SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: ptr(false),
+				RunAsNonRoot:             ptr(true),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
 			Env:       containerEnv(id, p),
 			EnvFrom:   envFrom(p.EnvFromSecrets, s),
 			Resources: corev1.ResourceRequirements{Requests: res, Limits: res},
