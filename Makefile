@@ -107,7 +107,7 @@ bench-smoke: deps testenv build ## every measurement of bench and bench-fleet on
 FUZZ_TIME ?= 30s
 FUZZ_TARGETS := ./host/config:FuzzLoad ./ctrl/clusterapi:FuzzReportStatus ./ctrl/console:FuzzLiveEventEncoding \
 	./plugins/deployment/controller:FuzzValidateBuild ./plugins/sentinel/controller:FuzzSentinel \
-	./plugins/cilium/controller:FuzzPolicy
+	./plugins/cilium/controller:FuzzPolicy ./sentinel/proxy:FuzzRequestPath
 fuzz: deps testenv ## run every fuzz target for FUZZ_TIME (default 30s); 0 failures expected
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "==> $$fn ($$pkg) for $(FUZZ_TIME)"; \
