@@ -379,4 +379,3 @@ func TestProbes(t *testing.T) {
 		t.Fatalf("ready while draining: %d %q", rr.code, rr.body)
 	}
 }
-
