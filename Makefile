@@ -27,7 +27,7 @@ export ETCD_VERSION    := 3.6.6
 export KWOK_VERSION    := 0.7.0
 export RESTATE_VERSION := 1.7.12
 
-BINARIES := krane ctrl krane-plugin-deployment krane-plugin-sentinel krane-plugin-cilium krane-plugin-configmap
+BINARIES := krane ctrl krane-sentinel krane-plugin-deployment krane-plugin-sentinel krane-plugin-cilium krane-plugin-configmap
 TEST_FLAGS ?= -race -timeout 45m
 # Two Go modules: the repository (.) and the sdk plugin authors require
 # (sdk/, its own go.mod; the repository builds against it with a replace).
@@ -49,6 +49,8 @@ bin/krane:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/krane
 bin/ctrl:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/ctrl
+bin/krane-sentinel:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/krane-sentinel
 bin/krane-plugin-deployment:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./plugins/deployment
 bin/krane-plugin-sentinel:
@@ -107,7 +109,7 @@ bench-smoke: deps testenv build ## every measurement of bench and bench-fleet on
 FUZZ_TIME ?= 30s
 FUZZ_TARGETS := ./host/config:FuzzLoad ./ctrl/clusterapi:FuzzReportStatus ./ctrl/console:FuzzLiveEventEncoding \
 	./plugins/deployment/controller:FuzzValidateBuild ./plugins/sentinel/controller:FuzzSentinel \
-	./plugins/cilium/controller:FuzzPolicy
+	./plugins/cilium/controller:FuzzPolicy ./sentinel/proxy:FuzzRequestPath
 fuzz: deps testenv ## run every fuzz target for FUZZ_TIME (default 30s); 0 failures expected
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "==> $$fn ($$pkg) for $(FUZZ_TIME)"; \
