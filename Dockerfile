@@ -1,6 +1,7 @@
-# Two images from the repository root:
+# Three images from the repository root:
 #   docker build -t krane:latest .                     krane and its plugins (the default)
 #   docker build --target ctrl -t krane-ctrl:latest .  ctrl, the control plane
+#   docker build --target sentinel -t krane-sentinel:latest .  the sentinel (routing proxy)
 FROM golang:1.26 AS build
 WORKDIR /src
 # The repository builds against the sdk module in ./sdk (a replace): its
@@ -17,6 +18,11 @@ COPY --from=build /src/bin/ctrl /usr/local/bin/ctrl
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/ctrl"]
 CMD ["serve"]
+
+FROM gcr.io/distroless/static-debian12:nonroot AS sentinel
+COPY --from=build /src/bin/krane-sentinel /usr/local/bin/krane-sentinel
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/krane-sentinel"]
 
 # The last stage is the default target.
 FROM gcr.io/distroless/static-debian12:nonroot AS krane

@@ -63,15 +63,16 @@ bin/krane-plugin-configmap:
 # A release: `make release VERSION=vX.Y.Z` (or on a commit tagged vX.Y.Z).
 # Everything goes to dist/VERSION: static binaries (CGO_ENABLED=0, so the
 # images need no libc), SHA256SUMS, a CycloneDX SBOM of each module, and
-# the two images the Dockerfile describes as OCI image layouts, built
+# the three images the Dockerfile describes as OCI image layouts, built
 # without a Docker daemon (cmd/release). Nothing is pushed: the sdk's tag
 # and the images' push are printed.
 RELEASE_DIR := dist/$(VERSION)
-release: $(STAMPS)/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION) ## version-stamped binaries, SHA256SUMS, SBOMs, the krane and ctrl images (OCI layouts) and the built-in plugins' pins (plugins.hcl) into dist/VERSION; prints the sdk tag to push
+release: $(STAMPS)/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION) ## version-stamped binaries, SHA256SUMS, SBOMs, the krane, ctrl and krane-sentinel images (OCI layouts) and the built-in plugins' pins (plugins.hcl) into dist/VERSION; prints the sdk tag to push
 	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "VERSION=$(VERSION) is not a release version (vX.Y.Z): tag the commit, or run make release VERSION=vX.Y.Z" >&2; exit 1; }
 	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/bin $(RELEASE_DIR)/sbom
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/krane ./cmd/krane
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/ctrl ./cmd/ctrl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/krane-sentinel ./cmd/krane-sentinel
 	for p in deployment sentinel cilium; do \
 	  CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/bin/krane-plugin-$$p ./plugins/$$p; done
 	CGO_ENABLED=0 $(GO) -C sdk build -trimpath -ldflags '-s -w -X krane.dev/sdk.version=$(VERSION)' -o $(CURDIR)/$(RELEASE_DIR)/bin/krane-plugin-configmap ./examples/configmap

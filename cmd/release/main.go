@@ -1,4 +1,4 @@
-// Command release writes the krane and ctrl container images as OCI image
+// Command release writes the krane, ctrl and krane-sentinel container images as OCI image
 // layouts from binaries built with CGO_ENABLED=0 (see internal/release),
 // and the built-in plugins' pins (plugins.hcl); `make release` runs it. No Docker daemon and no registry are needed.
 //

@@ -48,7 +48,7 @@ type Image struct {
 	Cmd        []string
 }
 
-// Images are the Dockerfile's two stages.
+// Images are the Dockerfile's three stages.
 var Images = []Image{
 	{
 		Name: "krane",
@@ -66,6 +66,13 @@ var Images = []Image{
 		Binaries:   map[string]string{"ctrl": "/usr/local/bin/ctrl"},
 		Entrypoint: []string{"/usr/local/bin/ctrl"},
 		Cmd:        []string{"serve"},
+	},
+	{
+		// The sentinel a deploy starts per environment and region
+		// (ctrl's default sentinel.default_image, version.SentinelImage).
+		Name:       "krane-sentinel",
+		Binaries:   map[string]string{"krane-sentinel": "/usr/local/bin/krane-sentinel"},
+		Entrypoint: []string{"/usr/local/bin/krane-sentinel"},
 	},
 }
 

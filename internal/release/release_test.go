@@ -65,6 +65,7 @@ func build() (string, error) {
 	pkgs := map[string]string{
 		"krane": "./cmd/krane", "ctrl": "./cmd/ctrl",
 		"krane-plugin-deployment": "./plugins/deployment", "krane-plugin-sentinel": "./plugins/sentinel", "krane-plugin-cilium": "./plugins/cilium",
+		"krane-sentinel": "./cmd/krane-sentinel",
 	}
 	args := []string{"build", "-trimpath", "-ldflags", "-s -w -X krane.dev/internal/version.Version=" + testVersion, "-o", bin + "/"}
 	for _, pkg := range pkgs {
@@ -128,7 +129,7 @@ func extract(t *testing.T, img v1.Image, dir string) map[string]*tar.Header {
 	}
 }
 
-// TestImagesRunAsTheDockerfileSays: the krane and ctrl images written as OCI
+// TestImagesRunAsTheDockerfileSays: the krane, ctrl and krane-sentinel images written as OCI
 // layouts open as images of this machine's platform with the Dockerfile's
 // entrypoint, arguments and non-root user; they hold the passwd entry of
 // that user, CA certificates that parse, a writable /tmp and static

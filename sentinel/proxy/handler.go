@@ -14,6 +14,10 @@ import (
 const (
 	PathLive  = "/_krane/sentinel/live"
 	PathReady = "/_krane/sentinel/ready"
+	// PathHealth is the design notes' health path, which the sentinel
+	// plugin probes by default (liveness_path, readiness_path): the same
+	// as PathReady, so an install that never set the paths keeps working.
+	PathHealth = "/_unkey/internal/health"
 )
 
 // StatusClientClosed is logged (never sent) when the client went away
@@ -22,7 +26,7 @@ const StatusClientClosed = 499
 
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if strings.HasPrefix(r.URL.Path, "/_krane/sentinel/") && rt.probe(w, r) {
+	if (strings.HasPrefix(r.URL.Path, "/_krane/sentinel/") || r.URL.Path == PathHealth) && rt.probe(w, r) {
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w}
@@ -74,7 +78,7 @@ func (rt *Router) probe(w http.ResponseWriter, r *http.Request) bool {
 	switch r.URL.Path {
 	case PathLive:
 		plain(w, http.StatusOK, "ok\n")
-	case PathReady:
+	case PathReady, PathHealth:
 		if ok, why := rt.Ready(); ok {
 			plain(w, http.StatusOK, "ok\n")
 		} else {

@@ -371,11 +371,16 @@ func TestProbes(t *testing.T) {
 		t.Fatalf("ready before sync: %d %q", rr.code, rr.body)
 	}
 	b.SetInstances(nil)
-	if rr := e.do("GET", "x", PathReady, nil, nil); rr.code != 200 {
-		t.Fatalf("ready after sync: %d %q", rr.code, rr.body)
+	// The notes' health path, the plugin's default probe, is readiness too.
+	for _, path := range []string{PathReady, PathHealth} {
+		if rr := e.do("GET", "x", path, nil, nil); rr.code != 200 {
+			t.Fatalf("%s after sync: %d %q", path, rr.code, rr.body)
+		}
 	}
 	e.rt.Drain()
-	if rr := e.do("GET", "x", PathReady, nil, nil); rr.code != 503 || !strings.Contains(rr.body, "draining") {
-		t.Fatalf("ready while draining: %d %q", rr.code, rr.body)
+	for _, path := range []string{PathReady, PathHealth} {
+		if rr := e.do("GET", "x", path, nil, nil); rr.code != 503 || !strings.Contains(rr.body, "draining") {
+			t.Fatalf("%s while draining: %d %q", path, rr.code, rr.body)
+		}
 	}
 }

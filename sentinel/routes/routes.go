@@ -37,11 +37,12 @@ type Backend struct {
 
 // Parse decodes and validates a routes document. Hosts are normalized to
 // lower case; an invalid host is an error rather than silently dropped, so
-// a typo is seen where the routes are written.
+// a typo is seen where the routes are written. Fields it does not know are
+// ignored: the document only grows, and a sentinel of the previous release
+// must keep reading what a newer sentinel plugin writes.
 func Parse(data []byte) (*Routes, error) {
 	var r Routes
 	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("routes: decode %s: %w (expected {\"sentinel_id\",\"environment_id\",\"version\",\"hosts\":[...],\"backend\":{...}})", Key, err)
 	}

@@ -2,7 +2,6 @@ package controller_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -27,6 +26,7 @@ import (
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 	"krane.dev/sdk/plugintest"
+	sentinelroutes "krane.dev/sentinel/routes"
 )
 
 const (
@@ -340,8 +340,8 @@ func assertObjects(t *testing.T, c *kubeenv.Cluster, s *clusterv1.Sentinel, vers
 		t.Fatal(err)
 	}
 	checkMeta("routes ConfigMap", routes, dep)
-	var doc controller.Routes
-	if err := json.Unmarshal([]byte(routes.Data[controller.RoutesKey]), &doc); err != nil {
+	doc, err := sentinelroutes.Parse([]byte(routes.Data[controller.RoutesKey]))
+	if err != nil {
 		t.Fatalf("routes %q: %v", routes.Data[controller.RoutesKey], err)
 	}
 	if doc.SentinelID != s.Id || doc.EnvironmentID != s.EnvironmentId || doc.Version != version || !slices.Equal(doc.Hosts, s.GetRoutes().GetHosts()) {

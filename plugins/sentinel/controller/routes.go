@@ -1,13 +1,14 @@
 package controller
 
 import (
-	"encoding/json"
-	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/sdk"
+	"krane.dev/sentinel/routes"
 )
 
 // What a sentinel routes reaches its pods through a ConfigMap beside its
@@ -19,7 +20,7 @@ import (
 // deployment's EndpointSlices, which Kubernetes keeps current.
 
 // RoutesKey is the ConfigMap key holding the routes document.
-const RoutesKey = "routes.json"
+const RoutesKey = routes.Key
 
 // routesSuffix names the ConfigMap after the Deployment; the same length
 // as the gossip Service's, which k8s_name's bound already leaves room for.
@@ -27,43 +28,24 @@ const routesSuffix = "-routes"
 
 func routesName(k8sName string) string { return k8sName + routesSuffix }
 
-// Routes is the routes document (the sentinel's input contract, see
-// docs/sentinel.md).
-type Routes struct {
-	SentinelID    string `json:"sentinel_id"`
-	EnvironmentID string `json:"environment_id"`
-	// Version is the sentinel's desired-state version these routes came
-	// with: a sentinel reports it, so one can tell which routes it serves.
-	Version uint64        `json:"version"`
-	Hosts   []string      `json:"hosts"`
-	Backend *RouteBackend `json:"backend,omitempty"`
-}
-
-// RouteBackend is the live deployment: its headless Service (named like it,
-// in its namespace) and the port its instances listen on.
-type RouteBackend struct {
-	DeploymentID string `json:"deployment_id"`
-	Namespace    string `json:"namespace"`
-	Service      string `json:"service"`
-	Port         int32  `json:"port"`
-}
-
-func routesOf(s *clusterv1.Sentinel, version uint64) Routes {
-	r := Routes{SentinelID: s.GetId(), EnvironmentID: s.GetEnvironmentId(), Version: version, Hosts: s.GetRoutes().GetHosts()}
+// routesOf is the routes document of a sentinel (the contract of package
+// krane.dev/sentinel/routes, which the sentinel reads).
+func routesOf(s *clusterv1.Sentinel, version uint64) *routes.Routes {
+	r := &routes.Routes{SentinelID: s.GetId(), EnvironmentID: s.GetEnvironmentId(), Version: version, Hosts: slices.Clone(s.GetRoutes().GetHosts())}
 	if r.Hosts == nil {
 		r.Hosts = []string{}
 	}
 	if b := s.GetRoutes().GetBackend(); b != nil {
-		r.Backend = &RouteBackend{DeploymentID: b.GetDeploymentId(), Namespace: b.GetK8SNamespace(), Service: b.GetK8SName(), Port: b.GetPort()}
+		r.Backend = &routes.Backend{DeploymentID: b.GetDeploymentId(), Namespace: b.GetK8SNamespace(), Service: b.GetK8SName(), Port: b.GetPort()}
 	}
 	return r
 }
 
 // buildRoutes is the sentinel's routes ConfigMap, owned by its Deployment.
 func buildRoutes(s *clusterv1.Sentinel, version uint64, p params, owner *metav1.OwnerReference) (*corev1.ConfigMap, error) {
-	doc, err := json.Marshal(routesOf(s, version))
+	doc, err := routesOf(s, version).Encode()
 	if err != nil {
-		return nil, fmt.Errorf("sentinel %s: encode its routes: %w", s.GetId(), err)
+		return nil, sdk.InvalidField("routes", "sentinel %s: %v", s.GetId(), err)
 	}
 	id := identityOf(s, version)
 	return &corev1.ConfigMap{
