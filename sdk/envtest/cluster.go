@@ -233,6 +233,13 @@ func New(opts Options) (*Cluster, error) {
 	if err := c.waitNodesReady(ctx); err != nil {
 		return nil, err
 	}
+	// A component that refused its flags exits at once, and the cluster
+	// would look up while nothing creates pods: say so now.
+	for _, name := range []string{"kube-controller-manager", "kube-scheduler", "kwok"} {
+		if p := c.proc(name); p != nil && p.Exited() {
+			return nil, fmt.Errorf("envtest: %s exited while the cluster started:\n%s", name, p.Tail(20))
+		}
+	}
 	c.startTime = time.Since(begin)
 	ok = true
 	return c, nil

@@ -253,20 +253,8 @@ func TestFollowsRoutesAndEndpointSlices(t *testing.T) {
 	}
 }
 
-// localIP is the first global unicast IPv4 address of this machine.
-func localIP(t *testing.T) string {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
-			return n.IP.String()
-		}
-	}
-	t.Skip("no non-loopback IPv4 address on this machine: the API server refuses loopback endpoints")
-	return ""
-}
+// localIP is where the test's instances listen (testenv.HostIP).
+func localIP(t *testing.T) string { return testenv.HostIP(t) }
 
 func deadPort(t *testing.T) int32 {
 	l, err := net.Listen("tcp", net.JoinHostPort(localIP(t), "0"))

@@ -96,7 +96,7 @@ func New(opts Options) (*Cluster, error) {
 			Taints: []corev1.Taint{{Key: LabelNodeClass, Value: NodeClassSentry, Effect: corev1.TaintEffectNoSchedule}}},
 	}}
 	if opts.WithoutEndpointSlices {
-		eo.DisabledControllers = []string{"endpointslice-controller", "endpointslicemirroring-controller"}
+		eo.DisabledControllers = []string{"endpointslice-controller", "endpointslice-mirroring-controller"}
 	}
 	if !opts.WithoutCiliumCRD {
 		crd, err := ciliumCRD()

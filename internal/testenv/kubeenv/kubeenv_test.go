@@ -3,6 +3,7 @@ package kubeenv_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
+	"krane.dev/sdk/envtest"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -259,4 +261,15 @@ func TestNodeHeartbeatsRenewLeases(t *testing.T) {
 		l, err := leases.Get(ctx, "worker-zone-a-0", metav1.GetOptions{})
 		return err == nil && l.Spec.RenewTime.After(first), err
 	})
+}
+
+// TestAComponentThatExitsFailsTheStart: a kube-controller-manager that
+// refuses its flags (here, an unknown controller to disable) fails the
+// cluster's start with its own words, instead of a cluster where nothing
+// ever makes a pod.
+func TestAComponentThatExitsFailsTheStart(t *testing.T) {
+	_, err := envtest.New(envtest.Options{Name: "badkcm", Zones: []string{"zone-a"}, DisabledControllers: []string{"no-such-controller"}})
+	if err == nil || !strings.Contains(err.Error(), "kube-controller-manager exited") || !strings.Contains(err.Error(), "no-such-controller") {
+		t.Fatalf("start with an unknown controller: %v, want it to say kube-controller-manager exited and why", err)
+	}
 }
