@@ -157,9 +157,9 @@ type endpointMirror struct {
 
 type instance struct {
 	ns, pod, deployment, service string
-	srv                              *http.Server
-	port                             int32
-	ready, dead                      bool
+	srv                          *http.Server
+	port                         int32
+	ready, dead                  bool
 }
 
 // answer is what a backend server says: which pod answered.
