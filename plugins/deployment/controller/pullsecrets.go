@@ -30,7 +30,11 @@ package controller
 //   - A lookalike (a Secret of a configured name without a valid proof,
 //     whatever its labels) is someone else's: it is left exactly as it is,
 //     never patched, never deleted; the pods use it, and the plugin logs it
-//     and counts it (PullLookalikes). Updates carry the copy's
+//     and counts it (PullLookalikes). Copies made by releases before the
+//     proof carry none and are such lookalikes too (a forged one cannot be
+//     told apart): after the upgrade an operator deletes them once
+//     (kubectl delete secret -A -l krane.dev/pull-secret=true) and the
+//     plugin makes proven ones. Updates carry the copy's
 //     resourceVersion, so a copy replaced by a lookalike between the check
 //     and the write is not written either.
 //   - When: at each Apply (from the cache), when a source changes (one
