@@ -101,6 +101,18 @@ func (s *Server) CreateDeployment(ctx context.Context, req *ctrlv1.CreateDeploym
 	if err != nil {
 		return nil, err
 	}
+	// A workspace keeps the namespace its deployments run in; a new one
+	// gets deployspec.Namespace; none shares another's (store).
+	if spec.WorkspaceID != "" {
+		ns, err := s.store.WorkspaceNamespace(ctx, spec.WorkspaceID)
+		if errors.Is(err, store.ErrNamespaceHeld) {
+			return nil, &deployspec.FieldError{Field: "workspace_id", Reason: err.Error()}
+		}
+		if err != nil {
+			return nil, err
+		}
+		spec.K8sNamespace = ns
+	}
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}

@@ -251,10 +251,26 @@ func K8sName(id string) string {
 	return strings.ToLower(strings.ReplaceAll(id, "_", "-"))
 }
 
-// Namespace is the Kubernetes namespace of a workspace's deployments:
-// "ws-" and the workspace id made a DNS-1123 label. When that changed the
-// id (case, characters, length), a hash of the original is appended so two
-// workspaces never share a namespace.
+// Namespace is the Kubernetes namespace a new workspace's deployments go
+// to (CreateDeployment keeps a workspace's existing namespace: see
+// deployapi). Two workspaces never share one, by construction:
+//
+//   - The plain form is "ws-" and the id itself, used only when the id is
+//     already a DNS-1123 label of at most 60 and does not end in "-" and 8
+//     characters of lowercase base32 (the hashed form's tail). Distinct
+//     ids give distinct plain names.
+//   - Any other id takes the hashed form: "ws-", the id made a label (cut
+//     to 50; "0" when nothing is left), "-", and 8 base32 characters of the
+//     SHA-256 of the exact id. A plain name never ends like that, so the
+//     two forms never meet; two hashed names are equal only when the
+//     readable parts and the hashes of two different ids both agree (a
+//     40-bit hash collision among ids that clean to the same prefix), and
+//     the store refuses to hand out a namespace another workspace holds
+//     (store.WorkspaceNamespace), which closes even that.
+//
+// Before this rule, an id shaped like a hashed name ("acme-g4bwzwhz") took
+// the plain form and could land on another id's hashed name ("Acme"); such
+// ids, and the empty id, now map elsewhere. Every other id maps as before.
 func Namespace(workspaceID string) string {
 	var b strings.Builder
 	for _, r := range strings.ToLower(workspaceID) {
@@ -265,7 +281,7 @@ func Namespace(workspaceID string) string {
 		}
 	}
 	clean := strings.Trim(b.String(), "-")
-	if clean == workspaceID && len(clean) <= 60 && clean != "" {
+	if clean == workspaceID && len(clean) <= 60 && clean != "" && !hashedTail.MatchString(clean) {
 		return "ws-" + clean
 	}
 	sum := sha256.Sum256([]byte(workspaceID))
@@ -274,10 +290,14 @@ func Namespace(workspaceID string) string {
 		clean = strings.TrimRight(clean[:50], "-")
 	}
 	if clean == "" {
-		return "ws-" + suffix
+		clean = "0"
 	}
 	return "ws-" + clean + "-" + suffix
 }
+
+// hashedTail matches the end of Namespace's hashed form: "-" and 8
+// characters of idEncoding.
+var hashedTail = regexp.MustCompile(`-[a-z2-7]{8}$`)
 
 // maxHosts bounds an environment's hosts (SetEnvironmentHostsRequest).
 const maxHosts = 100

@@ -2,7 +2,9 @@ package deployspec_test
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -132,3 +134,73 @@ func TestDomainImportsNoStore(t *testing.T) {
 		}
 	}
 }
+
+// TestNamespaceNeverShared: two distinct workspace ids never map to one
+// namespace, whatever they look like: the reported pairs (an id shaped like
+// another's hashed form), then random ids built to collide (cleaned prefixes
+// equal, case and punctuation varied, hash-like tails copied from another
+// id's namespace). Every namespace is a DNS-1123 label of at most 63.
+func TestNamespaceNeverShared(t *testing.T) {
+	for _, pair := range [][2]string{
+		{"Acme", "acme-g4bwzwhz"},
+		{"acme_prod", strings.TrimPrefix(deployspec.Namespace("acme_prod"), "ws-")},
+		{"team.a", strings.TrimPrefix(deployspec.Namespace("team.a"), "ws-")},
+		{"ws_a", "ws-a"},
+	} {
+		if a, b := deployspec.Namespace(pair[0]), deployspec.Namespace(pair[1]); a == b {
+			t.Errorf("workspaces %q and %q share namespace %q", pair[0], pair[1], a)
+		}
+	}
+	seen := map[string]string{}
+	check := func(id string) {
+		ns := deployspec.Namespace(id)
+		if len(ns) > 63 || !dnsLabel.MatchString(ns) {
+			t.Fatalf("Namespace(%q) = %q: not a DNS-1123 label of at most 63", id, ns)
+		}
+		if other, ok := seen[ns]; ok && other != id {
+			t.Fatalf("workspaces %q and %q share namespace %q", other, id, ns)
+		}
+		seen[ns] = id
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "aAbB09-_.zZ"
+	for range 20000 {
+		n := 1 + rng.IntN(70)
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		id := string(b)
+		check(id)
+		// The namespace's tail as an id of its own, and the namespace
+		// itself: both the shapes that collided.
+		ns := deployspec.Namespace(id)
+		check(strings.TrimPrefix(ns, "ws-"))
+		check(ns)
+	}
+}
+
+// FuzzNamespace: for any two ids, different ids give different namespaces,
+// and each is a DNS-1123 label.
+func FuzzNamespace(f *testing.F) {
+	f.Add("Acme", "acme-g4bwzwhz")
+	f.Add("acme_prod", "acme-prod")
+	f.Add("team.a", "team-a")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		na, nb := deployspec.Namespace(a), deployspec.Namespace(b)
+		for _, ns := range []string{na, nb} {
+			if len(ns) > 63 || !dnsLabel.MatchString(ns) {
+				t.Fatalf("namespace %q is not a DNS-1123 label of at most 63", ns)
+			}
+		}
+		if a != b && na == nb {
+			t.Fatalf("workspaces %q and %q share namespace %q", a, b, na)
+		}
+		// The shape that collided: an id equal to another's namespace tail.
+		if tail := strings.TrimPrefix(na, "ws-"); tail != a && deployspec.Namespace(tail) == na {
+			t.Fatalf("workspaces %q and %q share namespace %q", a, tail, na)
+		}
+	})
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)

@@ -77,6 +77,8 @@ type Config struct {
 	resync       time.Duration
 	cacheTTL     time.Duration
 	rollDeadline time.Duration
+	// hostNamespace is krane's own when in-cluster (reserved).
+	hostNamespace string
 }
 
 // EnvVarNames are the names of the variables Krane sets in every workload.
@@ -207,6 +209,9 @@ func (c *Config) check() error {
 		}
 	}
 	c.ImagePullSecrets = lower
+	if slices.Contains(c.pullSecretNames(), CopyKeySecret) {
+		return bad("image_pull_secrets", "Secret name %q is the plugin's own pull Secret copy key: name the registry Secret differently", CopyKeySecret)
+	}
 	if c.PullSecretNamespace != "" {
 		if errs := validation.IsDNS1123Label(c.PullSecretNamespace); len(errs) > 0 {
 			return bad("pull_secret_namespace", "%q: %s", c.PullSecretNamespace, errs[0])

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -61,7 +62,9 @@ type Controller struct {
 	namespaces knownNamespaces
 	// pulls is what is left to sync of the pull Secrets' copies
 	// (pullsecrets.go).
-	pulls *pullQueue
+	pulls          *pullQueue
+	desired        desiredNamespaces
+	pullLookalikes atomic.Int64
 	// idLocks serialises the work on one deployment: the host's Applies
 	// and the plugin's own (a roll that waited for its slot, finishing a
 	// roll).
@@ -96,6 +99,7 @@ type kubeState struct {
 	// pullSourceStores hold the configured pull Secrets of
 	// pull_secret_namespace, one informer each, by name.
 	pullSourceStores map[string]cache.Store
+	copyKey          []byte // proves pull Secret copies (pulltargets.go)
 	informers        *kube.Informers
 }
 
@@ -180,6 +184,7 @@ func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (
 	if err != nil {
 		return nil, err
 	}
+	cfg.hostNamespace = hostNamespace(req.Kube.InCluster)
 	var hooks []func(*rest.Config)
 	if c.counter != nil {
 		hooks = append(hooks, c.counter.Wrap)
@@ -271,6 +276,11 @@ func (c *Controller) startInformers(ctx context.Context, k *kubeState, cfg Confi
 		return err
 	}
 	k.pullSourceStores = map[string]cache.Store{}
+	key, err := loadCopyKey(ctx, k, cfg)
+	if err != nil {
+		return err
+	}
+	k.copyKey = key
 	if cfg.PullSecretNamespace != "" {
 		// One informer per configured name, selected by field: no other
 		// Secret of that namespace is listed or kept.
@@ -336,6 +346,9 @@ func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, erro
 	}
 	if err := validate(ch.ID, d, cfg); err != nil {
 		return 0, err
+	}
+	if old := c.desired.set(ch.ID, d.GetK8SNamespace()); old != "" && old != d.GetK8SNamespace() {
+		c.pulls.mark(old) // a namespace it left may need its copies no more
 	}
 	if d.GetReplicas() == 0 {
 		// Stopped: nothing may run, and an empty ReplicaSet is no use.
@@ -627,6 +640,9 @@ func (c *Controller) remove(ctx context.Context, k *kubeState, id string, versio
 	// Recorded first: the status of the vanishing workload may be reported
 	// while the deletes below are still running.
 	c.Deleted(id, version)
+	if ns := c.desired.drop(id); ns != "" {
+		defer c.pulls.mark(ns)
+	}
 	// A live list, not the cache: a ReplicaSet created a moment ago must
 	// not be missed and left running.
 	all, err := k.replicaSetClient("").List(ctx, metav1.ListOptions{LabelSelector: byDeployment(id).String()})
@@ -715,6 +731,9 @@ func (c *Controller) Inventory(_ context.Context, req *sdk.InventoryRequest) (*s
 	// While a template is being replaced, two ReplicaSets share an id: the
 	// newer version is the applied one.
 	rss, err := k.replicaSets.List(labels.Everything())
+	// The host asks after applying a whole bootstrap: the plugin now holds
+	// every deployment (pulltargets.go).
+	c.desired.markComplete()
 	return kube.Inventory(kinds.Deployment, LabelDeployment, rss), err
 }
 

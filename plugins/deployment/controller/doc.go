@@ -13,6 +13,9 @@
 //   - namespace.go: namespaces created on demand and removed when empty;
 //   - pullsecrets.go: the configured registry pull Secrets copied into
 //     every workload namespace, kept in sync, removed when unwanted;
+//   - pulltargets.go: which namespaces those are (the deployments held
+//     from ctrl, never a reserved one) and the proof that a copy is the
+//     plugin's own;
 //   - status.go: WatchStatus, pods and ReplicaSets to DeploymentStatus;
 //   - index.go: the informer caches indexed by deployment id, so one
 //     deployment's objects are found without scanning the whole cache.

@@ -5,33 +5,57 @@ package controller
 // Secret of its own namespace; workload namespaces are created on demand.
 // So the plugin copies each configured Secret from pull_secret_namespace
 // into every namespace it runs workloads in, keeps the copies equal to
-// their source, and removes them when they are no longer wanted.
+// their source, and removes them when they are no longer wanted. The
+// copies are registry credentials: they go only where ctrl put a workload,
+// and the plugin touches no Secret it did not make.
 //
-//   - Which namespaces: those holding a ReplicaSet of this plugin (a new
-//     one gets its copies in the Apply that creates it, before the
-//     ReplicaSet, so no pod waits for one). The source namespace itself is
-//     never written into.
+//   - Which namespaces: those of the deployments the plugin holds from
+//     ctrl (pulltargets.go: desiredNamespaces), never a reserved one
+//     (default, kube-*, krane's own, pull_secret_namespace,
+//     sentinel_namespace; validate refuses deployments there, naming
+//     k8s_namespace). ReplicaSets decide nothing: anyone who may create one
+//     can give it Krane's labels. A new deployment gets its copies in the
+//     Apply that creates it, before the ReplicaSet, so no pod waits.
 //   - What a copy is: the source's type and data under the same name, with
-//     Krane's managed-by and component labels, PullSecretLabel, and
-//     CopiedFromAnnotation. The Secret informer the plugin keeps for
-//     secret environments selects these labels, so copies are compared
-//     from the cache: an Apply whose copies are current makes no API call.
+//     Krane's managed-by and component labels, PullSecretLabel,
+//     CopiedFromAnnotation and CopyProofAnnotation: an HMAC of the copy's
+//     namespace, name and UID under a key kept in pull_secret_namespace
+//     (CopyKeySecret), beside the sources, so it is exactly as secret as
+//     the credentials. A copy is created, then given its proof (the UID
+//     exists only then); should the plugin die in between, that copy is
+//     unproven and treated as below (delete it to have it made again). The
+//     Secret informer the plugin keeps for secret environments selects
+//     these labels, so copies are compared from the cache: an Apply whose
+//     copies are current makes no API call.
+//   - A lookalike (a Secret of a configured name without a valid proof,
+//     whatever its labels) is someone else's: it is left exactly as it is,
+//     never patched, never deleted; the pods use it, and the plugin logs it
+//     and counts it (PullLookalikes). Copies made by releases before the
+//     proof carry none and are such lookalikes too (a forged one cannot be
+//     told apart): after the upgrade an operator deletes them once
+//     (kubectl delete secret -A -l krane.dev/pull-secret=true) and the
+//     plugin makes proven ones. Updates carry the copy's
+//     resourceVersion, so a copy replaced by a lookalike between the check
+//     and the write is not written either.
 //   - When: at each Apply (from the cache), when a source changes (one
 //     informer per configured name, selected by field, so no other Secret
 //     of the source namespace is ever read), when a copy is edited or
-//     deleted by hand, when the last ReplicaSet of a namespace goes, and at
-//     every Configure (a config that drops a name removes its copies).
-//   - Removal: a copy whose name is no longer configured, whose source is
-//     gone, or whose namespace holds no ReplicaSet of the plugin any more.
-//     The namespace is locked exclusively and its ReplicaSets listed live
-//     first, so a copy is never removed under an Apply that is creating
-//     the namespace's first ReplicaSet.
-//   - A Secret of the same name that the plugin did not make (no
-//     PullSecretLabel) is someone else's: it is left exactly as it is and
-//     the pods use it.
+//     deleted by hand, when a deployment goes, and at every Configure (a
+//     config that drops a name removes its copies).
+//   - Removal: a proven copy whose name is no longer configured, whose
+//     source is gone, or whose namespace no held deployment runs in. Until
+//     the host has asked for the inventory (after a complete bootstrap),
+//     a namespace still holding a ReplicaSet of the plugin keeps its
+//     copies: after a restart the plugin does not yet hold every
+//     deployment, and a copy it made earlier is not taken from running
+//     pods; afterwards, only a ReplicaSet of a held deployment (a roll to
+//     another namespace) keeps them. The namespace is locked exclusively
+//     and its ReplicaSets listed live first, so a copy is never removed
+//     under an Apply that is creating the namespace's first ReplicaSet.
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -45,6 +69,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"krane.dev/sdk/kube"
@@ -90,8 +115,8 @@ func buildPullCopy(source *corev1.Secret, ns string) *corev1.Secret {
 	}
 }
 
-func pullCopyCurrent(live, desired *corev1.Secret) bool {
-	return live.DeletionTimestamp == nil && isPullCopy(live) && live.Type == desired.Type &&
+func pullCopyCurrent(key []byte, live, desired *corev1.Secret) bool {
+	return live.DeletionTimestamp == nil && provenCopy(key, live) && live.Type == desired.Type &&
 		live.Annotations[CopiedFromAnnotation] == desired.Annotations[CopiedFromAnnotation] &&
 		equalData(live.Data, desired.Data)
 }
@@ -111,16 +136,17 @@ func (k *kubeState) pullSources(cfg Config) map[string]*corev1.Secret {
 	return out
 }
 
-// copiesWanted: whether ns gets copies at all under cfg.
-func copiesWanted(cfg Config, ns string) bool {
-	return cfg.PullSecretNamespace != "" && ns != cfg.PullSecretNamespace
+// copiesWanted: whether ns gets copies under cfg: a held deployment runs
+// there and it is not reserved.
+func (c *Controller) copiesWanted(cfg Config, ns string) bool {
+	return cfg.PullSecretNamespace != "" && reservedNamespace(cfg, ns) == "" && c.desired.has(ns)
 }
 
 // pullSecretsCurrent reports, from the caches alone, whether ns holds a
 // current copy of every existing source (someone else's Secret of that
 // name counts as current).
 func (c *Controller) pullSecretsCurrent(cfg Config, k *kubeState, ns string) bool {
-	if !copiesWanted(cfg, ns) {
+	if !c.copiesWanted(cfg, ns) {
 		return true
 	}
 	for name, src := range k.pullSources(cfg) {
@@ -128,7 +154,7 @@ func (c *Controller) pullSecretsCurrent(cfg Config, k *kubeState, ns string) boo
 			continue
 		}
 		live, err := k.secrets.Secrets(ns).Get(name)
-		if err != nil || !pullCopyCurrent(live, buildPullCopy(src, ns)) {
+		if err != nil || !pullCopyCurrent(k.copyKey, live, buildPullCopy(src, ns)) {
 			return false
 		}
 	}
@@ -139,7 +165,7 @@ func (c *Controller) pullSecretsCurrent(cfg Config, k *kubeState, ns string) boo
 // source and says whether it wrote. Call with ns locked (shared is enough:
 // it only adds and updates).
 func (c *Controller) ensurePullSecrets(ctx context.Context, cfg Config, k *kubeState, ns string) (bool, error) {
-	if !copiesWanted(cfg, ns) {
+	if !c.copiesWanted(cfg, ns) || len(k.copyKey) == 0 {
 		return false, nil
 	}
 	sources := k.pullSources(cfg)
@@ -161,68 +187,118 @@ func (c *Controller) ensurePullCopy(ctx context.Context, k *kubeState, ns string
 	desired := buildPullCopy(src, ns)
 	secrets := kube.Typed[corev1.Secret, corev1.SecretList](k.clients, "secrets", ns)
 	live, err := k.secrets.Secrets(ns).Get(src.Name)
+	if err == nil && !provenCopy(k.copyKey, live) && !c.pulls.isPending(live.UID) {
+		c.lookalike(ns, src.Name, "it carries the copy's labels without the plugin's proof")
+		return false, nil
+	}
+	var meta metav1.Object
 	switch {
-	case err == nil && pullCopyCurrent(live, desired):
+	case err == nil && pullCopyCurrent(k.copyKey, live, desired):
 		return false, nil
 	case err == nil && live.DeletionTimestamp != nil:
 		return false, fmt.Errorf("pull Secret %s/%s is being deleted; it is copied again once it is gone (retrying)", ns, src.Name)
 	case err == nil && live.Type != desired.Type:
 		// A Secret's type cannot change: replace the copy.
-		if err := secrets.Delete(ctx, live.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &live.UID}}); err != nil && !apierrors.IsNotFound(err) {
+		if err := secrets.Delete(ctx, live.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &live.UID, ResourceVersion: &live.ResourceVersion}}); err != nil && !apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("replace pull Secret %s/%s (its source changed type): %w", ns, src.Name, err)
 		}
 		err = apierrors.NewNotFound(secretsGVR.GroupResource(), live.Name)
 		fallthrough
 	case apierrors.IsNotFound(err):
-		_, err := secrets.Create(ctx, desired, metav1.CreateOptions{FieldManager: kube.FieldManager})
+		created, err := secrets.Create(ctx, desired, metav1.CreateOptions{FieldManager: kube.FieldManager})
 		if err == nil {
 			c.log.Info("pull Secret copied", "secret", ns+"/"+src.Name, "from", src.Namespace+"/"+src.Name)
-			return true, nil
+			// The proof names the UID, which exists only now.
+			c.pulls.setPending(created.UID)
+			meta = created
+			break
 		}
 		if !apierrors.IsAlreadyExists(err) {
 			return false, pullError(ns, src.Name, err)
 		}
 		// Not in the cache, yet there: the cache has not seen our own
 		// copy yet, or the Secret is someone else's. Look (as metadata).
-		ours, err := c.pullCopyLive(ctx, k, ns, src.Name)
+		m, err := c.pullCopyLive(ctx, k, ns, src.Name)
 		if err != nil {
 			return false, err
 		}
-		if !ours {
-			c.pulls.setForeign(ns, src.Name)
-			c.log.Info("a Secret named like a pull Secret exists and is not Krane's: left as it is, pods use it", "secret", ns+"/"+src.Name)
+		if m == nil {
+			return false, fmt.Errorf("pull Secret %s/%s was there a moment ago and is gone (retrying)", ns, src.Name)
+		}
+		if !provenCopy(k.copyKey, m) && !c.pulls.isPending(m.UID) {
+			c.lookalike(ns, src.Name, "a Secret of that name exists and is not the plugin's copy")
 			return false, nil
 		}
+		meta = m
 	case err != nil:
 		return false, fmt.Errorf("read pull Secret %s/%s from the cache: %w", ns, src.Name, err)
+	default:
+		meta = live
 	}
-	obj, err := kube.ToUnstructured(desired)
-	if err != nil {
-		return false, fmt.Errorf("convert pull Secret %s/%s: %w", ns, src.Name, err)
-	}
-	_, err = kube.Apply(ctx, k.dynamic, secretsGVR, obj)
-	clearUnstructuredData(obj)
-	if err != nil {
-		return false, pullError(ns, src.Name, err)
-	}
-	c.log.Info("pull Secret updated from its source", "secret", ns+"/"+src.Name, "from", src.Namespace+"/"+src.Name)
-	return true, nil
+	return true, c.patchPullCopy(ctx, k, meta, desired, src)
 }
 
-// pullCopyLive says whether the Secret ns/name carries PullSecretLabel, as
-// the API server has it (a metadata list by name: the role grants list,
-// not get, on Secrets).
-func (c *Controller) pullCopyLive(ctx context.Context, k *kubeState, ns, name string) (bool, error) {
-	list, err := k.metadata.Resource(secretsGVR).Namespace(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-	if err != nil {
-		return false, fmt.Errorf("read Secret %s/%s: %w", ns, name, err)
-	}
-	for _, s := range list.Items {
-		if s.Labels[PullSecretLabel] == "true" {
-			return true, nil
+// patchPullCopy sets the copy's data, labels and proof. The patch carries
+// the object's UID and resourceVersion: when the Secret changed since it
+// was checked (replaced by someone else's, say), the API server refuses
+// the write and the next sync looks again.
+func (c *Controller) patchPullCopy(ctx context.Context, k *kubeState, live metav1.Object, desired *corev1.Secret, src *corev1.Secret) error {
+	ns, name := live.GetNamespace(), live.GetName()
+	annotations := maps.Clone(desired.Annotations)
+	annotations[CopyProofAnnotation] = copyProof(k.copyKey, ns, name, live.GetUID())
+	data := map[string]any{}
+	if s, ok := live.(*corev1.Secret); ok {
+		for key := range s.Data {
+			data[key] = nil
 		}
 	}
-	return false, nil
+	for key, v := range desired.Data {
+		data[key] = v
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": live.GetUID(), "resourceVersion": live.GetResourceVersion(), "labels": desired.Labels, "annotations": annotations},
+		"data":     data,
+	})
+	if err != nil {
+		return fmt.Errorf("pull Secret %s/%s: encode patch: %w", ns, name, err)
+	}
+	secrets := kube.Typed[corev1.Secret, corev1.SecretList](k.clients, "secrets", ns)
+	_, err = secrets.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: kube.FieldManager})
+	if err != nil {
+		return pullError(ns, name, err)
+	}
+	c.pulls.clearPending(live.GetUID())
+	c.log.Info("pull Secret copy written from its source", "secret", ns+"/"+name, "from", src.Namespace+"/"+src.Name)
+	return nil
+}
+
+// lookalike reports a Secret that looks like a copy and is not the
+// plugin's: it is left as it is.
+func (c *Controller) lookalike(ns, name, why string) {
+	if c.pulls.setForeign(ns, name) {
+		c.pullLookalikes.Add(1)
+		c.log.Warn("pull Secret left alone: not the plugin's copy, so neither written nor deleted; the namespace's pods pull with it. If the plugin should manage it, delete it",
+			"secret", ns+"/"+name, "why", why)
+	}
+}
+
+// PullLookalikes counts the Secrets found named and labelled like a pull
+// Secret copy without being the plugin's (each counted once per sync
+// round).
+func (c *Controller) PullLookalikes() int64 { return c.pullLookalikes.Load() }
+
+// pullCopyLive reads the Secret ns/name as the API server has it (a
+// metadata list by name: the role grants list, not get, on Secrets); nil
+// when it does not exist.
+func (c *Controller) pullCopyLive(ctx context.Context, k *kubeState, ns, name string) (*metav1.PartialObjectMetadata, error) {
+	list, err := k.metadata.Resource(secretsGVR).Namespace(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		return nil, fmt.Errorf("read Secret %s/%s: %w", ns, name, err)
+	}
+	for i := range list.Items {
+		return &list.Items[i], nil
+	}
+	return nil, nil
 }
 
 func pullError(ns, name string, err error) error {
@@ -233,8 +309,8 @@ func pullError(ns, name string, err error) error {
 }
 
 // syncPullNamespace brings ns's copies to what they should be: every
-// existing source when the namespace holds a ReplicaSet of the plugin,
-// none otherwise.
+// existing source when a held deployment runs there, none otherwise. Only
+// proven copies are ever written or removed.
 func (c *Controller) syncPullNamespace(ctx context.Context, ns string) error {
 	cfg, k := c.state()
 	if k == nil {
@@ -242,16 +318,20 @@ func (c *Controller) syncPullNamespace(ctx context.Context, ns string) error {
 	}
 	unlock := c.nsLocks.lock(ns)
 	defer unlock()
-	copies, err := k.secrets.Secrets(ns).List(pullSelector)
+	listed, err := k.secrets.Secrets(ns).List(pullSelector)
 	if err != nil {
 		return err
 	}
-	used, err := c.runsWorkloads(ctx, k, ns, len(copies) > 0)
-	if err != nil {
-		return err
+	var copies []*corev1.Secret
+	for _, s := range listed {
+		if provenCopy(k.copyKey, s) || c.pulls.isPending(s.UID) {
+			copies = append(copies, s)
+		} else if s.DeletionTimestamp == nil {
+			c.lookalike(ns, s.Name, "it carries the copy's labels without the plugin's proof")
+		}
 	}
 	keep := map[string]bool{}
-	if used && copiesWanted(cfg, ns) {
+	if c.copiesWanted(cfg, ns) {
 		if _, err := c.ensurePullSecrets(ctx, cfg, k, ns); err != nil {
 			if apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 				return nil // the namespace is going away
@@ -260,6 +340,18 @@ func (c *Controller) syncPullNamespace(ctx context.Context, ns string) error {
 		}
 		for name := range k.pullSources(cfg) {
 			keep[name] = true
+		}
+	} else if len(copies) > 0 {
+		// No held deployment runs here; a workload that may still need the
+		// copies keeps them (see the package doc: Removal).
+		used, err := c.runsWorkloads(ctx, k, ns)
+		if err != nil {
+			return err
+		}
+		if used {
+			for name := range k.pullSources(cfg) {
+				keep[name] = true
+			}
 		}
 	}
 	for _, s := range copies {
@@ -270,32 +362,30 @@ func (c *Controller) syncPullNamespace(ctx context.Context, ns string) error {
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("delete pull Secret %s/%s: %w", ns, s.Name, err)
 		}
-		c.log.Info("pull Secret removed: no longer configured, its source is gone, or no workload runs in the namespace", "secret", ns+"/"+s.Name)
+		c.log.Info("pull Secret removed: no longer configured, its source is gone, or no deployment runs in the namespace", "secret", ns+"/"+s.Name)
 	}
 	return nil
 }
 
-// runsWorkloads says whether ns holds a ReplicaSet of the plugin that is
-// not being deleted: from the cache when it says yes, otherwise live when
-// the answer decides a removal (one written a moment ago may not be in the
-// cache yet).
-func (c *Controller) runsWorkloads(ctx context.Context, k *kubeState, ns string, removes bool) (bool, error) {
-	rss, err := k.replicaSets.ReplicaSets(ns).List(labels.Everything())
-	if err == nil && slices.ContainsFunc(rss, func(rs *appsv1.ReplicaSet) bool { return rs.DeletionTimestamp == nil }) {
-		return true, nil
-	}
-	if !removes {
-		return false, nil
-	}
+// runsWorkloads says whether ns holds a ReplicaSet, not being deleted,
+// that keeps copies the plugin made there: before the plugin holds a
+// complete desired state, any ReplicaSet of the plugin; afterwards, only
+// one of a held deployment (an older ReplicaSet of a roll to another
+// namespace). Listed live: one written a moment ago may not be in the
+// cache yet.
+func (c *Controller) runsWorkloads(ctx context.Context, k *kubeState, ns string) (bool, error) {
 	list, err := k.metadata.Resource(appsv1.SchemeGroupVersion.WithResource("replicasets")).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: kube.ManagedSelector(Component)})
 	if err != nil {
 		return false, fmt.Errorf("list ReplicaSets of namespace %s: %w", ns, err)
 	}
-	return slices.ContainsFunc(list.Items, func(m metav1.PartialObjectMetadata) bool { return m.DeletionTimestamp == nil }), nil
+	complete := c.desired.isComplete()
+	return slices.ContainsFunc(list.Items, func(m metav1.PartialObjectMetadata) bool {
+		return m.DeletionTimestamp == nil && (!complete || c.desired.holds(m.Labels[LabelDeployment]))
+	}), nil
 }
 
-// syncAllPullSecrets syncs every namespace that runs a workload of the
-// plugin or holds a copy, and says which configured sources are missing.
+// syncAllPullSecrets syncs every namespace a held deployment runs in or
+// that holds a copy, and says which configured sources are missing.
 func (c *Controller) syncAllPullSecrets(ctx context.Context) error {
 	cfg, k := c.state()
 	if k == nil {
@@ -309,12 +399,8 @@ func (c *Controller) syncAllPullSecrets(ctx context.Context) error {
 		}
 	}
 	namespaces := map[string]bool{}
-	rss, err := k.replicaSets.List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	for _, rs := range rss {
-		namespaces[rs.Namespace] = true
+	for _, ns := range c.desired.all() {
+		namespaces[ns] = true
 	}
 	copies, err := k.secrets.List(pullSelector)
 	if err != nil {
@@ -342,6 +428,9 @@ type pullQueue struct {
 	all     bool
 	ns      map[string]bool
 	foreign map[string]bool // "ns/name" of Secrets someone else made
+	// pending are copies this process created and has not yet given
+	// their proof (the UID exists only after the create).
+	pending map[types.UID]bool
 	wake    chan struct{}
 }
 
@@ -385,13 +474,40 @@ func (q *pullQueue) isForeign(ns, name string) bool {
 	return q.foreign[ns+"/"+name]
 }
 
-func (q *pullQueue) setForeign(ns, name string) {
+// setForeign records ns/name as someone else's and says whether that is
+// news.
+func (q *pullQueue) setForeign(ns, name string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.foreign == nil {
 		q.foreign = map[string]bool{}
 	}
+	if q.foreign[ns+"/"+name] {
+		return false
+	}
 	q.foreign[ns+"/"+name] = true
+	return true
+}
+
+func (q *pullQueue) isPending(uid types.UID) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pending[uid]
+}
+
+func (q *pullQueue) setPending(uid types.UID) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.pending == nil {
+		q.pending = map[types.UID]bool{}
+	}
+	q.pending[uid] = true
+}
+
+func (q *pullQueue) clearPending(uid types.UID) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.pending, uid)
 }
 
 func (q *pullQueue) clearForeign() {

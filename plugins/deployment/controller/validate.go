@@ -53,9 +53,11 @@ func validate(id string, d *clusterv1.Deployment, cfg Config) error {
 	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
 		return sdk.InvalidField("k8s_namespace", "%q: %s", ns, errs[0])
 	}
-	// User workloads never go into the cluster's own namespaces.
-	if ns == "default" || strings.HasPrefix(ns, "kube-") || ns == cfg.SentinelNamespace {
-		return sdk.InvalidField("k8s_namespace", "%q is reserved for the cluster or its sentinels", ns)
+	// User workloads (and so the registry credentials copied to them)
+	// never go into the cluster's own namespaces, krane's, or the
+	// sentinels'.
+	if why := reservedNamespace(cfg, ns); why != "" {
+		return sdk.InvalidField("k8s_namespace", "%q is reserved (%s): ctrl must send the workspace's own namespace (\"ws-...\")", ns, why)
 	}
 	if errs := validation.IsDNS1123Label(d.GetK8SName()); len(errs) > 0 {
 		return sdk.InvalidField("k8s_name", "%q: %s", d.GetK8SName(), errs[0])
