@@ -51,6 +51,8 @@ var Measurements = []Measurement{
 	{"memory", WholeStack, Memory},
 	{"writes", CtrlOnly, Writes},
 	{"migration", NoStack, Migration},
+	{"sentinel", NoStack, SentinelProxy},
+	{"sentinelswitch", NoStack, SentinelSwitch},
 }
 
 // FleetMeasurements are what `make bench-fleet` measures.

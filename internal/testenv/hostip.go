@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"net"
 	"testing"
 )
@@ -12,15 +13,23 @@ import (
 // not skipped: the suite would silently stop proving anything).
 func HostIP(tb testing.TB) string {
 	tb.Helper()
-	addrs, err := net.InterfaceAddrs()
+	ip, err := HostIPv4()
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return ip
+}
+
+// HostIPv4 is HostIP for programs (the benchmarks).
+func HostIPv4() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
 	for _, a := range addrs {
 		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
-			return n.IP.String()
+			return n.IP.String(), nil
 		}
 	}
-	tb.Fatal("testenv: this machine has no global unicast IPv4 address; EndpointSlices cannot point at loopback, so a test of real traffic through them needs one (any private address on any interface will do)")
-	return ""
+	return "", errors.New("testenv: this machine has no global unicast IPv4 address; EndpointSlices cannot point at loopback, so a test of real traffic through them needs one (any private address on any interface will do)")
 }
