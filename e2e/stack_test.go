@@ -45,6 +45,8 @@ func sharedStack(t *testing.T) *stack.Stack {
 			Progress: out,
 			KraneEnv: map[string][]string{"local-a": env, "local-b": env},
 			CtrlEnv:  traces.Env(),
+			// The demo scenario sends requests through a sentinel.
+			Traffic: true,
 		})
 		if stackErr != nil {
 			stackErr = fmt.Errorf("%w\n%s", stackErr, out.String())

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -51,11 +50,7 @@ func TestSentinelRoutesRealRequests(t *testing.T) {
 	if code, out, errOut := ctrlRun(t, st, "", "environment", "hosts", env, "--host", host); code != 0 {
 		t.Fatalf("environment hosts: exit %d\n%s%s", code, out, errOut)
 	}
-	bin := filepath.Join(os.Getenv("KRANE_BIN_DIR"), "krane-sentinel")
-	if os.Getenv("KRANE_BIN_DIR") == "" {
-		bin = testenv.Build(t, "krane.dev/cmd/krane-sentinel", "krane-sentinel")
-	}
-	sentinels, err := sentineltest.StartSentinels(context.Background(), cluster, bin, t.TempDir(), 2, a, host)
+	sentinels, err := sentineltest.StartSentinels(context.Background(), cluster, st.Bin("krane-sentinel"), t.TempDir(), 2, a, host)
 	for i, s := range sentinels {
 		t.Cleanup(func() {
 			s.Process.Stop(30 * time.Second)
@@ -133,7 +128,8 @@ func trafficStack(t *testing.T) *stack.Stack {
 	st, err := stack.Start(context.Background(), stack.Options{
 		Regions:  []string{"local-a"},
 		BinDir:   os.Getenv("KRANE_BIN_DIR"),
-		Kube:     kubeenv.Options{Name: "traffic", WithoutEndpointSlices: true},
+		Kube:     kubeenv.Options{Name: "traffic"},
+		Traffic:  true,
 		Progress: &lineWriter{t: t},
 	})
 	if err != nil {

@@ -33,7 +33,9 @@ func run(exit bool, binDir string) int {
 	defer stop()
 	begin := time.Now()
 	fmt.Println("Starting the Krane demo stack (MySQL, Restate, two simulated clusters, ctrl, two krane hosts)...")
-	st, err := stack.Start(ctx, stack.Options{BinDir: binDir, Progress: os.Stdout})
+	// Traffic: requests go through a real krane-sentinel to real servers
+	// standing in for the simulated pods (internal/sentineltest).
+	st, err := stack.Start(ctx, stack.Options{BinDir: binDir, Progress: os.Stdout, Traffic: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo: the stack did not start:", err)
 		testenv.StopAll(true)

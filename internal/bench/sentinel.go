@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -224,7 +223,7 @@ func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond)
 // client asks the sentinel one request after another meanwhile.
 func SentinelSwitch(ctx context.Context, e *Env) ([]Figure, error) {
 	st, err := stack.Start(ctx, stack.Options{BinDir: e.Bin, Regions: []string{"bench"}, Progress: e.Out,
-		Kube: kubeenv.Options{Name: "switch", WithoutEndpointSlices: true}})
+		Kube: kubeenv.Options{Name: "switch"}, Traffic: true})
 	if err != nil {
 		return nil, fmt.Errorf("the stack did not start: %w", err)
 	}
@@ -265,11 +264,7 @@ func SentinelSwitch(ctx context.Context, e *Env) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin, err := filepath.Abs(filepath.Join(e.Bin, "krane-sentinel"))
-	if err != nil {
-		return nil, err
-	}
-	ss, err := sentineltest.StartSentinels(ctx, st.Clusters["bench"], bin, dir, 1, ids[0], host)
+	ss, err := sentineltest.StartSentinels(ctx, st.Clusters["bench"], st.Bin("krane-sentinel"), dir, 1, ids[0], host)
 	for _, s := range ss {
 		defer s.Process.Stop(30 * time.Second)
 	}

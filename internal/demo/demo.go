@@ -1,6 +1,7 @@
 // Package demo is the scripted scenario `make demo` shows and the e2e
 // suite runs: deploy an app to two regions and watch it go ready, list its
-// pods per cluster, roll back, roll the sentinels to a new image in waves,
+// pods per cluster, send a request through its sentinel, promote and roll
+// back (the request follows), roll the sentinels to a new image in waves,
 // and show the final state. Every step goes through the real CLI against
 // the real stack, and every step checks its outcome.
 package demo
@@ -8,8 +9,10 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os/exec"
 	"sort"
 	"strings"
@@ -21,7 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"krane.dev/internal/sentineltest"
 	"krane.dev/internal/stack"
+	"krane.dev/internal/testenv"
 )
 
 // Names used by the scenario.
@@ -32,6 +37,8 @@ const (
 	Environment = "production"
 	ImageV1     = "registry.local/acme/web:1.0.0"
 	ImageV2     = "registry.local/acme/web:2.0.0"
+	// Host is the environment's host the demo sends requests for.
+	Host = "shop.example.com"
 	// SentinelImageV2 is what the sentinel fleet rolls to.
 	SentinelImageV2 = "registry.local/krane/sentinel:1.1.0"
 )
@@ -64,19 +71,43 @@ func Scenario(ctx context.Context, st *stack.Stack, out io.Writer) error {
 		return err
 	}
 
-	say("Deploy %s and promote it (the live deployment changes only on purpose), then roll back", ImageV2)
+	say("Route %s to the environment and send a request through its sentinel in %s", Host, regionNames(st)[0])
+	fmt.Fprintln(out, "(a real krane-sentinel process; the simulated pods' instances are real servers that answer with their pod's name)")
+	if err := run(ctx, st, out, "environment", "hosts", Environment, "--host", Host); err != nil {
+		return err
+	}
+	tr, err := startTraffic(ctx, st, v1)
+	if err != nil {
+		return err
+	}
+	defer tr.stop()
+	if err := tr.request(ctx, out, v1); err != nil {
+		return err
+	}
+
+	say("Deploy %s and promote it (the live deployment changes only on purpose): the sentinel routes to it", ImageV2)
 	v2, err := deploy(ctx, st, out, ImageV2)
 	if err != nil {
+		return err
+	}
+	if err := tr.request(ctx, out, v1); err != nil {
 		return err
 	}
 	if err := run(ctx, st, out, "deploy", "promote", v2); err != nil {
 		return err
 	}
+	if err := tr.request(ctx, out, v2); err != nil {
+		return err
+	}
+	say("Roll back: a new deployment of %s goes live, and the sentinel routes to it", ImageV1)
 	if err := run(ctx, st, out, "deploy", "rollback", "--environment", Environment, "--wait"); err != nil {
 		return err
 	}
 	live, err := liveDeployment(ctx, st)
 	if err != nil {
+		return err
+	}
+	if err := tr.request(ctx, out, live.ID); err != nil {
 		return err
 	}
 	if live.Image != ImageV1 {
@@ -344,4 +375,64 @@ func showSentinels(ctx context.Context, st *stack.Stack, out io.Writer) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// traffic is a krane-sentinel process serving the demo environment in the
+// first region, and the servers standing in for the simulated pods there.
+type traffic struct {
+	mirror   *sentineltest.Mirror
+	sentinel *sentineltest.Sentinel
+	client   *http.Client
+}
+
+func startTraffic(ctx context.Context, st *stack.Stack, live string) (*traffic, error) {
+	bin := st.Bin("krane-sentinel")
+	if bin == "" {
+		return nil, errors.New("the stack has no krane-sentinel: start it with stack.Options.Traffic")
+	}
+	ip, err := testenv.HostIPv4()
+	if err != nil {
+		return nil, err
+	}
+	c := st.Clusters[regionNames(st)[0]]
+	m, err := sentineltest.StartMirror(c, ip, 1, 0)
+	if err != nil {
+		return nil, err
+	}
+	ss, err := sentineltest.StartSentinels(ctx, c, bin, st.Dir(), 1, live, Host)
+	if err != nil {
+		m.Stop()
+		for _, s := range ss {
+			s.Process.Stop(10 * time.Second)
+		}
+		return nil, err
+	}
+	return &traffic{mirror: m, sentinel: ss[0], client: &http.Client{Timeout: 10 * time.Second}}, nil
+}
+
+func (t *traffic) stop() {
+	t.sentinel.Process.Stop(10 * time.Second)
+	t.mirror.Stop()
+}
+
+// request sends one request for Host through the sentinel, shows what
+// answered, and checks that it is deployment want (waiting up to 30s for
+// the sentinel to follow a promote: it does within a second).
+func (t *traffic) request(ctx context.Context, out io.Writer, want string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, a, err := t.sentinel.Get(ctx, t.client, Host)
+		if err == nil && code == http.StatusOK && a.Deployment == want {
+			fmt.Fprintf(out, "$ curl -H 'Host: %s' %s/\n%d {\"deployment\": %q, \"pod\": %q}\n", Host, t.sentinel.URL, code, a.Deployment, a.Pod)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("a request for %s through the sentinel: %d %+v %v; want an answer from %s", Host, code, a, err, want)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

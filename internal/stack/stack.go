@@ -49,6 +49,11 @@ type Options struct {
 	Progress io.Writer
 	// Kube shapes each cluster (zones, node pools).
 	Kube kubeenv.Options
+	// Traffic readies the stack for real requests through sentinels
+	// (internal/sentineltest): its clusters run without their EndpointSlice
+	// controller, which the test plays for the simulated pods, and it finds
+	// krane-sentinel (Bin) with the other binaries.
+	Traffic bool
 	// ProxyCtrl routes each krane's connection to ctrl through a loopback
 	// proxy that tests can cut or stall (Proxy(region)).
 	ProxyCtrl bool
@@ -103,6 +108,7 @@ var binaries = map[string]string{
 	"krane-plugin-deployment": "krane.dev/plugins/deployment",
 	"krane-plugin-sentinel":   "krane.dev/plugins/sentinel",
 	"krane-plugin-cilium":     "krane.dev/plugins/cilium",
+	"krane-sentinel":          "krane.dev/cmd/krane-sentinel",
 }
 
 // SentinelImage is the image of the sentinels deploys create.
@@ -121,6 +127,9 @@ func Start(ctx context.Context, o Options) (*Stack, error) {
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
+	}
+	if o.Traffic {
+		o.Kube.WithoutEndpointSlices = true
 	}
 	// Steps run concurrently; the caller's writer need not be safe for that.
 	o.Progress = &lockedWriter{w: o.Progress}
@@ -230,6 +239,9 @@ func neededBinaries(o Options) (map[string]string, error) {
 		return need, nil
 	}
 	need["krane"] = binaries["krane"]
+	if o.Traffic {
+		need["krane-sentinel"] = binaries["krane-sentinel"]
+	}
 	for _, region := range o.Regions {
 		env := append([]string{"KRANE_REGION=" + region, "KRANE_CLUSTER_ID=" + ClusterID(region), "KRANE_TOKEN=stack"}, o.KraneEnv[region]...)
 		cfg, err := config.Load(o.KraneConfig, env)
