@@ -24,7 +24,7 @@ import (
 
 // DocFiles are the files, relative to the repository's root, whose blocks
 // the bench keeps.
-var DocFiles = []string{"README.md", "docs/scaling.md", "docs/operating.md"}
+var DocFiles = []string{"README.md", "docs/scaling.md", "docs/operating.md", "docs/sentinel.md"}
 
 const (
 	markerStart = "<!-- bench:"
