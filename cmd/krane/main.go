@@ -75,6 +75,13 @@ func runAgent(path string) error {
 	}
 	log := newLogger(cfg)
 	log.Info("starting krane", "version", version.Version, "config", path)
+	// Before any plugin starts: they run as krane's user, and krane's
+	// environment may hold the ctrl token.
+	if err := protectEnviron(); err != nil {
+		log.Warn("cannot make krane's environment unreadable to its plugins (prctl PR_SET_DUMPABLE); a plugin could read the ctrl token from /proc", "error", err)
+	} else if !environProtected {
+		log.Warn("this system cannot hide krane's environment from its plugins, which run as its user: run only plugins you trust with the ctrl token")
+	}
 	sdk.HeapProfileOnSignal(log, "krane")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
