@@ -521,15 +521,26 @@ func pluginUses(name string) ([]Permission, error) {
 	var out []Permission
 	found := false
 	for _, u := range objs {
-		if u.GetKind() != "ClusterRole" {
-			continue
+		switch u.GetKind() {
+		case "ClusterRole":
+			var r rbacv1.ClusterRole
+			if err := convert(u, &r); err != nil {
+				return nil, err
+			}
+			out = append(out, Expand(r.Rules, "")...)
+			found = true
+		case "Role":
+			// A plugin's namespaced rules (the sentinel plugin's, in its
+			// namespace); the host's krane-token-NAME Roles are not the
+			// plugin's.
+			var r rbacv1.Role
+			if err := convert(u, &r); err != nil {
+				return nil, err
+			}
+			if !strings.HasPrefix(r.Name, "krane-token-") {
+				out = append(out, Expand(r.Rules, r.Namespace)...)
+			}
 		}
-		var r rbacv1.ClusterRole
-		if err := convert(u, &r); err != nil {
-			return nil, err
-		}
-		out = append(out, Expand(r.Rules, "")...)
-		found = true
 	}
 	if !found {
 		return nil, fmt.Errorf("plugins/%s/rbac.yaml holds no ClusterRole", name)

@@ -59,8 +59,10 @@ func New(log hclog.Logger) *Controller {
 }
 
 // Permissions are what the plugin's identity needs (rbac.yaml grants
-// them): its own policies, read through an informer, applied and deleted.
-var Permissions = []sdk.Permission{{Group: GVR.Group, Resource: GVR.Resource, Verbs: []string{"get", "list", "watch", "patch", "delete"}}}
+// them, and nothing else): its own policies, read through an informer,
+// applied (a server-side apply that creates an object needs create too)
+// and deleted.
+var Permissions = []sdk.Permission{{Group: GVR.Group, Resource: GVR.Resource, Verbs: []string{"get", "list", "watch", "create", "patch", "delete"}}}
 
 // Calls counts the API calls the controller made (reads and writes).
 func (c *Controller) Calls() *kube.CallCounter { return &c.calls }

@@ -31,8 +31,9 @@ type Config struct {
 }
 
 // Permissions are what the plugin's identity needs: it reads its own
-// ConfigMaps through an informer and writes them with server-side apply.
-var Permissions = []sdk.Permission{{Resource: "configmaps", Verbs: []string{"get", "list", "watch", "patch", "delete"}}}
+// ConfigMaps through an informer and writes them with server-side apply
+// (create too: an apply that creates an object is checked for it).
+var Permissions = []sdk.Permission{{Resource: "configmaps", Verbs: []string{"get", "list", "watch", "create", "patch", "delete"}}}
 
 // NewController returns the plugin's controller. Each resource is one
 // ConfigMap, so kube.OneObject does the plumbing (connect and check RBAC,
