@@ -82,6 +82,9 @@ func runAgent(path string) error {
 	} else if !environProtected {
 		log.Warn("this system cannot hide krane's environment from its plugins, which run as its user: run only plugins you trust with the ctrl token")
 	}
+	if pi := cfg.Kubernetes.PluginIdentities; pi.Enabled && pi.PodName == "" {
+		log.Info("plugin tokens are not bound to a pod (kubernetes.plugin_identities.pod_name is unset: krane is not in a pod, or its manifest does not say): a leaked token stays valid until it expires")
+	}
 	sdk.HeapProfileOnSignal(log, "krane")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

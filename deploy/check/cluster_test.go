@@ -495,6 +495,11 @@ func kraneUses(k *kraneInstall) ([]Permission, error) {
 		for _, ctl := range k.cfg.Enabled() {
 			out = append(out, Permission{Verb: "create", Resource: "serviceaccounts", Subresource: "token", Name: ctl.ServiceAccount, Namespace: pi.Namespace})
 		}
+		// The Secret the plugins' tokens are bound to (the manifests give
+		// krane its pod's name and uid).
+		if k.cfg.Kubernetes.PluginIdentities.PodName != "" {
+			out = append(out, Permission{Verb: "create", Resource: "secrets", Namespace: pi.Namespace})
+		}
 	} else {
 		for _, ctl := range k.cfg.Enabled() {
 			uses, err := pluginUses(ctl.Name)
@@ -707,6 +712,21 @@ func runKrane(t *testing.T, ctx context.Context, c *kubeenv.Cluster, in *install
 	}
 	if te := k.cfg.ControlPlane.TokenEnv; te != "" {
 		env[te] = "deploy-check-token"
+	}
+	// The plugins' tokens are bound to a Secret krane's pod owns: the pod
+	// must exist (a process here stands in for it; the node is never
+	// there, so nothing runs it).
+	if env["KRANE_KUBERNETES__PLUGIN_IDENTITIES__POD_NAME"] != "" {
+		spec := k.w.Template.Spec.DeepCopy()
+		spec.NodeName = "deploy-check-no-node"
+		pod, err := c.Client.CoreV1().Pods(k.w.Namespace).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "krane-deploy-check-", Namespace: k.w.Namespace},
+			Spec:       *spec,
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env["KRANE_KUBERNETES__PLUGIN_IDENTITIES__POD_NAME"], env["KRANE_KUBERNETES__PLUGIN_IDENTITIES__POD_UID"] = pod.Name, string(pod.UID)
 	}
 	var environ []string
 	for name, v := range env {

@@ -230,7 +230,7 @@ func checkPodTemplates(t *testing.T, o *Objects) {
 // podFields are the pod fields the checks give a container's environment:
 // the first pod's name.
 func podFields(w Workload) map[string]string {
-	return map[string]string{"metadata.name": w.Name + "-0", "metadata.namespace": w.Namespace}
+	return map[string]string{"metadata.name": w.Name + "-0", "metadata.namespace": w.Namespace, "metadata.uid": "00000000-0000-0000-0000-000000000000"}
 }
 
 func exposes(c corev1.Container, port intstr.IntOrString) bool {

@@ -101,6 +101,13 @@ type PluginIdentities struct {
 	// at 80% of the lifetime the API server granted (what the kubelet does
 	// for projected tokens).
 	Refresh time.Duration `koanf:"refresh"`
+	// PodName and PodUID name the pod krane runs in (the manifests set them
+	// from the downward API): each plugin token is then bound to that pod,
+	// so a token that leaks stops working when the pod is gone rather than
+	// at the end of its lifetime. Unset (krane outside a pod), tokens are
+	// bound to nothing, and krane says so at start.
+	PodName string `koanf:"pod_name"`
+	PodUID  string `koanf:"pod_uid"`
 }
 
 // MinTokenTTL is the shortest token lifetime the TokenRequest API grants.
@@ -212,6 +219,8 @@ func Defaults() map[string]any {
 		"kubernetes.plugin_identities.namespace": "krane",
 		"kubernetes.plugin_identities.token_ttl": "1h",
 		"kubernetes.plugin_identities.refresh":   "0s",
+		"kubernetes.plugin_identities.pod_name":  "",
+		"kubernetes.plugin_identities.pod_uid":   "",
 		"plugin_dir":                             ".",
 		"leader_election.enabled":                false,
 		"leader_election.namespace":              "krane",
@@ -432,6 +441,9 @@ func (c *Config) finish(k *koanf.Koanf) error {
 		}
 		if pi.Refresh < 0 || (pi.Refresh > 0 && pi.Refresh > pi.TokenTTL-2*tokenReread) {
 			bad("kubernetes.plugin_identities.refresh", "%s: want 0 (80%% of the granted lifetime) or a duration ending at least %s before token_ttl (%s), so the old token outlives the plugin's switch to the new one", pi.Refresh, 2*tokenReread, pi.TokenTTL)
+		}
+		if (pi.PodName == "") != (pi.PodUID == "") {
+			bad("kubernetes.plugin_identities.pod_name", "pod_name %q and pod_uid %q: set both (the downward API's metadata.name and metadata.uid) or neither", pi.PodName, pi.PodUID)
 		}
 	}
 	if !filepath.IsAbs(c.PluginDir) && c.Path != "" {

@@ -25,14 +25,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -69,6 +72,48 @@ type Minter struct {
 	namespace string
 	ttl       time.Duration
 	refresh   time.Duration
+	// pod is krane's own pod (name, uid); empty outside a pod.
+	podName, podUID string
+	// anchor is the Secret tokens are bound to, created once (anchorMu).
+	anchorMu sync.Mutex
+	anchor   *authenticationv1.BoundObjectReference
+}
+
+// Tokens die with krane's pod: the API server refuses a token bound to an
+// object once that object is gone. A token can be bound to a Pod only if
+// the pod runs as the token's ServiceAccount, which krane's pod does not
+// (plugins have accounts of their own), so each plugin token is bound to
+// a Secret that krane's pod owns: the garbage collector deletes it with
+// the pod, and every plugin token of that pod stops working then, however
+// long its lifetime. The Secret holds nothing.
+
+// anchorFor returns the object plugin tokens are bound to, creating it on
+// first use; nil outside a pod.
+func (m *Minter) anchorFor(ctx context.Context) (*authenticationv1.BoundObjectReference, error) {
+	if m.podName == "" {
+		return nil, nil
+	}
+	m.anchorMu.Lock()
+	defer m.anchorMu.Unlock()
+	if m.anchor != nil {
+		return m.anchor, nil
+	}
+	name := "krane-tokens-" + m.podName
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: m.namespace,
+		Labels:          map[string]string{kube.ManagedByLabel: kube.ManagedBy, "app.kubernetes.io/name": "krane"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: m.podName, UID: types.UID(m.podUID)}},
+	}}
+	_, err := m.client.CoreV1().Secrets(m.namespace).Create(ctx, s, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		// This pod's, made before a restart of krane's container.
+	case apierrors.IsForbidden(err):
+		return nil, fmt.Errorf("krane's identity may not create Secret %s/%s, which its plugins' tokens are bound to (they die with krane's pod): apply deploy/base/krane/rbac.yaml (Role krane-token-anchor), or unset kubernetes.plugin_identities.pod_name: %w", m.namespace, name, err)
+	case err != nil:
+		return nil, fmt.Errorf("create Secret %s/%s, which plugin tokens are bound to: %w", m.namespace, name, err)
+	}
+	m.anchor = &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: name}
+	return m.anchor, nil
 }
 
 // NewMinter connects to the API server as krane.hcl's kubernetes block
@@ -100,7 +145,8 @@ func newMinter(rc *rest.Config, pi config.PluginIdentities) (*Minter, error) {
 	cluster.CertificateAuthorityData = ca
 	cluster.InsecureSkipTLSVerify = rc.Insecure
 	cluster.TLSServerName = rc.ServerName
-	return &Minter{client: client, cluster: cluster, namespace: pi.Namespace, ttl: pi.TokenTTL, refresh: pi.Refresh}, nil
+	return &Minter{client: client, cluster: cluster, namespace: pi.Namespace, ttl: pi.TokenTTL, refresh: pi.Refresh,
+		podName: pi.PodName, podUID: pi.PodUID}, nil
 }
 
 // token is one token the API server issued.
@@ -113,15 +159,29 @@ type token struct {
 // request asks the API server for a token of account.
 func (m *Minter) request(ctx context.Context, account string) (token, error) {
 	secs := int64(m.ttl / time.Second)
+	bound, err := m.anchorFor(ctx)
+	if err != nil {
+		return token{}, err
+	}
 	issued := time.Now()
 	tr, err := m.client.CoreV1().ServiceAccounts(m.namespace).CreateToken(ctx, account,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs, BoundObjectRef: bound}}, metav1.CreateOptions{})
 	sa := m.namespace + "/" + account
 	switch {
+	case err != nil && bound != nil && apierrors.IsNotFound(err) && strings.Contains(err.Error(), bound.Name):
+		m.anchorMu.Lock()
+		m.anchor = nil // made again at the next request
+		m.anchorMu.Unlock()
+		return token{}, fmt.Errorf("request a token for ServiceAccount %s bound to Secret %s/%s: the Secret is gone, which happens when the pod it belongs to (%s, uid %s; kubernetes.plugin_identities.pod_name and pod_uid) is gone or is not krane's: %w", sa, m.namespace, bound.Name, m.podName, m.podUID, err)
 	case apierrors.IsNotFound(err):
 		return token{}, fmt.Errorf("ServiceAccount %s does not exist: apply the plugin's rbac.yaml (it creates the account and its role), or name the plugin's account with service_account in its controller block: %w", sa, err)
 	case apierrors.IsForbidden(err):
 		return token{}, fmt.Errorf("krane's identity (krane.hcl's kubernetes block) may not request tokens for ServiceAccount %s: apply the plugin's rbac.yaml, which creates the account and grants krane's ServiceAccount create on serviceaccounts/token for it (or name the plugin's account with service_account in its controller block): %w", sa, err)
+	case err != nil && bound != nil && (apierrors.IsBadRequest(err) || apierrors.IsNotFound(err)):
+		m.anchorMu.Lock()
+		m.anchor = nil // made again at the next request
+		m.anchorMu.Unlock()
+		return token{}, fmt.Errorf("request a token for ServiceAccount %s bound to Secret %s/%s (owned by krane's pod %s): %w", sa, m.namespace, bound.Name, m.podName, err)
 	case err != nil:
 		return token{}, fmt.Errorf("request a token for ServiceAccount %s: %w", sa, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -48,6 +49,9 @@ rules:
   - apiGroups: [""]
     resources: ["serviceaccounts/token"]
     resourceNames: ["krane-plugin-a", "krane-plugin-gone"]
+    verbs: ["create"]
+  - apiGroups: [""]
+    resources: ["secrets"]
     verbs: ["create"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -233,3 +237,74 @@ func TestTokenRefusalsNameTheFix(t *testing.T) {
 }
 
 func sdkSource(path string) sdk.KubeSource { return sdk.KubeSource{Path: path} }
+
+// TestTokenDiesWithKranesPod: with pod_name and pod_uid set (the manifests
+// set them from the downward API), a plugin's token is bound to a Secret
+// krane's pod owns, so once the pod is gone (and the garbage collector
+// took the Secret) the API server refuses the token although its lifetime
+// has not ended. A token requested without the binding (the negative
+// control) stays valid.
+func TestTokenDiesWithKranesPod(t *testing.T) {
+	c := kubeenv.Shared(t)
+	ctx := t.Context()
+	if err := c.ApplyYAML(ctx, []byte(rbac)); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := c.Client.CoreV1().Pods("ident").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "krane-bound", Namespace: "ident"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "krane", Image: "krane"}}, NodeName: "no-such-node"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostCfg, _, err := c.ServiceAccountConfig(ctx, "ident", "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi := config.PluginIdentities{Enabled: true, Namespace: "ident", TokenTTL: config.MinTokenTTL}
+	unbound, err := newMinter(hostCfg, pi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi.PodName, pi.PodUID = pod.Name, string(pod.UID)
+	boundMinter, err := newMinter(hostCfg, pi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, err := boundMinter.request(ctx, "krane-plugin-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := boundMinter.request(ctx, "krane-plugin-a") // the anchor is made once
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := unbound.request(ctx, "krane-plugin-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	valid := func(tok string) bool {
+		t.Helper()
+		r, err := c.Client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Status.Authenticated
+	}
+	if !valid(bound.value) || !valid(again.value) || !valid(free.value) {
+		t.Fatal("fresh tokens refused")
+	}
+	if err := c.Client.CoreV1().Pods("ident").Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for valid(bound.value) || valid(again.value) {
+		if time.Now().After(deadline) {
+			t.Fatal("a token bound to krane's pod is still valid two minutes after the pod was deleted")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !valid(free.value) {
+		t.Error("negative control: the unbound token was refused too, so the pod's deletion proves nothing")
+	}
+}
