@@ -584,6 +584,12 @@ func TestRollingUpgradeFromTheBaseline(t *testing.T) {
 
 	// The host upgrades (krane and its built-in plugins from this tree);
 	// the plugin author's plugin stays the one built with the baseline sdk.
+	// As the upgrade procedure says, this release's manifests first.
+	for _, r := range regions {
+		if err := st.ApplyKraneManifests(ctx, r, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, name := range []string{"krane", "krane-plugin-deployment", "krane-plugin-sentinel", "krane-plugin-cilium"} {
 		if err := st.UseBinary(name, cur[name]); err != nil {
 			t.Fatal(err)

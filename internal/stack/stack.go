@@ -99,6 +99,9 @@ type Stack struct {
 	kraneEnvs map[string][]string
 	proxies   map[string]*testenv.Proxy
 	ctrlPorts [4]int
+	// manifestTrees: per region, the tree of krane's manifests when not
+	// RepoDir's (ApplyKraneManifests).
+	manifestTrees map[string]string
 }
 
 // Binaries the stack runs.
@@ -593,25 +596,77 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, addr+"/readyz") })
 }
 
+// kraneManifests are what deploy/README.md tells an operator to apply
+// without kustomize, in that order; optional ones a tree may not have (a
+// release made before they existed).
+var kraneManifests = []struct {
+	path     string
+	optional bool
+}{
+	{"deploy/base/krane/namespace.yaml", false}, {"plugins/deployment/rbac.yaml", false},
+	{"plugins/sentinel/rbac.yaml", false}, {"plugins/sentinel/pods.yaml", true},
+	{"plugins/cilium/rbac.yaml", false}, {"deploy/base/krane/rbac.yaml", false},
+}
+
+// ApplyKraneManifests applies krane's manifests of the tree at repoDir
+// (empty: this repository) to region's cluster, as an operator upgrading
+// krane applies the new release's manifests before its image; krane's
+// later starts in that region apply the same tree's.
+func (s *Stack) ApplyKraneManifests(ctx context.Context, region, repoDir string) error {
+	s.mu.Lock()
+	if s.manifestTrees == nil {
+		s.manifestTrees = map[string]string{}
+	}
+	s.manifestTrees[region] = repoDir
+	s.mu.Unlock()
+	return s.applyKraneManifests(ctx, region, repoDir)
+}
+
+// manifestTree is the tree whose krane manifests region's cluster runs.
+func (s *Stack) manifestTree(region string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.manifestTrees[region]; ok {
+		return t
+	}
+	return s.opts.RepoDir
+}
+
+func (s *Stack) applyKraneManifests(ctx context.Context, region, repoDir string) error {
+	c := s.Clusters[region]
+	for _, f := range kraneManifests {
+		var p string
+		var err error
+		if repoDir == "" {
+			p, err = repoFile(f.path)
+		} else {
+			p = filepath.Join(repoDir, f.path)
+			_, err = os.Stat(p)
+		}
+		if err != nil && f.optional {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s not found in the tree at %s: %w", f.path, repoDir, err)
+		}
+		manifest, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if err := c.ApplyYAML(ctx, manifest); err != nil {
+			return fmt.Errorf("apply %s: %w", f.path, err)
+		}
+	}
+	return nil
+}
+
 // launchKrane starts one krane process for region, named name, serving
 // /healthz, /readyz and /metrics on a port of its own, and returns it with
 // that address.
 func (s *Stack) launchKrane(ctx context.Context, region, name string) (*testenv.Process, string, error) {
 	c := s.Clusters[region]
-	// What deploy/README.md tells an operator to apply without kustomize,
-	// in that order.
-	for _, f := range []string{"deploy/base/krane/namespace.yaml", "plugins/deployment/rbac.yaml", "plugins/sentinel/rbac.yaml", "plugins/sentinel/pods.yaml", "plugins/cilium/rbac.yaml", "deploy/base/krane/rbac.yaml"} {
-		p, err := s.repoFile(f)
-		if err != nil {
-			return nil, "", err
-		}
-		manifest, err := os.ReadFile(p)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := c.ApplyYAML(ctx, manifest); err != nil {
-			return nil, "", fmt.Errorf("apply %s: %w", f, err)
-		}
+	if err := s.applyKraneManifests(ctx, region, s.manifestTree(region)); err != nil {
+		return nil, "", err
 	}
 	// krane reaches its API server as the ServiceAccount of deploy/, so the
 	// RBAC it ships with is proven sufficient (and no broader is used).
