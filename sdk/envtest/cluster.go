@@ -234,8 +234,13 @@ func New(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	// A component that refused its flags exits at once, and the cluster
-	// would look up while nothing creates pods: say so now.
-	for _, name := range []string{"kube-controller-manager", "kube-scheduler", "kwok"} {
+	// would look up while nothing creates pods: wait until the
+	// controller-manager has done some work (the default namespace's
+	// ServiceAccount is its), or say that it exited.
+	if err := c.waitControllerManager(ctx); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"kube-scheduler", "kwok"} {
 		if p := c.proc(name); p != nil && p.Exited() {
 			return nil, fmt.Errorf("envtest: %s exited while the cluster started:\n%s", name, p.Tail(20))
 		}
@@ -567,4 +572,29 @@ func controllers(disabled []string) string {
 		v += ",-" + d
 	}
 	return v
+}
+
+// waitControllerManager waits until kube-controller-manager created the
+// ServiceAccount of namespace default (proof that it runs its
+// controllers), and fails at once, with its log, if it exited instead.
+func (c *Cluster) waitControllerManager(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if p := c.proc("kube-controller-manager"); p != nil && p.Exited() {
+			return fmt.Errorf("envtest: kube-controller-manager exited while the cluster started:\n%s", p.Tail(20))
+		}
+		_, err := c.Client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("envtest: wait for kube-controller-manager: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("envtest: kube-controller-manager made no ServiceAccount for namespace default: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
 }
