@@ -8,10 +8,12 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -154,8 +156,10 @@ func TestFollowsRoutesAndEndpointSlices(t *testing.T) {
 
 	wctx, wcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	logs := &logLines{}
+	logger := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
 	go func() {
-		done <- Run(wctx, Options{Client: c, Namespace: routesNS, Name: "sen-w-routes", SentinelID: "sen_w", EnvironmentID: "env_w", Router: rt})
+		done <- Run(wctx, Options{Client: c, Namespace: routesNS, Name: "sen-w-routes", SentinelID: "sen_w", EnvironmentID: "env_w", Router: rt, Logger: logger})
 	}()
 	defer func() {
 		wcancel()
@@ -164,8 +168,8 @@ func TestFollowsRoutesAndEndpointSlices(t *testing.T) {
 		}
 	}()
 
-	// No ConfigMap yet: not ready.
-	time.Sleep(300 * time.Millisecond)
+	// No ConfigMap yet: not ready, once the watch has seen there is none.
+	waitFor(t, 30*time.Second, "the watch to find no routes ConfigMap", func() bool { return logs.has("routes ConfigMap not found") })
 	if ok, why := rt.Ready(); ok {
 		t.Fatal("ready without routes")
 	} else if !strings.Contains(why, "routes not loaded") {
@@ -237,6 +241,7 @@ func TestFollowsRoutesAndEndpointSlices(t *testing.T) {
 	}
 
 	// Broken routes (another environment) are refused; the last good stay.
+	refusals := logs.count("routes refused")
 	bad := r
 	bad.EnvironmentID = "env_other"
 	bad.Version = 3
@@ -244,7 +249,7 @@ func TestFollowsRoutesAndEndpointSlices(t *testing.T) {
 	if _, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, 30*time.Second, "the watch to refuse the routes", func() bool { return logs.count("routes refused") > refusals })
 	if cur, _ := rt.Current(); cur.Version != 2 {
 		t.Fatalf("routes of another environment applied: version %d", cur.Version)
 	}
@@ -263,4 +268,25 @@ func deadPort(t *testing.T) int32 {
 	}
 	defer l.Close()
 	return int32(l.Addr().(*net.TCPAddr).Port)
+}
+
+// logLines keeps what the watch logs, so a test can wait for what it saw
+// (a refusal, an absence) instead of sleeping.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logLines) has(s string) bool { return l.count(s) > 0 }
+
+func (l *logLines) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
 }
