@@ -235,24 +235,46 @@ func (a *Agent) supervisorHost() supervisor.Host {
 	}
 }
 
-// pluginEnviron is the host's environment without what may carry its ctrl
-// token: the control_plane.token_env variable and every KRANE_* variable
-// (the host's configuration overrides, KRANE_CONTROL_PLANE__TOKEN among
-// them; plugins get their config through Configure) except the heap
-// profile directory, which is meant for the plugins too. Plugins never hold
-// the cluster's credentials; what needs them, the host does for them.
+// pluginEnviron is what of the host's environment a plugin process gets:
+// only the variables of pluginEnvAllowed (an allowlist, so a secret the
+// host's environment holds under any name, its ctrl token in
+// control_plane.token_env among them, never reaches a plugin; plugins get
+// their config through Configure and their Kubernetes identity as a
+// kubeconfig), and never the token_env variable even were it named like
+// one of them. Plugins never hold the cluster's credentials; what needs
+// them, the host does for them (docs/operating.md, "What a plugin can
+// reach").
 //
 // Plugins run with GOGC=50 unless the environment sets GOGC (see
 // pluginGOGC).
 func pluginEnviron(environ []string, tokenEnv string) []string {
 	env := slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
-		return name == tokenEnv || (strings.HasPrefix(name, "KRANE_") && name != sdk.EnvHeapProfileDir)
+		return name == tokenEnv || !pluginEnvAllowed(name)
 	})
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") }) {
 		env = append(env, "GOGC="+pluginGOGC)
 	}
 	return env
+}
+
+// pluginEnvAllowed reports whether the host passes variable name to its
+// plugins: what a Go program and client-go need to run and reach the API
+// server as the host does (the search path, home and temporary directory,
+// time zone and locale, the Go runtime's settings, the in-cluster API
+// server address, CA bundle locations, proxies), and the heap profile
+// directory meant for the plugins.
+func pluginEnvAllowed(name string) bool {
+	switch name {
+	case "PATH", "HOME", "USER", "TMPDIR", "TZ", "LANG", "LANGUAGE",
+		"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG", "GOTRACEBACK", "GOCOVERDIR",
+		"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
+		"SSL_CERT_FILE", "SSL_CERT_DIR",
+		"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+		sdk.EnvHeapProfileDir:
+		return true
+	}
+	return strings.HasPrefix(name, "LC_")
 }
 
 // pluginGOGC is the plugins' collector setting when the operator sets none:

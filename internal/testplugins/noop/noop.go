@@ -8,6 +8,9 @@ package noop
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,7 +46,7 @@ func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.Descr
 	return &sdk.DescribeResponse{Info: sdk.Info{
 		Name: c.name, Version: "1.0.0",
 		Kinds:        []sdk.KindInfo{{Kind: c.kind, Description: "applies nothing (tests)", SpecType: "google.protobuf.Struct"}},
-		ConfigSchema: `{"type":"object","additionalProperties":false,"properties":{"label":{"type":"string"}}}`,
+		ConfigSchema: `{"type":"object","additionalProperties":false,"properties":{"label":{"type":"string"},"environ_file":{"type":"string"}}}`,
 		// It touches no cluster; it declares a read so conformance holds.
 		Permissions: []sdk.Permission{{Resource: "namespaces", Verbs: []string{"get"}}},
 	}}, nil
@@ -52,8 +55,19 @@ func (c *Controller) Describe(context.Context, *sdk.DescribeRequest) (*sdk.Descr
 func (c *Controller) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	var cfg struct {
 		Label string `json:"label"`
+		// EnvironFile: the plugin writes its environment there, one
+		// variable a line (tests of what the host passes a plugin).
+		EnvironFile string `json:"environ_file"`
 	}
-	return nil, sdk.DecodeConfig(req.Config, &cfg)
+	if err := sdk.DecodeConfig(req.Config, &cfg); err != nil {
+		return nil, err
+	}
+	if cfg.EnvironFile != "" {
+		if err := os.WriteFile(cfg.EnvironFile, []byte(strings.Join(os.Environ(), "\n")), 0o600); err != nil {
+			return nil, fmt.Errorf("noop: write environ_file: %w", err)
+		}
+	}
+	return nil, nil
 }
 
 func (c *Controller) Apply(_ context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
