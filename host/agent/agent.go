@@ -262,8 +262,9 @@ func pluginEnviron(environ []string, tokenEnv string) []string {
 // plugins: what a Go program and client-go need to run and reach the API
 // server as the host does (the search path, home and temporary directory,
 // time zone and locale, the Go runtime's settings, the in-cluster API
-// server address, CA bundle locations, proxies), and the heap profile
-// directory meant for the plugins.
+// server address, CA bundle locations, proxies), the heap profile
+// directory meant for the plugins, and OpenTelemetry's OTEL_* settings, so
+// a plugin's spans join krane's traces.
 func pluginEnvAllowed(name string) bool {
 	switch name {
 	case "PATH", "HOME", "USER", "TMPDIR", "TZ", "LANG", "LANGUAGE",
@@ -274,7 +275,7 @@ func pluginEnvAllowed(name string) bool {
 		sdk.EnvHeapProfileDir:
 		return true
 	}
-	return strings.HasPrefix(name, "LC_")
+	return strings.HasPrefix(name, "LC_") || strings.HasPrefix(name, "OTEL_")
 }
 
 // pluginGOGC is the plugins' collector setting when the operator sets none:
