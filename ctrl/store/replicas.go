@@ -45,7 +45,7 @@ func (s *Store) RevokedTokensRead(ctx context.Context, since time.Time) ([]Token
 // revoked tokens from the database's time readAt; rows of replicas silent
 // for an hour go.
 func (s *Store) RecordRevocationsRead(ctx context.Context, id, version string, startedAt, readAt time.Time) error {
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO ctrl_replicas (id, version, started_at, seen_at, revocations_read_at) VALUES (?, ?, ?, `+dbNowMillis+`, ?)
+	if err := s.execRetried(ctx, `INSERT INTO ctrl_replicas (id, version, started_at, seen_at, revocations_read_at) VALUES (?, ?, ?, `+dbNowMillis+`, ?)
 ON DUPLICATE KEY UPDATE version = VALUES(version), seen_at = VALUES(seen_at), revocations_read_at = GREATEST(revocations_read_at, VALUES(revocations_read_at))`,
 		id, truncate(version, 64), startedAt.UnixMilli(), readAt.UnixMilli()); err != nil {
 		return fmt.Errorf("store: record what replica %s read of the revoked tokens: %w", id, err)
@@ -56,7 +56,7 @@ ON DUPLICATE KEY UPDATE version = VALUES(version), seen_at = VALUES(seen_at), re
 // Replicas lists the replicas that wrote their row within the last hour,
 // with the database's time now.
 func (s *Store) Replicas(ctx context.Context) ([]Replica, time.Time, error) {
-	if _, err := s.db.ExecContext(ctx, "DELETE FROM ctrl_replicas WHERE seen_at < "+dbNowMillis+" - 3600000"); err != nil {
+	if err := s.execRetried(ctx, "DELETE FROM ctrl_replicas WHERE seen_at < "+dbNowMillis+" - 3600000"); err != nil {
 		return nil, time.Time{}, fmt.Errorf("store: forget silent ctrl replicas: %w", err)
 	}
 	rows, err := s.db.QueryContext(ctx, "SELECT n.now, r.id, r.version, r.started_at, r.seen_at, r.revocations_read_at FROM (SELECT "+dbNowMillis+" AS now) n LEFT JOIN ctrl_replicas r ON TRUE ORDER BY r.id")
@@ -78,4 +78,21 @@ func (s *Store) Replicas(ctx context.Context) ([]Replica, time.Time, error) {
 		out = append(out, Replica{ID: *id, Version: *version, StartedAt: time.UnixMilli(*started), SeenAt: time.UnixMilli(*seen), RevocationsReadAt: time.UnixMilli(*read)})
 	}
 	return out, time.UnixMilli(now), rows.Err()
+}
+
+// execRetried runs one statement (its own transaction), again after a
+// deadlock or a lock wait timeout: the replicas' upserts and a lister's
+// delete of silent rows lock rows of one small table in orders MySQL may
+// find circular, and either side simply runs again.
+func (s *Store) execRetried(ctx context.Context, query string, args ...any) error {
+	var err error
+	for attempt := 1; attempt <= maxTxAttempts; attempt++ {
+		if _, err = s.db.ExecContext(ctx, query, args...); err == nil || !isRetryable(err) {
+			return err
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt*attempt)*5*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("kept deadlocking (%d attempts): %w", maxTxAttempts, err)
 }
