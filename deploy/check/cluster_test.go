@@ -519,38 +519,42 @@ func kraneUses(k *kraneInstall) ([]Permission, error) {
 // plugins/NAME/rbac.yaml (cluster-wide), exact because the plugin's own
 // integration tests run under it.
 func pluginUses(name string) ([]Permission, error) {
-	objs, err := readManifest(filepath.Join(repoRoot, "plugins", name, "rbac.yaml"))
-	if err != nil {
-		return nil, err
+	out, clusterRoles, err := manifestUses(filepath.Join("plugins", name, "rbac.yaml"))
+	if err == nil && clusterRoles == 0 {
+		err = fmt.Errorf("plugins/%s/rbac.yaml holds no ClusterRole", name)
 	}
-	var out []Permission
-	found := false
+	return out, err
+}
+
+// manifestUses are the rules of a manifest's roles, where they reach: a
+// ClusterRole's everywhere, a Role's in its namespace (the host's
+// krane-token-NAME Roles, which are not the plugin's, left out). It also
+// counts the ClusterRoles.
+func manifestUses(rel string) (out []Permission, clusterRoles int, err error) {
+	objs, err := readManifest(filepath.Join(repoRoot, rel))
+	if err != nil {
+		return nil, 0, err
+	}
 	for _, u := range objs {
 		switch u.GetKind() {
 		case "ClusterRole":
 			var r rbacv1.ClusterRole
 			if err := convert(u, &r); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			out = append(out, Expand(r.Rules, "")...)
-			found = true
+			clusterRoles++
 		case "Role":
-			// A plugin's namespaced rules (the sentinel plugin's, in its
-			// namespace); the host's krane-token-NAME Roles are not the
-			// plugin's.
 			var r rbacv1.Role
 			if err := convert(u, &r); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			if !strings.HasPrefix(r.Name, "krane-token-") {
 				out = append(out, Expand(r.Rules, r.Namespace)...)
 			}
 		}
 	}
-	if !found {
-		return nil, fmt.Errorf("plugins/%s/rbac.yaml holds no ClusterRole", name)
-	}
-	return out, nil
+	return out, clusterRoles, nil
 }
 
 // sentinelPodsRunAs reports whether sa is the account the enabled sentinel
@@ -572,28 +576,8 @@ func sentinelPodsRunAs(k *kraneInstall, sa corev1.ServiceAccount) bool {
 // sentinel pods: what the sentinel process reads (its e2e runs it as that
 // account), cluster-wide (ClusterRole) and in its namespace (Role).
 func sentinelPodUses() ([]Permission, error) {
-	objs, err := readManifest(filepath.Join(repoRoot, "plugins", "sentinel", "pods.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	var out []Permission
-	for _, u := range objs {
-		switch u.GetKind() {
-		case "ClusterRole":
-			var r rbacv1.ClusterRole
-			if err := convert(u, &r); err != nil {
-				return nil, err
-			}
-			out = append(out, Expand(r.Rules, "")...)
-		case "Role":
-			var r rbacv1.Role
-			if err := convert(u, &r); err != nil {
-				return nil, err
-			}
-			out = append(out, Expand(r.Rules, r.Namespace)...)
-		}
-	}
-	return out, nil
+	out, _, err := manifestUses(filepath.Join("plugins", "sentinel", "pods.yaml"))
+	return out, err
 }
 
 // pluginRunsAs reports which enabled controller of the overlay's krane.hcl

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
+	"krane.dev/internal/stack"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
 	deployment "krane.dev/plugins/deployment/controller"
@@ -355,7 +356,7 @@ func StartSentinels(ctx context.Context, c *kubeenv.Cluster, bin, dir string, n 
 		}
 		s := &Sentinel{URL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), Admin: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), Process: p}
 		out = append(out, s)
-		if err := p.WaitReady(time.Minute, func(ctx context.Context) error { return get(ctx, s.URL+"/_krane/sentinel/ready") }); err != nil {
+		if err := p.WaitReady(time.Minute, func(ctx context.Context) error { return stack.HTTPOK(ctx, s.URL+"/_krane/sentinel/ready") }); err != nil {
 			return out, fmt.Errorf("krane-sentinel-%d never became ready: %w\n%s", i, err, p.Tail(40))
 		}
 	}
@@ -409,23 +410,6 @@ func (s *Sentinel) Get(ctx context.Context, client *http.Client, host string) (i
 		return resp.StatusCode, a, fmt.Errorf("%s", strings.TrimSpace(string(b)))
 	}
 	return resp.StatusCode, a, json.Unmarshal(b, &a)
-}
-
-func get(ctx context.Context, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %d %s", url, resp.StatusCode, strings.TrimSpace(string(b)))
-	}
-	return nil
 }
 
 // poll runs check until it succeeds or timeout passes.

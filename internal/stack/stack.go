@@ -402,7 +402,7 @@ func (s *Stack) startCtrl() error {
 	s.mu.Lock()
 	s.ctrl = p
 	s.mu.Unlock()
-	return p.WaitReady(60*time.Second, func(ctx context.Context) error { return httpOK(ctx, s.CtrlHTTP+"/readyz") })
+	return p.WaitReady(60*time.Second, func(ctx context.Context) error { return HTTPOK(ctx, s.CtrlHTTP+"/readyz") })
 }
 
 // SetCtrlEnv replaces the CTRL_* settings added to ctrl serve, from its
@@ -532,7 +532,7 @@ func (s *Stack) StartCtrlReplicaWith(name string, o CtrlReplicaOptions) (*CtrlRe
 	s.mu.Lock()
 	s.replicas = append(s.replicas, r)
 	s.mu.Unlock()
-	if err := r.p.WaitReady(60*time.Second, func(ctx context.Context) error { return httpOK(ctx, r.HTTP+"/readyz") }); err != nil {
+	if err := r.p.WaitReady(60*time.Second, func(ctx context.Context) error { return HTTPOK(ctx, r.HTTP+"/readyz") }); err != nil {
 		return nil, fmt.Errorf("ctrl replica %s: %w", name, err)
 	}
 	return r, nil
@@ -593,7 +593,7 @@ func (s *Stack) startKrane(ctx context.Context, region string) error {
 	s.kranes[region] = p
 	s.KraneHTTP[region] = addr
 	s.mu.Unlock()
-	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, addr+"/readyz") })
+	return p.WaitReady(2*time.Minute, func(ctx context.Context) error { return HTTPOK(ctx, addr+"/readyz") })
 }
 
 // kraneManifests are what deploy/README.md tells an operator to apply
@@ -746,7 +746,7 @@ func (s *Stack) StartKraneReplica(ctx context.Context, region, name string) (*Kr
 		return nil, err
 	}
 	r := &KraneReplica{P: p, HTTP: addr}
-	if err := p.WaitReady(2*time.Minute, func(ctx context.Context) error { return httpOK(ctx, addr+"/readyz") }); err != nil {
+	if err := p.WaitReady(2*time.Minute, func(ctx context.Context) error { return HTTPOK(ctx, addr+"/readyz") }); err != nil {
 		p.Kill()
 		return nil, err
 	}
@@ -891,7 +891,9 @@ func lastLine(b []byte) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-func httpOK(ctx context.Context, url string) error {
+// HTTPOK gets url and fails unless it answers 200 (with the start of the
+// body in the error).
+func HTTPOK(ctx context.Context, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
