@@ -256,6 +256,19 @@ func TestFollowsRoutesAndEndpointSlices(t *testing.T) {
 	if code, body := get(t, client, front.URL, "/"); code != 200 || body != "new-a" {
 		t.Fatalf("after refused routes: %d %q", code, body)
 	}
+
+	// The ConfigMap deleted (by hand, or in the moment a sentinel is
+	// renamed): the last routes keep serving, and the sentinel stays ready.
+	if err := cms.Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the watch to see the routes ConfigMap deleted", func() bool { return logs.has("routes ConfigMap deleted") })
+	if ok, why := rt.Ready(); !ok {
+		t.Fatalf("not ready after the routes ConfigMap was deleted: %s", why)
+	}
+	if code, body := get(t, client, front.URL, "/"); code != 200 || body != "new-a" {
+		t.Fatalf("after the routes ConfigMap was deleted: %d %q", code, body)
+	}
 }
 
 // localIP is where the test's instances listen (testenv.HostIP).
