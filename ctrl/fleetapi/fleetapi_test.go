@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -371,5 +373,93 @@ func TestListClustersPagesByCountAndBytes(t *testing.T) {
 	}
 	if _, err := api.ListClusters(ctx, &ctrlv1.ListClustersRequest{PageSize: 6000}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("page_size 6000: %v, want InvalidArgument", err)
+	}
+}
+
+// TestRegionSeriesAndThePerClusterSwitch: the per-region series (what the
+// shipped alerts read) hold the worst lag, the summed parked objects and
+// the silent clusters of a region whatever the fleet's size; the
+// per-cluster series go once the fleet outgrows PerClusterMax, and the
+// scrape says which it carries.
+func TestRegionSeriesAndThePerClusterSwitch(t *testing.T) {
+	env := ctrltest.Start(t, ctrltest.Options{})
+	ctx := context.Background()
+	v1 := putPolicy(t, env.Store, "pol-1", "eu")
+	v2 := putPolicy(t, env.Store, "pol-2", "eu")
+	for i, cursor := range []uint64{v1, v2} {
+		tok := env.ClusterToken(t, "eu", fmt.Sprintf("eu-%d", i+1))
+		if _, err := env.Cluster(t, tok).Heartbeat(ctx, &clusterv1.HeartbeatRequest{
+			AgentVersion: "1.2.3", Cursors: map[string]uint64{kinds.CiliumNetworkPolicy: cursor}, HostReport: true,
+			Parked: map[string]int32{kinds.CiliumNetworkPolicy: int32(i + 1)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env.ClusterToken(t, "eu", "eu-3") // registered, never heartbeats: silent
+
+	scrape := func(perClusterMax int) map[string][]*dto.Metric {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(fleetapi.NewCollector(env.Store, nil, fleetapi.CollectorOptions{PerClusterMax: perClusterMax}))
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]*dto.Metric{}
+		for _, mf := range mfs {
+			out[mf.GetName()] = mf.GetMetric()
+		}
+		return out
+	}
+	value := func(ms []*dto.Metric, labels ...string) float64 {
+		t.Helper()
+	next:
+		for _, m := range ms {
+			for i := 0; i < len(labels); i += 2 {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == labels[i] && l.GetValue() == labels[i+1] }) {
+					continue next
+				}
+			}
+			return m.GetGauge().GetValue()
+		}
+		t.Fatalf("no series with %v among %v", labels, ms)
+		return 0
+	}
+
+	small := scrape(3)
+	if got := value(small["krane_ctrl_fleet_metrics_per_cluster"]); got != 1 {
+		t.Fatalf("3 clusters, per_cluster_max 3: krane_ctrl_fleet_metrics_per_cluster = %v, want 1", got)
+	}
+	if n := len(small["krane_ctrl_cluster_agent_info"]); n != 3 {
+		t.Fatalf("3 clusters, per_cluster_max 3: %d krane_ctrl_cluster_agent_info series, want 3", n)
+	}
+
+	big := scrape(2)
+	if got := value(big["krane_ctrl_fleet_metrics_per_cluster"]); got != 0 {
+		t.Fatalf("3 clusters, per_cluster_max 2: krane_ctrl_fleet_metrics_per_cluster = %v, want 0", got)
+	}
+	for name := range big {
+		if strings.HasPrefix(name, "krane_ctrl_cluster_") {
+			t.Fatalf("3 clusters, per_cluster_max 2: per-cluster series %s exported", name)
+		}
+	}
+	want := []struct {
+		name   string
+		labels []string
+		value  float64
+	}{
+		{"krane_ctrl_region_clusters", []string{"region", "eu"}, 3},
+		{"krane_ctrl_region_clusters_silent", []string{"region", "eu"}, 1},
+		{"krane_ctrl_region_lag_versions_max", []string{"region", "eu", "kind", kinds.CiliumNetworkPolicy}, float64(v2 - v1)},
+		{"krane_ctrl_region_parked_objects", []string{"region", "eu", "kind", kinds.CiliumNetworkPolicy}, 3},
+		{"krane_ctrl_agent_versions", []string{"version", "1.2.3"}, 2},
+		{"krane_ctrl_agent_versions", []string{"version", ""}, 1},
+	}
+	for _, w := range want {
+		if got := value(big[w.name], w.labels...); got != w.value {
+			t.Errorf("%s%v = %v, want %v", w.name, w.labels, got, w.value)
+		}
+	}
+	if age := value(big["krane_ctrl_region_heartbeat_age_seconds_max"], "region", "eu"); age < 0 || age > 600 {
+		t.Errorf("krane_ctrl_region_heartbeat_age_seconds_max{region=eu} = %v, want the age of a heartbeat sent in this test", age)
 	}
 }

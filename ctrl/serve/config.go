@@ -146,6 +146,9 @@ type GRPCConfig struct {
 
 type HTTPConfig struct {
 	Addr string `koanf:"addr"`
+	// MetricsPerClusterMax bounds the fleet size up to which /metrics
+	// carries per-cluster series (fleetapi.CollectorOptions).
+	MetricsPerClusterMax int `koanf:"metrics_per_cluster_max"`
 }
 
 type WatchConfig struct {
@@ -200,6 +203,7 @@ var settings = []setting{
 	{"grpc.max_recv_bytes", 16 << 20, "largest gRPC message ctrl accepts"},
 	{"grpc.max_send_bytes", 16 << 20, "largest gRPC message ctrl sends"},
 	{"http.addr", ":9090", "HTTP listen address for /healthz, /readyz and /metrics"},
+	{"http.metrics_per_cluster_max", 1000, "/metrics carries series per cluster (lag, parked objects, heartbeat age, agent version) while the fleet has at most this many clusters; beyond it, only the per-region series the shipped alerts read (every replica exports them: clusters x kinds x replicas series); 0: never (0..100000)"},
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
@@ -478,6 +482,9 @@ func (c Config) validateRestate() []error {
 	}
 	if c.Deploy.Timeout <= 0 || c.Deploy.Timeout > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("deploy.timeout %s is out of range (0, 24h]", c.Deploy.Timeout))
+	}
+	if n := c.HTTP.MetricsPerClusterMax; n < 0 || n > 100000 {
+		errs = append(errs, fmt.Errorf("http.metrics_per_cluster_max %d is out of range 0..100000 (0: no per-cluster series)", n))
 	}
 	if w := c.Deploy.LiveClusterWithin; w != 0 && (w < time.Minute || w > 24*time.Hour) {
 		errs = append(errs, fmt.Errorf("deploy.live_cluster_within %s is out of range: 0 (no check) or 1m..24h (hosts send a heartbeat every 30s)", w))

@@ -171,7 +171,8 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		collectors.NewDBStatsCollector(st.DB(), "ctrl"))
 	registerWriteMetrics(reg, st)
 	reg.MustRegister(bounds.Refused)
-	reg.MustRegister(fleetapi.NewCollector(st, log))
+	reg.MustRegister(fleetapi.NewCollector(st, log, fleetapi.CollectorOptions{
+		PerClusterMax: cfg.HTTP.MetricsPerClusterMax, SilentAfter: cfg.Deploy.LiveClusterWithin}))
 	ctrlVersion := deps.Version
 	if ctrlVersion == "" {
 		ctrlVersion = version.Version
