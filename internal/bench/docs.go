@@ -17,6 +17,7 @@ import (
 //	<!-- bench:pivot fleet -->                     a section whose keys are ROW/COLUMN, as a grid
 //	<!-- bench:provenance -->                      the run behind every section shown in the file
 //	<!-- bench:cited -->                           the figures from elsewhere, with their sources
+//	<!-- bench:sizing -->                          ctrl's and MariaDB's sizing by fleet size (Sizing), from section fleet
 //	<!-- bench:end -->
 //
 // UpdateDocs rewrites the blocks (a bench run, or `make bench-docs`);
@@ -74,6 +75,9 @@ func renderFile(text, file string, r *Results) (string, error) {
 	// The sections this file shows, for its provenance block.
 	var shown []string
 	for _, b := range bs {
+		if b.kind == "sizing" && !contains(shown, "fleet") {
+			shown = append(shown, "fleet")
+		}
 		if b.kind == "figures" || b.kind == "pivot" {
 			for _, s := range strings.Split(b.arg, ",") {
 				if !contains(shown, s) {
@@ -146,6 +150,8 @@ func renderBlock(b block, r *Results, shown []string) ([]string, error) {
 			return nil, err
 		}
 		return provenanceTable(ss), nil
+	case "sizing":
+		return sizingTable(r)
 	case "cited":
 		out := []string{"", "| cited, not measured here | value | source |", "|---|---|---|"}
 		for _, c := range Citations {
@@ -153,7 +159,7 @@ func renderBlock(b block, r *Results, shown []string) ([]string, error) {
 		}
 		return append(out, ""), nil
 	}
-	return nil, fmt.Errorf("unknown bench block %q (figures, pivot, provenance, cited)", b.kind)
+	return nil, fmt.Errorf("unknown bench block %q (figures, pivot, provenance, cited, sizing)", b.kind)
 }
 
 func cell(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
