@@ -109,6 +109,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Streams refused because their cursor belongs to another history of the database (ahead-of-head: a claim that it went back in time; other-generation), by region; the host bootstraps that kind again.",
 		}, []string{"region", "why"}),
 	}
+	// At 0 from the start, so the shipped alerts (deploy/monitoring) see
+	// a series before the first refusal.
+	for _, what := range []string{"reports", "heartbeats"} {
+		m.refused.WithLabelValues(what)
+	}
 	if reg != nil {
 		reg.MustRegister(m.activeStreams, m.rowsStreamed, m.skippedRows, m.headVersion, m.watchQuery, m.reports,
 			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup, m.batches, m.batchItems, m.queueDepth, m.inFlight, m.refused, m.cursorRefused)

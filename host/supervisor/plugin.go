@@ -216,6 +216,7 @@ func (p *Plugin) Acquire(ctx context.Context) (sdk.Controller, <-chan struct{}, 
 // Run keeps the plugin running until ctx ends, then stops it gracefully.
 func (p *Plugin) Run(ctx context.Context) {
 	defer close(p.done)
+	p.metrics.Restarts.WithLabelValues(p.ctl.Name) // 0 from the start: alerts rate() it
 	failures := 0
 	for ctx.Err() == nil {
 		begin := time.Now()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -145,6 +146,12 @@ func (l *Loop) Resync() {
 // which starts with a bootstrap from version 0: a restarted plugin has lost
 // nothing in the cluster, but the host no longer knows what it finished.
 func (l *Loop) Run(ctx context.Context) {
+	// The kind's counters exist from the start at 0, so a rate or an
+	// alert over them (deploy/monitoring) has a series before the first
+	// event.
+	for _, c := range []*prometheus.CounterVec{l.Metrics.Reconnects, l.Metrics.Rebootstraps, l.Metrics.GCBrakeTrips, l.Metrics.GCDeletions, l.Metrics.ResyncWrites} {
+		c.WithLabelValues(l.Kind)
+	}
 	for ctx.Err() == nil {
 		ctl, stopped, err := l.Plugin.Acquire(ctx)
 		if err != nil {
@@ -301,6 +308,7 @@ func (l *Loop) stream(ctx context.Context, q *queue, after uint64, gen *string, 
 		case *clusterv1.WatchEvent_BootstrapComplete:
 			max := e.BootstrapComplete.GetMaxVersion()
 			q.MarkReceived(max)
+			l.Metrics.Head.WithLabelValues(l.Kind).Set(float64(max))
 			if live != nil {
 				*gen = e.BootstrapComplete.GetGeneration()
 				l.Log.Info("bootstrap received", "objects", len(live), "max_version", max, "generation", *gen)
