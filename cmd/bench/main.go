@@ -38,6 +38,7 @@ func main() {
 	flag.DurationVar(&fo.Window, "fleet-window", fo.Window, "measured time per design and size")
 	flag.Float64Var(&fo.Rate, "fleet-rate", fo.Rate, "operator writes per second during the fleet measurement (3,000 and 10,000 clusters run 5/s)")
 	flag.IntVar(&fo.Regions, "fleet-regions", fo.Regions, "regions the simulated clusters are spread over")
+	stormAt := flag.String("fleet-storm-at", joinInts(fo.StormAt), "fleet sizes whose streaming arm ends with a reconnect storm (ctrl restarted under every stream)")
 	flag.Parse()
 	if *docs {
 		r, err := bench.ReadResults(*out)
@@ -56,6 +57,10 @@ func main() {
 		os.Exit(2)
 	}
 	fo.Arms = strings.Split(*arms, ",")
+	if fo.StormAt, err = parseInts(*stormAt); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: -fleet-storm-at:", err)
+		os.Exit(2)
+	}
 	list := bench.Measurements
 	if *fleetMode {
 		list = bench.FleetMeasurements

@@ -349,3 +349,27 @@ func children(parent int) map[int]string {
 	}
 	return out
 }
+
+// procRunnableWait is how long, in seconds, the process's threads have
+// waited runnable but not running (the second field of
+// /proc/PID/task/TID/schedstat, summed over its threads; 0 where the
+// kernel does not keep it). Threads that exited take their share with
+// them, so compare two samples of a process whose threads live on.
+func procRunnableWait(pid int) float64 {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var ns float64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			ns += v
+		}
+	}
+	return ns / 1e9
+}

@@ -53,6 +53,10 @@ type FleetOptions struct {
 	ArmsAt map[int][]string
 	// Seed makes the jitter of a run repeatable.
 	Seed uint64
+	// StormAt are the fleet sizes whose streaming arm ends with a
+	// reconnect storm: ctrl restarts under the whole fleet and operators'
+	// writes (FleetRow.Storm).
+	StormAt []int
 }
 
 // DefaultFleetOptions are what `make bench-fleet` measures: the growth
@@ -64,7 +68,7 @@ type FleetOptions struct {
 func DefaultFleetOptions() FleetOptions {
 	return FleetOptions{Clusters: []int{100, 300, 1000, 3000, 10000}, Regions: 20, Rate: 20, RateAt: map[int]float64{3000: 5, 10000: 5},
 		Window: 30 * time.Second, DeploymentsPerRegion: 20, Arms: []string{"streaming"},
-		ArmsAt: map[int][]string{1000: {"polling", "streaming-per-report"}}, Seed: 1}
+		ArmsAt: map[int][]string{1000: {"polling", "streaming-per-report"}}, Seed: 1, StormAt: []int{10000}}
 }
 
 // rate is the write rate at fleet size n.
@@ -130,7 +134,27 @@ type FleetRow struct {
 	// again after its hint); Heartbeats those sent in the window.
 	Throttled  int64 `json:"reports_throttled"`
 	Heartbeats int64 `json:"heartbeats"`
-	Load       Load  `json:"load"`
+	// HeartbeatErrors are heartbeats in the window that failed (refused
+	// or timed out): heartbeats decide which clusters are live.
+	HeartbeatErrors int64     `json:"heartbeat_errors"`
+	Load            Load      `json:"load"`
+	Storm           *StormRow `json:"storm,omitempty"`
+}
+
+// StormRow is the reconnect storm: ctrl restarted under every stream.
+type StormRow struct {
+	// Seconds from the restart until every stream was back and caught up
+	// (its resume announced it had everything up to the head).
+	Seconds float64 `json:"seconds"`
+	Streams int     `json:"streams"`
+	// APIp99 is the operators' ScaleDeployment calls sent meanwhile, ms;
+	// FailedWrites those that failed.
+	APIp99       float64 `json:"api_p99_ms"`
+	Writes       int     `json:"writes"`
+	FailedWrites int     `json:"failed_writes"`
+	// Rebootstraps are streams that read from cursor 0 again (a resume
+	// needs none).
+	Rebootstraps int64 `json:"rebootstraps"`
 }
 
 // Load is what else used the machine while an arm was measured: the
@@ -145,6 +169,12 @@ type Load struct {
 	Restate    float64 `json:"restate_cores"`
 	Bench      float64 `json:"bench_cores"`
 	OtherCores float64 `json:"other_processes_cores"`
+	// CtrlWaiting and BenchWaiting are the seconds per second ctrl's and
+	// the simulator's threads were runnable but not running (summed
+	// /proc/PID/task/*/schedstat): how much the machine, not the process,
+	// set the pace.
+	CtrlWaiting  float64 `json:"ctrl_runnable_waiting"`
+	BenchWaiting float64 `json:"bench_runnable_waiting"`
 }
 
 // fleetArm is how each arm runs ctrl and its clusters.
@@ -327,8 +357,9 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 	defer conn.Close()
 	api := ctrlv1.NewDeploymentServiceClient(conn)
 	warmup := max(5*time.Second, o.Window/10)
-	var windowOn atomic.Bool
-	var apiLat []time.Duration
+	var windowOn, stormOn atomic.Bool
+	var apiLat, stormLat []time.Duration
+	var stormWrites, stormFailed int
 	var apiMu sync.Mutex
 	var writeErrs []error
 	var wwg sync.WaitGroup
@@ -350,6 +381,7 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 			replicas := f.next[dep]%3 + 1 // 1, 2, 3, 1, ...
 			f.next[dep] = replicas
 			rec := &writeRec{sent: time.Now(), region: f.regions[r], inWindow: windowOn.Load()}
+			inStorm := stormOn.Load()
 			run.writesMu.Lock()
 			run.writes[writeKey{dep, replicas}] = rec
 			run.writesMu.Unlock()
@@ -359,6 +391,14 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 				_, err := api.ScaleDeployment(cctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: dep, Replicas: replicas})
 				apiMu.Lock()
 				defer apiMu.Unlock()
+				if inStorm {
+					stormWrites++
+					if err != nil {
+						stormFailed++
+					} else {
+						stormLat = append(stormLat, time.Since(rec.sent))
+					}
+				}
 				if err != nil {
 					writeErrs = append(writeErrs, fmt.Errorf("scale %s to %d: %w", dep, replicas, err))
 					return
@@ -372,7 +412,7 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 	}()
 	sleepCtxBench(ctx, warmup)
 	windowOn.Store(true)
-	reports0, heartbeats0 := run.reports.Load(), run.heartbeats.Load()
+	reports0, heartbeats0, hbErr0, throttled0 := run.reports.Load(), run.heartbeats.Load(), run.heartbeatErrors.Load(), run.throttled.Load()
 	s0, err := f.sample(ctx)
 	if err != nil {
 		return FleetRow{}, err
@@ -391,7 +431,21 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 	if err != nil {
 		return FleetRow{}, err
 	}
+	heartbeats1, hbErr1, throttled1 := run.heartbeats.Load(), run.heartbeatErrors.Load(), run.throttled.Load()
 	windowOn.Store(false)
+	var storm *StormRow
+	if spec.design == streaming && slices.Contains(o.StormAt, n) {
+		if storm, err = f.storm(ctx, run, clusters, &stormOn, func() ([]time.Duration, int, int) {
+			apiMu.Lock()
+			defer apiMu.Unlock()
+			lat := slices.Clone(stormLat)
+			return lat, stormWrites, stormFailed
+		}); err != nil {
+			return FleetRow{}, err
+		}
+		e.logf("fleet: %s, %d clusters: reconnect storm: every stream back and caught up in %.1f s; operator call p99 %.0f ms meanwhile (%d of %d failed); %d re-bootstraps",
+			arm, n, storm.Seconds, storm.APIp99, storm.FailedWrites, storm.Writes, storm.Rebootstraps)
+	}
 	stopWrites()
 	<-writerDone
 	wwg.Wait()
@@ -437,7 +491,7 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 
 	row := FleetRow{Arm: arm, Clusters: n, Rate: rate, Writes: len(recs), FailedWrites: failedWrites, Deliveries: expected, Missing: miss,
 		Polls: run.polls.Load(), Reports: run.reports.Load() - reports0, StreamErrors: run.streamErrors.Load(), ReportErrors: run.reportErrors.Load(),
-		Throttled: run.throttled.Load(), Heartbeats: run.heartbeats.Load() - heartbeats0}
+		Throttled: throttled1 - throttled0, Heartbeats: heartbeats1 - heartbeats0, HeartbeatErrors: hbErr1 - hbErr0, Storm: storm}
 	var lat, fromAck []time.Duration
 	for _, w := range recs {
 		acked := time.Unix(0, w.acked.Load())
@@ -478,6 +532,52 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 	return row, nil
 }
 
+// storm restarts ctrl under every stream while the operators keep
+// writing, and waits until every stream is back and caught up. A
+// write failing or waiting meanwhile is the figure, not an error.
+func (f *fleet) storm(ctx context.Context, run *fleetRun, clusters []*simCluster, on *atomic.Bool, lat func() ([]time.Duration, int, int)) (*StormRow, error) {
+	e := f.e
+	re0 := run.rebootstraps.Load()
+	begin := time.Now()
+	on.Store(true)
+	defer on.Store(false)
+	if err := e.St.RestartCtrl(false); err != nil {
+		return nil, fmt.Errorf("reconnect storm: restart ctrl: %w", err)
+	}
+	streams := len(clusters) * len(fleetKinds)
+	last := time.Now()
+	for {
+		back := 0
+		for _, c := range clusters {
+			for i := range fleetKinds {
+				if c.caughtUp[i].Load() > begin.UnixNano() {
+					back++
+				}
+			}
+		}
+		if back == streams {
+			break
+		}
+		if time.Since(begin) > 10*time.Minute {
+			return nil, fmt.Errorf("reconnect storm: %d of %d streams back after 10 minutes", back, streams)
+		}
+		if time.Since(last) > 10*time.Second {
+			e.logf("fleet: reconnect storm: %d of %d streams back and caught up after %s", back, streams, time.Since(begin).Round(time.Second))
+			last = time.Now()
+		}
+		sleepCtxBench(ctx, 200*time.Millisecond)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	took := time.Since(begin)
+	on.Store(false)
+	l, writes, failed := lat()
+	slices.Sort(l)
+	return &StormRow{Seconds: took.Seconds(), Streams: streams, APIp99: percentile(l, .99), Writes: writes, FailedWrites: failed,
+		Rebootstraps: run.rebootstraps.Load() - re0}, nil
+}
+
 // fleetSample is what is read at each end of a window.
 type fleetSample struct {
 	at       time.Time
@@ -486,6 +586,8 @@ type fleetSample struct {
 	restCPU  float64
 	selfCPU  float64
 	busy     float64 // CPU s the whole machine was busy
+	ctrlWait float64 // s ctrl's threads were runnable, not running
+	selfWait float64
 	loadavg  float64
 	db       map[string]float64
 	reads    float64
@@ -494,7 +596,8 @@ type fleetSample struct {
 func (f *fleet) sample(ctx context.Context) (fleetSample, error) {
 	e := f.e
 	s := fleetSample{at: time.Now(), ctrlCPU: procCPU(e.St.CtrlPid()), mariaCPU: procCPU(e.St.MySQL.Pid()),
-		restCPU: procCPU(e.St.Restate.Pid()), selfCPU: procCPU(os.Getpid()), busy: machineBusy(), db: map[string]float64{}}
+		restCPU: procCPU(e.St.Restate.Pid()), selfCPU: procCPU(os.Getpid()), busy: machineBusy(), db: map[string]float64{},
+		ctrlWait: procRunnableWait(e.St.CtrlPid()), selfWait: procRunnableWait(os.Getpid())}
 	s.loadavg = loadavg1()
 	rows, err := e.Store.DB().QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', "+
 		"'Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_commit', 'Com_begin', 'Com_set_option', 'Com_rollback', 'Com_show_status')")
@@ -520,7 +623,8 @@ func (f *fleet) sample(ctx context.Context) (fleetSample, error) {
 func loadBetween(a, b fleetSample) Load {
 	secs := b.at.Sub(a.at).Seconds()
 	l := Load{LoadAvg1: (a.loadavg + b.loadavg) / 2, Busy: (b.busy - a.busy) / secs, MariaDB: (b.mariaCPU - a.mariaCPU) / secs,
-		Restate: (b.restCPU - a.restCPU) / secs, Bench: (b.selfCPU - a.selfCPU) / secs}
+		Restate: (b.restCPU - a.restCPU) / secs, Bench: (b.selfCPU - a.selfCPU) / secs,
+		CtrlWaiting: (b.ctrlWait - a.ctrlWait) / secs, BenchWaiting: (b.selfWait - a.selfWait) / secs}
 	ours := (b.ctrlCPU - a.ctrlCPU) + (b.mariaCPU - a.mariaCPU) + (b.restCPU - a.restCPU) + (b.selfCPU - a.selfCPU)
 	l.OtherCores = max(0, (b.busy-a.busy-ours)/secs)
 	return l
@@ -637,12 +741,19 @@ func PrintFleet(w io.Writer, rows []FleetRow) {
 	}
 	fmt.Fprintln(w, "\nFleet: simulated clusters against one ctrl")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "design\tclusters\tdelivery p50 / p99 / max ms\tmissing\tAPI p50 / p99 ms\tfailed writes\tctrl CPU cores\tctrl RSS MiB\tMariaDB stmts/s\tctrl reads/s\topen streams\tload 1m\tother procs cores\t")
+	fmt.Fprintln(tw, "design\tclusters\tdelivery p50 / p99 / max ms\tmissing\tAPI p50 / p99 ms\tfailed writes\tctrl CPU cores\tctrl waiting s/s\tctrl RSS MiB\tMariaDB stmts/s\tctrl reads/s\topen streams\treports / refused calls\theartbeats failed\tsim cores\tload 1m\tother procs cores\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f / %.0f / %.0f\t%d/%d\t%.0f / %.0f\t%d\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%.1f\t%.2f\t\n", r.Arm, r.Clusters, r.P50, r.P99, r.Max,
-			r.Missing, r.Deliveries, r.API, r.APIp99, r.FailedWrites, r.CPU, r.RSS, r.DBQ, r.Read, r.Streams, r.Load.LoadAvg1, r.Load.OtherCores)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f / %.0f / %.0f\t%d/%d\t%.0f / %.0f\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.0f\t%d / %d\t%d/%d\t%.2f\t%.1f\t%.2f\t\n", r.Arm, r.Clusters, r.P50, r.P99, r.Max,
+			r.Missing, r.Deliveries, r.API, r.APIp99, r.FailedWrites, r.CPU, r.Load.CtrlWaiting, r.RSS, r.DBQ, r.Read, r.Streams,
+			r.Reports, r.Throttled, r.HeartbeatErrors, r.Heartbeats, r.Load.Bench, r.Load.LoadAvg1, r.Load.OtherCores)
 	}
 	tw.Flush()
+	for _, r := range rows {
+		if st := r.Storm; st != nil {
+			fmt.Fprintf(w, "reconnect storm, %s, %d clusters: ctrl restarted; all %d streams back and caught up in %.1f s; operator call p99 %.0f ms meanwhile (%d of %d failed); %d re-bootstraps\n",
+				r.Arm, r.Clusters, st.Streams, st.Seconds, st.APIp99, st.FailedWrites, st.Writes, st.Rebootstraps)
+		}
+	}
 
 	byKey := map[string]FleetRow{}
 	var sizes []int
@@ -751,12 +862,29 @@ func fleetTargets(rows []FleetRow) []fleetTarget {
 		case r.Clusters == 10000 || r.Wanted == 10000:
 			check(r, "deliveries missing", "missing", float64(r.Missing), "==", 0)
 			check(r, "delivery p99 ms", "p99", r.P99, "<", 1000)
+			check(r, "operator API call p99 ms", "api-p99", r.APIp99, "<", 100)
 			check(r, "ctrl CPU cores", "cpu", r.CPU, "<=", 1.5)
-			check(r, "ctrl RSS MiB", "rss", r.RSS, "<=", 2048)
+			// The HA overlay's limit before the sizing table (1 GiB).
+			check(r, "ctrl RSS MiB", "rss", r.RSS, "<=", 1024)
 			check(r, "MariaDB statements/s", "statements", r.DBQ, "<=", 4000)
+			check(r, "report calls refused", "refused", float64(r.Throttled), "==", 0)
+			check(r, "heartbeats failed", "hb-failed", float64(r.HeartbeatErrors), "==", 0)
+			if st := r.Storm; st != nil {
+				check(r, "reconnect storm: every stream back and caught up, s", "storm-s", st.Seconds, "<=", 60)
+				check(r, "reconnect storm: operator API call p99 ms", "storm-api-p99", st.APIp99, "<", 1000)
+				check(r, "reconnect storm: re-bootstraps", "storm-rebootstraps", float64(st.Rebootstraps), "==", 0)
+			}
 		}
 	}
 	return out
+}
+
+// perStream is RSS (MiB) over the open streams, in KiB.
+func perStream(rssMiB, streams float64) float64 {
+	if streams < 1 {
+		return 0
+	}
+	return rssMiB * 1024 / streams
 }
 
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
@@ -818,7 +946,20 @@ func fleetFigures(rows []FleetRow) []Figure {
 			fig("statements", "MariaDB statements", r.DBQ, "/s", ""),
 			fig("streams", "open streams", r.Streams, "", ""),
 			fig("other-cores", "other processes' CPU", r.Load.OtherCores, "cores", fmt.Sprintf("load %.1f", r.Load.LoadAvg1)),
+			fig("sim-cores", "the simulated clusters' CPU", r.Load.Bench, "cores", ""),
+			fig("kib-per-stream", "ctrl RSS per open stream", perStream(r.RSS, r.Streams), "KiB", ""),
+			fig("ctrl-waiting", "ctrl runnable, not running", r.Load.CtrlWaiting, "s/s", ""),
+			fig("reports", "status reports offered", float64(r.Reports), "", ""),
+			fig("refused", "report calls refused (queue full)", float64(r.Throttled), "", ""),
+			fig("hb-failed", "heartbeats failed", float64(r.HeartbeatErrors), "", fmt.Sprintf("of %d", r.Heartbeats)),
 		)
+		if st := r.Storm; st != nil {
+			out = append(out,
+				fig("storm-s", "reconnect storm: streams back and caught up", st.Seconds, "s", fmt.Sprintf("%d streams", st.Streams)),
+				fig("storm-api-p99", "reconnect storm: API call p99", st.APIp99, "ms", fmt.Sprintf("%d of %d failed", st.FailedWrites, st.Writes)),
+				fig("storm-rebootstraps", "reconnect storm: re-bootstraps", float64(st.Rebootstraps), "", ""),
+			)
+		}
 	}
 	return out
 }
@@ -830,6 +971,7 @@ func FleetMeasurement(ctx context.Context, e *Env) ([]Figure, error) {
 	o := e.Fleet
 	if e.Small {
 		o.Clusters, o.Regions, o.Window, o.DeploymentsPerRegion, o.Arms = []int{10}, 2, 2*time.Second, 5, []string{"streaming", "polling"}
+		o.StormAt = []int{10}
 	}
 	figs, rows, err := Fleet(ctx, e, o)
 	PrintFleet(e.Out, rows)

@@ -24,10 +24,14 @@ import (
 
 // The simulated clusters of the fleet benchmark: black-box gRPC clients
 // with their own cluster tokens that apply nothing, so the cost measured is
-// ctrl's. Each follows the three built-in kinds, heartbeats like krane
-// (every 30 s) and reports the status of every deployment change it
-// receives (after a simulated apply, batched per 50 ms like krane's
-// reporter).
+// ctrl's. Each behaves toward ctrl as a krane host does: it follows the
+// three built-in kinds, heartbeats every 30 s with its cursors and
+// controllers, reports the status of every deployment change it receives
+// (after a simulated apply, batched per 50 ms and at most 200 a call like
+// krane's reporter), and every minute reports the status of every
+// deployment it holds again (the plugins' status resync). The cost of the
+// clients themselves is measured too (Load.Bench), since they share the
+// machine with ctrl.
 
 // design is how a simulated cluster learns about changes.
 type design string
@@ -83,6 +87,9 @@ type fleetRun struct {
 	writes   map[writeKey]*writeRec
 
 	streamErrors, polls, reports, reportErrors, throttled, heartbeats, heartbeatErrors atomic.Int64
+	// rebootstraps are Watch calls from cursor 0 after a stream's first
+	// bootstrap (a resume reads from its cursor).
+	rebootstraps atomic.Int64
 }
 
 func (r *fleetRun) jitter(lo, hi time.Duration) time.Duration {
@@ -113,10 +120,22 @@ type simCluster struct {
 	conn  *grpc.ClientConn
 	cli   clusterv1.ClusterServiceClient
 
+	// cursors are the streams' cursors, by fleetKinds index (heartbeats
+	// carry them); caughtUp is when each stream last caught up after
+	// (re)connecting (unix ns), for the reconnect storm.
+	cursors  [3]atomic.Uint64
+	caughtUp [3]atomic.Int64
+
 	reportMu sync.Mutex
 	pending  []*clusterv1.ReportStatusRequest
+	// held is the latest status of each deployment the cluster runs,
+	// reported again every minute.
+	held     map[string]*clusterv1.ReportStatusRequest
 	flushing bool
 }
+
+// reportBatch is what one report call carries at most (krane's reporter).
+const reportBatch = 200
 
 func dialCluster(addr string, creds clusterCreds, run *fleetRun) (*simCluster, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -124,28 +143,29 @@ func dialCluster(addr string, creds clusterCreds, run *fleetRun) (*simCluster, e
 	if err != nil {
 		return nil, err
 	}
-	return &simCluster{creds: creds, run: run, conn: conn, cli: clusterv1.NewClusterServiceClient(conn)}, nil
+	return &simCluster{creds: creds, run: run, conn: conn, cli: clusterv1.NewClusterServiceClient(conn), held: map[string]*clusterv1.ReportStatusRequest{}}, nil
 }
 
 // start runs the cluster until ctx ends; bootstrapped is told once per
 // kind when its first bootstrap is complete.
 func (c *simCluster) start(ctx context.Context, wg *sync.WaitGroup, bootstrapped chan<- struct{}) {
-	for _, kind := range fleetKinds {
+	for i, kind := range fleetKinds {
 		wg.Go(func() {
 			if c.run.design == streaming {
-				c.stream(ctx, kind, bootstrapped)
+				c.stream(ctx, i, kind, bootstrapped)
 			} else {
-				c.poll(ctx, kind, bootstrapped)
+				c.poll(ctx, i, kind, bootstrapped)
 			}
 		})
 	}
 	wg.Go(func() { c.heartbeat(ctx) })
+	wg.Go(func() { c.resync(ctx) })
 }
 
 // follow reads one Watch until it ends or, with untilCaughtUp, until the
 // stream says it has caught up (BootstrapComplete or KeepAlive); it
 // returns the new cursor.
-func (c *simCluster) follow(ctx context.Context, kind string, cursor uint64, untilCaughtUp bool, seen map[string]uint64, bootstrapped func()) (uint64, error) {
+func (c *simCluster) follow(ctx context.Context, ki int, kind string, cursor uint64, untilCaughtUp bool, seen map[string]uint64, bootstrapped func()) (uint64, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := c.cli.Watch(sctx, &clusterv1.WatchRequest{Kind: kind, AfterVersion: cursor})
@@ -153,6 +173,13 @@ func (c *simCluster) follow(ctx context.Context, kind string, cursor uint64, unt
 		return cursor, err
 	}
 	inBootstrap := cursor == 0
+	caught := false
+	caughtUp := func() {
+		if !caught {
+			caught = true
+			c.caughtUp[ki].Store(time.Now().UnixNano())
+		}
+	}
 	for {
 		ev, err := st.Recv()
 		if err != nil {
@@ -163,19 +190,25 @@ func (c *simCluster) follow(ctx context.Context, kind string, cursor uint64, unt
 			ch := e.Change
 			if ch.GetVersion() > cursor && !inBootstrap {
 				cursor = ch.GetVersion()
+				c.cursors[ki].Store(cursor)
 			}
-			if kind == kinds.Deployment && !inBootstrap && ch.GetVersion() > seen[ch.GetId()] {
+			if kind == kinds.Deployment && ch.GetVersion() > seen[ch.GetId()] {
 				seen[ch.GetId()] = ch.GetVersion()
-				c.received(ch)
+				// A bootstrap's objects are applied and held (their status
+				// goes with the next resync); a live change is reported now.
+				c.received(ch, !inBootstrap)
 			}
 		case *clusterv1.WatchEvent_BootstrapComplete:
 			inBootstrap = false
 			cursor = max(cursor, e.BootstrapComplete.GetMaxVersion())
+			c.cursors[ki].Store(cursor)
+			caughtUp()
 			bootstrapped()
 			if untilCaughtUp {
 				return cursor, nil
 			}
 		case *clusterv1.WatchEvent_KeepAlive:
+			caughtUp()
 			if untilCaughtUp {
 				return cursor, nil
 			}
@@ -184,13 +217,16 @@ func (c *simCluster) follow(ctx context.Context, kind string, cursor uint64, unt
 }
 
 // stream keeps one Watch open, reconnecting from its cursor if it breaks.
-func (c *simCluster) stream(ctx context.Context, kind string, bootstrapped chan<- struct{}) {
+func (c *simCluster) stream(ctx context.Context, ki int, kind string, bootstrapped chan<- struct{}) {
 	var cursor uint64
 	seen := map[string]uint64{}
 	var once sync.Once
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
+		if cursor == 0 && !first {
+			c.run.rebootstraps.Add(1)
+		}
 		var err error
-		cursor, err = c.follow(ctx, kind, cursor, false, seen, func() { once.Do(func() { bootstrapped <- struct{}{} }) })
+		cursor, err = c.follow(ctx, ki, kind, cursor, false, seen, func() { once.Do(func() { bootstrapped <- struct{}{} }) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -202,7 +238,7 @@ func (c *simCluster) stream(ctx context.Context, kind string, bootstrapped chan<
 
 // poll is the reference design: every jittered 1-5 s, read what is new
 // since the cursor and hang up.
-func (c *simCluster) poll(ctx context.Context, kind string, bootstrapped chan<- struct{}) {
+func (c *simCluster) poll(ctx context.Context, ki int, kind string, bootstrapped chan<- struct{}) {
 	var cursor uint64
 	seen := map[string]uint64{}
 	var once sync.Once
@@ -210,7 +246,7 @@ func (c *simCluster) poll(ctx context.Context, kind string, bootstrapped chan<- 
 	for ctx.Err() == nil {
 		var err error
 		c.run.polls.Add(1)
-		cursor, err = c.follow(ctx, kind, cursor, true, seen, func() { once.Do(func() { bootstrapped <- struct{}{} }) })
+		cursor, err = c.follow(ctx, ki, kind, cursor, true, seen, func() { once.Do(func() { bootstrapped <- struct{}{} }) })
 		if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 			c.run.streamErrors.Add(1)
 		}
@@ -218,9 +254,10 @@ func (c *simCluster) poll(ctx context.Context, kind string, bootstrapped chan<- 
 	}
 }
 
-// received handles a live deployment change: it counts the delivery and
-// queues a status report, sent after a simulated apply.
-func (c *simCluster) received(ch *clusterv1.ResourceChange) {
+// received handles a deployment change: it holds the object's status
+// (for the resync) and, for a live change (report), counts the delivery
+// and queues a status report, sent after a simulated apply.
+func (c *simCluster) received(ch *clusterv1.ResourceChange, report bool) {
 	now := time.Now()
 	var d clusterv1.Deployment
 	if !ch.GetDeleted() {
@@ -228,7 +265,9 @@ func (c *simCluster) received(ch *clusterv1.ResourceChange) {
 			return
 		}
 	}
-	c.run.delivered(ch.GetId(), d.GetReplicas(), now)
+	if report {
+		c.run.delivered(ch.GetId(), d.GetReplicas(), now)
+	}
 	st := &clusterv1.DeploymentStatus{DeploymentId: ch.GetId(), K8SName: d.GetK8SName(), DesiredReplicas: d.GetReplicas(),
 		ReadyReplicas: d.GetReplicas(), AvailableReplicas: d.GetReplicas(), Deleted: ch.GetDeleted()}
 	for i := range d.GetReplicas() {
@@ -241,6 +280,15 @@ func (c *simCluster) received(ch *clusterv1.ResourceChange) {
 	}
 	req := &clusterv1.ReportStatusRequest{Kind: kinds.Deployment, Id: ch.GetId(), ObservedVersion: ch.GetVersion(), ObservedAt: timestamppb.New(now), Status: status}
 	c.reportMu.Lock()
+	if ch.GetDeleted() {
+		delete(c.held, ch.GetId())
+	} else {
+		c.held[ch.GetId()] = req
+	}
+	if !report {
+		c.reportMu.Unlock()
+		return
+	}
 	c.pending = append(c.pending, req)
 	start := !c.flushing
 	c.flushing = true
@@ -251,10 +299,40 @@ func (c *simCluster) received(ch *clusterv1.ResourceChange) {
 	}
 }
 
+// resync reports every held status again each minute, from a jittered
+// start, as the plugins' status resync does.
+func (c *simCluster) resync(ctx context.Context) {
+	sleepCtxBench(ctx, c.run.jitter(0, time.Minute))
+	for ctx.Err() == nil {
+		now := timestamppb.Now()
+		c.reportMu.Lock()
+		queued := map[string]bool{}
+		for _, r := range c.pending {
+			queued[r.GetId()] = true
+		}
+		for id, r := range c.held {
+			if !queued[id] {
+				c.pending = append(c.pending, &clusterv1.ReportStatusRequest{Kind: r.GetKind(), Id: id,
+					ObservedVersion: r.GetObservedVersion(), ObservedAt: now, Status: r.GetStatus()})
+			}
+		}
+		start := !c.flushing && len(c.pending) > 0
+		if start {
+			c.flushing = true
+		}
+		c.reportMu.Unlock()
+		if start {
+			time.AfterFunc(c.run.jitter(50*time.Millisecond, 150*time.Millisecond), c.flush)
+		}
+		sleepCtxBench(ctx, time.Minute)
+	}
+}
+
 func (c *simCluster) flush() {
 	c.reportMu.Lock()
-	batch := c.pending
-	c.pending = nil
+	n := min(len(c.pending), reportBatch)
+	batch := c.pending[:n:n]
+	c.pending = c.pending[n:]
 	c.reportMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -301,7 +379,12 @@ func (c *simCluster) heartbeat(ctx context.Context) {
 	sleepCtxBench(ctx, c.run.jitter(0, 30*time.Second))
 	for ctx.Err() == nil {
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := c.cli.Heartbeat(hctx, &clusterv1.HeartbeatRequest{AgentVersion: "fleet-sim"})
+		cursors := map[string]uint64{}
+		for i, k := range fleetKinds {
+			cursors[k] = c.cursors[i].Load()
+		}
+		_, err := c.cli.Heartbeat(hctx, &clusterv1.HeartbeatRequest{AgentVersion: "fleet-sim", Cursors: cursors, HostReport: true,
+			Parked: map[string]int32{}, Controllers: simControllers})
 		cancel()
 		c.run.heartbeats.Add(1)
 		if err != nil && ctx.Err() == nil {
@@ -309,6 +392,13 @@ func (c *simCluster) heartbeat(ctx context.Context) {
 		}
 		sleepCtxBench(ctx, 30*time.Second)
 	}
+}
+
+// simControllers are what a simulated host says it runs.
+var simControllers = []*clusterv1.ControllerStatus{
+	{Name: "deployment", PluginVersion: "fleet-sim", Kinds: []string{kinds.Deployment}, Running: true},
+	{Name: "sentinel", PluginVersion: "fleet-sim", Kinds: []string{kinds.Sentinel}, Running: true},
+	{Name: "cilium", PluginVersion: "fleet-sim", Kinds: []string{kinds.CiliumNetworkPolicy}, Running: true},
 }
 
 func sleepCtxBench(ctx context.Context, d time.Duration) {
