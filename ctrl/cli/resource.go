@@ -580,7 +580,7 @@ func (r *resourceCmd) follow(cmd *cobra.Command, api ctrlv1.ResourceServiceClien
 	begin := time.Now()
 	for {
 		done := true
-		var parked []string
+		var parked, unserved []string
 		for _, t := range targets {
 			info, err := r.getObject(ctx, api, t.kind, t.id)
 			if err != nil {
@@ -601,12 +601,22 @@ func (r *resourceCmd) follow(cmd *cobra.Command, api ctrlv1.ResourceServiceClien
 				}
 				if !rr.GetApplied() {
 					done = false
+					if why := rr.GetNotServed(); why != "" {
+						unserved = append(unserved, key+": "+why)
+					}
 				}
 			}
 		}
 		if len(parked) > 0 {
 			sort.Strings(parked)
 			return &exitError{code: 1, err: fmt.Errorf("a cluster parked the change (it is retried only slowly, or when a new version arrives: fix the object and apply again):\n  %s", strings.Join(parked, "\n  "))}
+		}
+		if len(unserved) > 0 {
+			// Nothing would apply it before a cluster there runs the kind:
+			// waiting out the timeout would only hide why, as a deploy to
+			// such a region is refused at once.
+			sort.Strings(unserved)
+			return &exitError{code: 1, err: fmt.Errorf("no live cluster can apply the change (it stays desired, and is applied when a cluster of the region runs a controller for the kind; see `ctrl admin cluster list`):\n  %s", strings.Join(unserved, "\n  "))}
 		}
 		if done && ctx.Err() == nil {
 			fmt.Fprintf(out, "every region applied in %s\n", time.Since(begin).Round(100*time.Millisecond))
@@ -647,6 +657,9 @@ func regionProgress(rr *ctrlv1.ResourceRegion) (line, parked string) {
 	}
 	if rr.GetApplied() {
 		return "applied " + what, ""
+	}
+	if rr.GetNotServed() != "" {
+		return "not served: " + rr.GetNotServed(), ""
 	}
 	if rr.GetObservedVersion() == 0 {
 		return "waiting for " + what + " (no cluster has reported yet)", ""
