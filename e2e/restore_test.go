@@ -1,21 +1,21 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/hashicorp/go-hclog"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"krane.dev/ctrl/cli"
 	"krane.dev/ctrl/serve"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
@@ -51,61 +51,50 @@ func runCtrl(t *testing.T, dsn, addr string) (srv *serve.Server, stop func()) {
 	return srv, stop
 }
 
-// mariadbArgs are the connection flags of the mariadb clients for dsn.
-func mariadbArgs(t *testing.T, dsn string) (args []string, db string) {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, ok := strings.Cut(cfg.Addr, ":")
-	if cfg.Net != "tcp" || !ok {
-		t.Fatalf("the test database is not at a TCP address: %s(%s)", cfg.Net, cfg.Addr)
-	}
-	args = []string{"--host=" + host, "--port=" + port, "--user=" + cfg.User, "--protocol=tcp"}
-	if cfg.Passwd != "" {
-		args = append(args, "--password="+cfg.Passwd)
-	}
-	return args, cfg.DBName
-}
-
-// TestRestoredDatabaseConverges: ctrl's database is backed up with
-// mariadb-dump, more is deployed (new objects, a change, a delete), and
-// the backup is restored while ctrl is down. ctrl comes back on the
-// restored database without being told: the host's cursor is ahead of the
-// restored head, ctrl refuses it, and the host bootstraps again. The
-// cluster converges to exactly what the restored database holds: the
-// objects created after the backup are collected, the change and the
-// delete are undone, and a change made after the restore, at a version
+// TestRestoredDatabaseConverges: ctrl's database is backed up, more is
+// deployed (new objects, a change, a delete), and the backup is restored
+// while ctrl is down, the backup and the restore by the commands of
+// docs/operating.md, run as written (procedures `backup` and `restore`)
+// against database `krane` on a private MariaDB. ctrl comes back on the
+// restored database: the host's cursor is ahead of the restored head (and
+// its generation is the old one), ctrl refuses it, and the host bootstraps
+// again. The cluster converges to exactly what the restored database
+// holds: the objects created after the backup are collected, the change and
+// the delete are undone, and a change made after the restore, at a version
 // the host has seen before, is applied.
 func TestRestoredDatabaseConverges(t *testing.T) { databaseGoesBack(t, false) }
 
 // TestFailoverToALaggingReplicaConverges: ctrl's database is a MariaDB
 // primary with a replica (binary log replication, a second mariadbd). The
 // replica catches up, then stops receiving changes (STOP SLAVE) while the
-// primary takes more. ctrl fails over as docs/operating.md says: ctrl
-// stopped, the primary made read-only, the replica promoted (RESET SLAVE
-// ALL, read_only off), `ctrl admin migrate` and `ctrl admin db restored`
-// on it, ctrl started on it. The cluster converges to what the replica
-// holds.
+// primary takes more. ctrl fails over by docs/operating.md's commands, run
+// as written (procedure `failover`): ctrl stopped, the primary made
+// read-only, the replica promoted (RESET SLAVE ALL, read_only off), `ctrl
+// admin migrate` and `ctrl admin db restored` on it, ctrl started on it.
+// The cluster converges to what the replica holds.
 func TestFailoverToALaggingReplicaConverges(t *testing.T) { databaseGoesBack(t, true) }
 
 func databaseGoesBack(t *testing.T, failover bool) {
-	for _, bin := range []string{"mariadb-dump", "mariadb"} {
+	for _, bin := range []string{"mariadb-dump", "mariadb", "bash"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("%s not found: run `make deps` (mariadb-client)", bin)
 		}
 	}
-	mysqlSrv := testenv.SharedMySQL(t)
+	// Private servers (never an external one): the procedures name the
+	// database the docs' setup creates, and drop it.
+	mysqlSrv := testenv.StartReplicableMySQL(t, 1)
 	var replica *testenv.MySQL
 	if failover {
-		mysqlSrv = testenv.StartReplicableMySQL(t, 1)
 		replica = testenv.StartReplicableMySQL(t, 2)
 		if err := replica.Follow(context.Background(), mysqlSrv); err != nil {
 			t.Fatal(err)
 		}
 	}
-	dsn := mysqlSrv.Database(t, t.Name())
+	db := docDatabase(t)
+	if err := mysqlSrv.CreateDatabase(db); err != nil {
+		t.Fatal(err)
+	}
+	dsn := mysqlSrv.DSN(db)
 	srv, stop := runCtrl(t, dsn, "127.0.0.1:0")
 	addr := srv.GRPCAddr()
 	st := srv.Store()
@@ -149,32 +138,23 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	backedUp := "cm-0=1 cm-1=1 cm-2=1 cm-3=1"
 	converge("the first deploy", backedUp)
 
+	// The operator's shell: the mariadb clients reach the primary through
+	// ~/.my.cnf, ctrl is on PATH with its DSN in CTRL_DB_DSN.
+	target := dsn
+	if failover {
+		target = replica.DSN(db)
+	}
+	sh := operatorShell(t, mysqlSrv, target)
+
 	// The backup, or the replica as far as it got: it has caught up, and
 	// stops receiving changes here.
-	args, db := mariadbArgs(t, dsn)
-	var dump, stderr bytes.Buffer
-	target := dsn
 	if failover {
 		if err := replica.CatchUp(ctx, mysqlSrv, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		sqlExec(t, replica, "STOP SLAVE")
-		target = replica.DSN(db)
 	} else {
-		cmd := exec.Command("mariadb-dump", append(args, "--single-transaction", db)...)
-		cmd.Stdout, cmd.Stderr = &dump, &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("mariadb-dump: %v: %s", err, stderr.String())
-		}
-	}
-	load := func() {
-		t.Helper()
-		_, tdb := mariadbArgs(t, target)
-		cmd := exec.Command("mariadb", append(args, tdb)...)
-		cmd.Stdin, cmd.Stderr = bytes.NewReader(dump.Bytes()), &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("loading the dump into %s: %v: %s", tdb, err, stderr.String())
-		}
+		sh.run(t, "backup")
 	}
 
 	// After that: new objects, a change, a delete.
@@ -189,25 +169,31 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	// comes back at the same address (the host reconnects meanwhile, and
 	// keeps its cursor).
 	stop()
+	var out string
 	if failover {
 		primaryPos, replicaPos := sqlString(t, mysqlSrv, "SELECT @@gtid_binlog_pos"), sqlString(t, replica, "SELECT @@gtid_slave_pos")
 		if primaryPos == replicaPos {
 			t.Fatalf("the replica does not lag: it is at %s, like the primary", replicaPos)
 		}
 		t.Logf("failing over: the primary is at %s, the replica at %s", primaryPos, replicaPos)
-		// The procedure's step; the tests' root user is exempt from it, and
-		// nothing writes to the old primary any more.
-		sqlExec(t, mysqlSrv, "SET GLOBAL read_only = ON")
-		sqlExec(t, replica, "RESET SLAVE ALL", "SET GLOBAL read_only = OFF")
-		for _, args := range [][]string{{"admin", "migrate", "--db-dsn", target}, {"admin", "db", "restored", "--db-dsn", target, "--reason", "failover to the replica"}} {
-			var out, errOut bytes.Buffer
-			if code := cli.Main(ctx, args, &out, &errOut); code != 0 {
-				t.Fatalf("ctrl %s: exit %d: %s", strings.Join(args[:2], " "), code, errOut.String())
-			}
-			t.Log(strings.TrimSpace(out.String()))
+		// The tests' root user is exempt from read_only; nothing writes to
+		// the old primary any more.
+		sh.env = append(sh.env, "PRIMARY="+clientOptions(mysqlSrv), "REPLICA="+clientOptions(replica))
+		out = sh.run(t, "failover")
+		if got := sqlString(t, mysqlSrv, "SELECT @@read_only"); got != "1" {
+			t.Errorf("after the failover procedure the old primary has read_only=%s, want 1", got)
+		}
+		if got := sqlString(t, replica, "SELECT @@read_only"); got != "0" {
+			t.Errorf("after the failover procedure the replica has read_only=%s, want 0 (promoted)", got)
+		}
+		if n := sqlRows(t, replica, "SHOW ALL SLAVES STATUS"); n != 0 {
+			t.Errorf("after the failover procedure the replica still has %d replication source(s), want none (RESET SLAVE ALL)", n)
 		}
 	} else {
-		load()
+		out = sh.run(t, "restore")
+	}
+	if !strings.Contains(out, "database generation ") {
+		t.Errorf("the procedure's `ctrl admin db restored` printed no new generation:\n%s", out)
 	}
 	srv, _ = runCtrl(t, target, addr)
 	converge("the cluster converged to the database ctrl has now", backedUp)
@@ -216,6 +202,146 @@ func databaseGoesBack(t *testing.T, failover bool) {
 	// the host streams from the new head.
 	putConfigMap(t, srv.Store(), "eu", "r7", ns, "cm-7", "1", false)
 	converge("a change after the restore", backedUp+" cm-7=1")
+}
+
+// operatingDoc is the document whose procedures the tests run.
+const operatingDoc = "../docs/operating.md"
+
+// docDatabase is the database docs/operating.md's setup creates, which
+// its procedures must name.
+func docDatabase(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(operatingDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CREATE DATABASE (\w+);$`).FindSubmatch(data)
+	if m == nil {
+		t.Fatalf("%s: no `CREATE DATABASE NAME;` line in its MySQL setup", operatingDoc)
+	}
+	return string(m[1])
+}
+
+// procedure is one procedure of docs/operating.md as a shell script: the
+// lines of the ```sh blocks between `<!-- procedure: NAME -->` and
+// `<!-- /procedure -->`, as an operator pastes them.
+func procedure(t *testing.T, name string) string {
+	t.Helper()
+	data, err := os.ReadFile(operatingDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var script strings.Builder
+	in, block, found := false, false, false
+	for _, line := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == "<!-- procedure: "+name+" -->":
+			in, found = true, true
+		case strings.HasPrefix(trimmed, "<!-- /procedure"):
+			in = false
+		case !in:
+		case strings.HasPrefix(trimmed, "```sh"):
+			block = true
+		case strings.HasPrefix(trimmed, "```"):
+			block = false
+		case block:
+			script.WriteString(trimmed + "\n")
+		}
+	}
+	if !found || script.Len() == 0 {
+		t.Fatalf("%s has no procedure %q (a ```sh block between `<!-- procedure: %s -->` and `<!-- /procedure -->`)", operatingDoc, name, name)
+	}
+	return script.String()
+}
+
+// shell is an operator's shell for the procedures: a working directory
+// (where backups are written) and the environment.
+type shell struct {
+	dir string
+	env []string
+}
+
+// operatorShell is a shell whose mariadb clients reach primary (through
+// ~/.my.cnf's [client] group, as the docs say) and whose ctrl, this
+// checkout's, reaches dsn (CTRL_DB_DSN).
+func operatorShell(t *testing.T, primary *testenv.MySQL, dsn string) *shell {
+	t.Helper()
+	ctrl := ctrlBinary(t)
+	bin, home := t.TempDir(), t.TempDir()
+	if err := os.Symlink(ctrl, filepath.Join(bin, "ctrl")); err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := strings.Cut(primary.Addr(), ":")
+	cnf := fmt.Sprintf("[client]\nhost=%s\nport=%s\nuser=root\nprotocol=tcp\n", host, port)
+	if err := os.WriteFile(filepath.Join(home, ".my.cnf"), []byte(cnf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CTRL_") && !strings.HasPrefix(kv, "MYSQL_") && !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "PATH=") {
+			env = append(env, kv)
+		}
+	}
+	sh := &shell{dir: t.TempDir(), env: append(env,
+		"HOME="+home,
+		"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"CTRL_DB_DSN="+dsn,
+	)}
+	// The clients must reach the test's server and no other (the machine
+	// may run a MariaDB of its own on the default port).
+	if got := strings.TrimSpace(sh.exec(t, "mariadb -N -e 'SELECT @@port'")); got != port {
+		t.Fatalf("the shell's mariadb client reaches port %s, not the test's server on %s", got, port)
+	}
+	return sh
+}
+
+// run runs the named procedure of docs/operating.md, stopping at the first
+// failing command, and returns what it printed.
+func (sh *shell) run(t *testing.T, name string) string {
+	t.Helper()
+	script := procedure(t, name)
+	out := sh.exec(t, script)
+	t.Logf("procedure %s:\n%s--- printed:\n%s", name, script, out)
+	return out
+}
+
+func (sh *shell) exec(t *testing.T, script string) string {
+	t.Helper()
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir, cmd.Env = sh.dir, sh.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s\nfailed: %v\n%s", script, err, out)
+	}
+	return string(out)
+}
+
+// clientOptions are the mariadb client's options that reach m.
+func clientOptions(m *testenv.MySQL) string {
+	host, port, _ := strings.Cut(m.Addr(), ":")
+	return "--host=" + host + " --port=" + port + " --protocol=tcp"
+}
+
+// ctrlBinary is this checkout's ctrl: from KRANE_BIN_DIR (`make build`),
+// or built.
+func ctrlBinary(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("KRANE_BIN_DIR"); dir != "" {
+		p, err := filepath.Abs(filepath.Join(dir, "ctrl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("ctrl not found in %s: run `make build`", dir)
+		}
+		return p
+	}
+	p, err := testenv.BuildBinary("krane.dev/cmd/ctrl", "ctrl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // sqlExec runs statements on a server (no database).
@@ -231,6 +357,29 @@ func sqlExec(t *testing.T, m *testenv.MySQL, stmts ...string) {
 			t.Fatalf("%s on %s: %v", stmt, m.Addr(), err)
 		}
 	}
+}
+
+// sqlRows is how many rows a statement returns, on a server (no database).
+func sqlRows(t *testing.T, m *testenv.MySQL, query string) int {
+	t.Helper()
+	db, err := m.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(query)
+	if err != nil {
+		t.Fatalf("%s on %s: %v", query, m.Addr(), err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s on %s: %v", query, m.Addr(), err)
+	}
+	return n
 }
 
 // sqlString is a query's one value, on a server (no database).

@@ -11,8 +11,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -55,38 +53,8 @@ func run(exit bool, binDir string) int {
 	if exit {
 		return 0
 	}
-	usage(st)
+	fmt.Print(demo.Usage(st))
 	<-ctx.Done()
 	fmt.Println("\nStopping every process...")
 	return 0
-}
-
-func usage(st *stack.Stack) {
-	var regions []string
-	for r := range st.Clusters {
-		regions = append(regions, r)
-	}
-	sort.Strings(regions)
-	fmt.Printf(`
-The stack keeps running. Use it from another terminal:
-
-  export CTRL_ADDR=%s CTRL_TOKEN=%s
-  %s deploy list --environment %s
-  %s deploy create --workspace w --project p --app a --environment staging --image nginx:1.27 --wait
-  API_KEY=demo %s deploy create --workspace w --project p --app a --environment staging --image nginx:1.27 --secret-env API_KEY --wait
-
-Web console (sign in with the CTRL_TOKEN above):
-  %s
-
-Metrics and health:
-  ctrl   %s/metrics   %s/readyz
-`, st.CtrlAddr, st.OperatorToken, st.Bin("ctrl"), demo.Environment, st.Bin("ctrl"), st.Bin("ctrl"), st.ConsoleURL, st.CtrlHTTP, st.CtrlHTTP)
-	for _, r := range regions {
-		fmt.Printf("  krane  %s/metrics   %s/readyz   (%s)\n", st.KraneHTTP[r], st.KraneHTTP[r], r)
-	}
-	fmt.Println("\nKubeconfigs (admin) per region:")
-	for _, r := range regions {
-		fmt.Printf("  %s: kubectl --kubeconfig %s get pods -A\n", r, st.Clusters[r].Kubeconfig)
-	}
-	fmt.Printf("\nProcess logs: %s\nPress Ctrl-C to stop everything.\n", strings.TrimSuffix(st.Dir(), "/"))
 }

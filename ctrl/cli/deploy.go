@@ -60,16 +60,15 @@ func (d *deployCmd) create() *cobra.Command {
 		idempotencyKey, sig  string
 		regions, command     []string
 		workloadFile         string
+		req                  *ctrlv1.CreateDeploymentRequest // built before ctrl is dialled
 	)
 	cmd := &cobra.Command{
 		Use:   "create --workspace W --project P --app A --environment E --image I [--region R]...",
 		Short: "Create a deployment (and, with --wait, follow it until it is ready or failed)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := d.api.format()
-			if err != nil {
-				return err
-			}
+		// The flags and files are checked, and the request built, before
+		// ctrl is dialled.
+		RunE: clientRun(&d.api, ctrlv1.NewDeploymentServiceClient, func(cmd *cobra.Command, _ []string) error {
 			vars, err := parseEnv(env)
 			if err != nil {
 				return err
@@ -103,24 +102,21 @@ func (d *deployCmd) create() *cobra.Command {
 			if w.GetImage() == "" {
 				return fmt.Errorf("an image is required: --image, or \"image\" in --workload")
 			}
-			r := &ctrlv1.CreateDeploymentRequest{
+			req = &ctrlv1.CreateDeploymentRequest{
 				WorkspaceId: workspace, ProjectId: proj, AppId: app, EnvironmentId: environment, Workload: w,
 				Regions: regions, Replicas: replicas, SecretEnv: secrets, IdempotencyKey: idempotencyKey,
 				TimeoutSeconds: int32(timeout / time.Second),
 			}
-			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+			return nil
+		}, func(cmd *cobra.Command, _ []string, format output, api ctrlv1.DeploymentServiceClient) error {
 			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.CreateDeploymentResponse, error) {
-				return api.CreateDeployment(ctx, r)
+				return api.CreateDeployment(ctx, req)
 			})
 			if err != nil {
 				return apiError("create the deployment", err)
 			}
 			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, format)
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&workspace, "workspace", "", "workspace id (required)")
@@ -306,16 +302,7 @@ func (d *deployCmd) get() *cobra.Command {
 		Use:   "get DEPLOYMENT_ID",
 		Short: "Show a deployment: status, error, regions and instances (with --wait, follow it)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := d.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&d.api, ctrlv1.NewDeploymentServiceClient, nil, func(cmd *cobra.Command, args []string, format output, api ctrlv1.DeploymentServiceClient) error {
 			if wait {
 				return d.follow(cmd, api, args[0], waitTimeout, format)
 			}
@@ -328,7 +315,7 @@ func (d *deployCmd) get() *cobra.Command {
 			}
 			printDeployment(cmd.OutOrStdout(), info)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the deploy and exit 0 only when it is ready")
 	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", 30*time.Minute, "give up following after this long")
@@ -414,32 +401,15 @@ func (d *deployCmd) list() *cobra.Command {
 		Use:   "list --environment E",
 		Short: "List an environment's deployments, newest first",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := d.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			all := &ctrlv1.ListDeploymentsResponse{}
-			token := ""
-			for limit <= 0 || int32(len(all.Deployments)) < limit {
-				size := int32(100)
-				if limit > 0 {
-					size = min(size, limit-int32(len(all.Deployments)))
-				}
+		RunE: clientRun(&d.api, ctrlv1.NewDeploymentServiceClient, nil, func(cmd *cobra.Command, _ []string, format output, api ctrlv1.DeploymentServiceClient) error {
+			deployments, err := allPages(100, limit, func(size int32, token string) ([]*ctrlv1.DeploymentInfo, string, error) {
 				page, err := api.ListDeployments(cmd.Context(), &ctrlv1.ListDeploymentsRequest{EnvironmentId: environment, PageSize: size, PageToken: token})
-				if err != nil {
-					return apiError("list deployments", err)
-				}
-				all.Deployments = append(all.Deployments, page.GetDeployments()...)
-				if token = page.GetNextPageToken(); token == "" {
-					break
-				}
+				return page.GetDeployments(), page.GetNextPageToken(), err
+			})
+			if err != nil {
+				return apiError("list deployments", err)
 			}
+			all := &ctrlv1.ListDeploymentsResponse{Deployments: deployments}
 			if format.structured() {
 				return printAs(cmd.OutOrStdout(), format, all)
 			}
@@ -454,7 +424,7 @@ func (d *deployCmd) list() *cobra.Command {
 					d.GetCreatedAt().AsTime().Format(time.RFC3339))
 			}
 			return w.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&environment, "environment", "", "environment id (required)")
 	cmd.Flags().Int32Var(&limit, "limit", 20, "at most this many (0: all)")
@@ -472,19 +442,10 @@ func (d *deployCmd) rollback() *cobra.Command {
 		Long: "Creates a new deployment with the configuration (image, size, variables, regions) of --target, " +
 			"by default the last deployment before the live one that became ready. It becomes the environment's live deployment once ready.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := d.api.format()
-			if err != nil {
-				return err
-			}
+		RunE: clientRun(&d.api, ctrlv1.NewDeploymentServiceClient, nil, func(cmd *cobra.Command, _ []string, format output, api ctrlv1.DeploymentServiceClient) error {
 			if key == "" {
 				key = randomKey()
 			}
-			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
 			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.CreateDeploymentResponse, error) {
 				return api.Rollback(ctx, &ctrlv1.RollbackRequest{EnvironmentId: environment, TargetDeploymentId: target, IdempotencyKey: key})
 			})
@@ -492,7 +453,7 @@ func (d *deployCmd) rollback() *cobra.Command {
 				return apiError("roll back", err)
 			}
 			return d.created(cmd, api, resp.GetDeploymentId(), wait, waitTimeout, format)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&environment, "environment", "", "environment id (required)")
 	cmd.Flags().StringVar(&target, "target", "", "deployment whose configuration to restore (default: the last ready one before the live one)")
@@ -529,17 +490,8 @@ func (d *deployCmd) scale() *cobra.Command {
 		Use:   "scale DEPLOYMENT_ID --replicas N",
 		Short: "Change a ready deployment's replicas per region in place (and, with --wait, follow until every region runs them)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := d.api.format()
-			if err != nil {
-				return err
-			}
+		RunE: clientRun(&d.api, ctrlv1.NewDeploymentServiceClient, nil, func(cmd *cobra.Command, args []string, format output, api ctrlv1.DeploymentServiceClient) error {
 			id := args[0]
-			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
 			resp, err := withRetry(cmd.Context(), func(ctx context.Context) (*ctrlv1.ScaleDeploymentResponse, error) {
 				return api.ScaleDeployment(ctx, &ctrlv1.ScaleDeploymentRequest{DeploymentId: id, Replicas: replicas})
 			})
@@ -558,7 +510,7 @@ func (d *deployCmd) scale() *cobra.Command {
 				return printAs(cmd.OutOrStdout(), format, resp)
 			}
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().Int32Var(&replicas, "replicas", 0, "replicas per region, 1..1000 (required)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow until every region runs exactly that many instances")
@@ -597,16 +549,7 @@ func (d *deployCmd) simple(use, short, done string, call func(context.Context, c
 		Use:   use,
 		Short: short,
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := d.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&d.api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&d.api, ctrlv1.NewDeploymentServiceClient, nil, func(cmd *cobra.Command, args []string, format output, api ctrlv1.DeploymentServiceClient) error {
 			if _, err := withRetry(cmd.Context(), func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx, api, args[0]) }); err != nil {
 				return apiError(strings.Fields(use)[0]+" "+args[0], err)
 			}
@@ -616,7 +559,7 @@ func (d *deployCmd) simple(use, short, done string, call func(context.Context, c
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deployment %s %s\n", args[0], done)
 			return nil
-		},
+		}),
 	}
 }
 

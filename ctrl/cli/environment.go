@@ -26,17 +26,9 @@ func newEnvironment() *cobra.Command {
 			"the environment's live deployment in the sentinel's region; any other host is refused. A host belongs to one " +
 			"environment. Setting them replaces the list; the sentinels receive it within a second of their cluster's stream.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := api.format()
-			if err != nil {
-				return err
-			}
-			client, closeConn, err := connect(&api, ctrlv1.NewDeploymentServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&api, ctrlv1.NewDeploymentServiceClient, nil, func(cmd *cobra.Command, args []string, format output, client ctrlv1.DeploymentServiceClient) error {
 			var info *ctrlv1.EnvironmentInfo
+			var err error
 			switch {
 			case len(hosts) > 0 && clear:
 				return fmt.Errorf("--host and --clear exclude each other")
@@ -56,7 +48,7 @@ func newEnvironment() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "environment %s\nlive deployment: %s\nhosts: %s\n", info.GetId(),
 				or(info.GetLiveDeploymentId(), "none"), or(strings.Join(info.GetHosts(), ", "), "none"))
 			return nil
-		},
+		}),
 	}
 	hostsCmd.Flags().StringArrayVar(&hosts, "host", nil, "a host the environment serves, e.g. app.example.com (repeatable; replaces the list)")
 	hostsCmd.Flags().BoolVar(&clear, "clear", false, "serve no host")

@@ -38,22 +38,13 @@ func newFleet() *cobra.Command {
 		Short: "List clusters by region: heartbeat, krane and controller versions, per kind lag (versions and seconds), parked objects, apply errors",
 		Long:  fleetListLong,
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := api.format()
-			if err != nil {
-				return err
-			}
-			fleet, closeConn, err := connect(&api, ctrlv1.NewFleetServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&api, ctrlv1.NewFleetServiceClient, nil, func(cmd *cobra.Command, _ []string, format output, fleet ctrlv1.FleetServiceClient) error {
 			resp, err := fleetapi.ListAll(cmd.Context(), fleet, region)
 			if err != nil {
 				return apiError("list clusters", err)
 			}
 			return printFleet(cmd, resp, region, format)
-		},
+		}),
 	}
 	list.Flags().StringVar(&region, "region", "", "only this region's clusters")
 	cmd.AddCommand(list)

@@ -84,3 +84,54 @@ func connect[C any](f *apiFlags, newClient func(grpc.ClientConnInterface) C) (C,
 	}
 	return newClient(conn), func() { conn.Close() }, nil
 }
+
+// clientRun is the RunE of every command that is a client of one of ctrl's
+// services: the -o format checked; then prepare (the command's own checks
+// of its arguments, flags and files; nil for none), before anything is
+// dialled, so that a bad value or a secret on the command line never
+// reaches the network; then a client connected (closed afterwards) and
+// body.
+func clientRun[C any](f *apiFlags, newClient func(grpc.ClientConnInterface) C, prepare func(*cobra.Command, []string) error,
+	body func(cmd *cobra.Command, args []string, format output, api C) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		format, err := f.format()
+		if err != nil {
+			return err
+		}
+		if prepare != nil {
+			if err := prepare(cmd, args); err != nil {
+				return err
+			}
+		}
+		api, closeConn, err := connect(f, newClient)
+		if err != nil {
+			return err
+		}
+		defer closeConn()
+		return body(cmd, args, format, api)
+	}
+}
+
+// allPages gathers a listing's pages: page asks for up to size items after
+// token and returns them with the next token ("" after the last page).
+// limit > 0 stops after that many items; pageSize is the most one page
+// asks for.
+func allPages[T any](pageSize, limit int32, page func(size int32, token string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	token := ""
+	for limit <= 0 || int32(len(all)) < limit {
+		size := pageSize
+		if limit > 0 {
+			size = min(size, limit-int32(len(all)))
+		}
+		items, next, err := page(size, token)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if token = next; token == "" {
+			break
+		}
+	}
+	return all, nil
+}

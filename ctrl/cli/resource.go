@@ -30,21 +30,9 @@ type resourceCmd struct {
 	poll time.Duration
 }
 
-// run is the RunE of a subcommand: the -o format checked, a client
-// connected (and closed afterwards), then body.
+// run is the RunE of a subcommand: clientRun for the ResourceService.
 func (r *resourceCmd) run(body func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, args []string) error {
-		format, err := r.api.format()
-		if err != nil {
-			return err
-		}
-		api, closeConn, err := connect(&r.api, ctrlv1.NewResourceServiceClient)
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		return body(cmd, args, format, api)
-	}
+	return clientRun(&r.api, ctrlv1.NewResourceServiceClient, nil, body)
 }
 
 // call makes one API call, retried while ctrl is unavailable, and words
@@ -490,19 +478,14 @@ func (r *resourceCmd) list() *cobra.Command {
 		Short: "List the objects of a kind, with how many regions applied their version",
 		Args:  cobra.ExactArgs(1),
 		RunE: r.run(func(cmd *cobra.Command, args []string, format output, api ctrlv1.ResourceServiceClient) error {
-			var items []*ctrlv1.ResourceInfo
-			token := ""
-			for {
+			items, err := allPages(500, 0, func(size int32, token string) ([]*ctrlv1.ResourceInfo, string, error) {
 				resp, err := call(cmd.Context(), "list "+args[0], func(ctx context.Context) (*ctrlv1.ListResourcesResponse, error) {
-					return api.ListResources(ctx, &ctrlv1.ListResourcesRequest{Kind: args[0], Region: region, IncludeDeleted: all, PageSize: 500, PageToken: token})
+					return api.ListResources(ctx, &ctrlv1.ListResourcesRequest{Kind: args[0], Region: region, IncludeDeleted: all, PageSize: size, PageToken: token})
 				})
-				if err != nil {
-					return err
-				}
-				items = append(items, resp.GetResources()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
-				}
+				return resp.GetResources(), resp.GetNextPageToken(), err
+			})
+			if err != nil {
+				return err
 			}
 			if format != "table" {
 				return printAs(cmd.OutOrStdout(), format, &ctrlv1.ListResourcesResponse{Resources: items})
@@ -580,7 +563,7 @@ func (r *resourceCmd) follow(cmd *cobra.Command, api ctrlv1.ResourceServiceClien
 	begin := time.Now()
 	for {
 		done := true
-		var parked []string
+		var parked, unserved []string
 		for _, t := range targets {
 			info, err := r.getObject(ctx, api, t.kind, t.id)
 			if err != nil {
@@ -601,12 +584,22 @@ func (r *resourceCmd) follow(cmd *cobra.Command, api ctrlv1.ResourceServiceClien
 				}
 				if !rr.GetApplied() {
 					done = false
+					if why := rr.GetNotServed(); why != "" {
+						unserved = append(unserved, key+": "+why)
+					}
 				}
 			}
 		}
 		if len(parked) > 0 {
 			sort.Strings(parked)
 			return &exitError{code: 1, err: fmt.Errorf("a cluster parked the change (it is retried only slowly, or when a new version arrives: fix the object and apply again):\n  %s", strings.Join(parked, "\n  "))}
+		}
+		if len(unserved) > 0 {
+			// Nothing would apply it before a cluster there runs the kind:
+			// waiting out the timeout would only hide why, as a deploy to
+			// such a region is refused at once.
+			sort.Strings(unserved)
+			return &exitError{code: 1, err: fmt.Errorf("no live cluster can apply the change (it stays desired, and is applied when a cluster of the region runs a controller for the kind; see `ctrl admin cluster list`):\n  %s", strings.Join(unserved, "\n  "))}
 		}
 		if done && ctx.Err() == nil {
 			fmt.Fprintf(out, "every region applied in %s\n", time.Since(begin).Round(100*time.Millisecond))
@@ -647,6 +640,9 @@ func regionProgress(rr *ctrlv1.ResourceRegion) (line, parked string) {
 	}
 	if rr.GetApplied() {
 		return "applied " + what, ""
+	}
+	if rr.GetNotServed() != "" {
+		return "not served: " + rr.GetNotServed(), ""
 	}
 	if rr.GetObservedVersion() == 0 {
 		return "waiting for " + what + " (no cluster has reported yet)", ""

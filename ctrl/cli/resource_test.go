@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -220,5 +221,51 @@ func TestKindRegisterRefusesABadSchema(t *testing.T) {
 	desc := file("describe.json", `{"name":"noschema","kinds":[{"kind":"x.acme.example","spec_type":"google.protobuf.Struct"}]}`)
 	if code, _, errOut := run(t, "kind", "register", "--describe", desc); code == 0 || !strings.Contains(errOut, "publishes no spec schema") {
 		t.Errorf("describe without schemas: %d %q", code, errOut)
+	}
+}
+
+// TestWaitEndsAtOnceWhereNoLiveClusterRunsTheKind: `resource apply --wait`
+// for a kind no live cluster of a region runs a controller for ends at
+// once, as a deploy to such a region is refused, naming each region and
+// what its clusters run, instead of waiting out its five minutes. The
+// object stays desired: it is applied once a cluster there runs the kind.
+func TestWaitEndsAtOnceWhereNoLiveClusterRunsTheKind(t *testing.T) {
+	env, file := resourceEnv(t)
+	mustRun(t, "kind", "register", "quota.acme.example", "--schema", file("schema.json", quotaSchema))
+	// eu: a live cluster whose host runs a controller for another kind;
+	// us: no cluster at all.
+	eu := env.FakeCluster(t, "eu", "eu-1")
+	eu.Serve(t, "other.acme.example")
+	objects := file("q.yaml", "kind: quota.acme.example\nid: team-a\nregions: [eu, us]\nspec: {namespace: team-a, cpu: '2'}\n")
+
+	begin := time.Now()
+	code, out, errOut := run(t, "resource", "apply", "-f", objects, "--wait", "--timeout", "1m", "--poll-interval", "20ms")
+	took := time.Since(begin)
+	if code == 0 {
+		t.Fatalf("apply --wait where no cluster runs the kind succeeded:\n%s%s", out, errOut)
+	}
+	for _, want := range []string{
+		"no live cluster can apply the change",
+		`quota.acme.example/team-a eu: region "eu": no live cluster runs a controller for kind "quota.acme.example" (cluster eu-1 runs:`,
+		`quota.acme.example/team-a us: region "us": no live cluster runs a controller for kind "quota.acme.example" (no cluster with a valid token is registered there)`,
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("apply --wait does not say %q:\n%s", want, errOut)
+		}
+	}
+	// Ending at once means one round of reads, well before --timeout,
+	// bounded loosely for a loaded machine.
+	if took > 30*time.Second {
+		t.Errorf("apply --wait took %s to give up; want at once", took)
+	}
+	if !strings.Contains(out, "quota.acme.example/team-a created") {
+		t.Errorf("the apply itself: %q", out)
+	}
+
+	// Once eu's cluster runs the kind, only us is named.
+	eu.Serve(t, "quota.acme.example")
+	code, _, errOut = run(t, "resource", "get", "quota.acme.example", "team-a", "--wait", "--timeout", "1m", "--poll-interval", "20ms")
+	if code == 0 || strings.Contains(errOut, `region "eu"`) || !strings.Contains(errOut, `region "us"`) {
+		t.Errorf("get --wait with eu served: exit %d, want us alone named:\n%s", code, errOut)
 	}
 }

@@ -60,15 +60,14 @@ func newRollout() *cobra.Command {
 // the status once or follow it.
 func (r *rolloutCmd) run(cmd *cobra.Command, what string, watch bool, waitTimeout time.Duration,
 	call func(context.Context, ctrlv1.RolloutServiceClient) (*ctrlv1.RolloutStatus, error)) error {
-	format, err := r.api.format()
-	if err != nil {
-		return err
-	}
-	api, closeConn, err := connect(&r.api, ctrlv1.NewRolloutServiceClient)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
+	return clientRun(&r.api, ctrlv1.NewRolloutServiceClient, nil, func(cmd *cobra.Command, _ []string, format output, api ctrlv1.RolloutServiceClient) error {
+		return r.show(cmd, what, watch, waitTimeout, format, api, call)
+	})(cmd, nil)
+}
+
+// show makes the call and shows the status once, or follows it.
+func (r *rolloutCmd) show(cmd *cobra.Command, what string, watch bool, waitTimeout time.Duration, format output, api ctrlv1.RolloutServiceClient,
+	call func(context.Context, ctrlv1.RolloutServiceClient) (*ctrlv1.RolloutStatus, error)) error {
 	st, err := call(cmd.Context(), api)
 	if err != nil {
 		return apiError(what, err)
@@ -185,16 +184,7 @@ func (r *rolloutCmd) rollback() *cobra.Command {
 		Short: "Deploy every sentinel a paused or cancelled rollout touched back to its previous image, and wait for them",
 		Long:  "Exit status: 0 when every touched sentinel is back on its previous image, 1 when some are not (they are listed).",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := r.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&r.api, ctrlv1.NewRolloutServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&r.api, ctrlv1.NewRolloutServiceClient, nil, func(cmd *cobra.Command, _ []string, format output, api ctrlv1.RolloutServiceClient) error {
 			progress := cmd.OutOrStdout()
 			if format.structured() {
 				progress = cmd.ErrOrStderr()
@@ -239,7 +229,7 @@ func (r *rolloutCmd) rollback() *cobra.Command {
 					}
 				}
 			}
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&waitT, "wait-timeout", 2*time.Hour, "give up waiting after this long (the rollback goes on)")
 	return cmd

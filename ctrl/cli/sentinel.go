@@ -45,6 +45,7 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 		timeout, waitTimeout time.Duration
 		wait                 bool
 		credFiles, credKeys  []string
+		creds                map[string]string // read before ctrl is dialled
 	)
 	cmd := &cobra.Command{
 		Use:   "deploy SENTINEL_ID [--image I] [--replicas N] [--cpu M] [--memory M] [--credentials-file F] [--credential KEY] [--wait]",
@@ -58,20 +59,12 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 			"value of the environment variable KEY; --credential KEY=- reads it from stdin (no prompt, one trailing newline dropped). " +
 			"Values are never taken from the command line. Given credentials replace the sentinel's as a whole; without any, it keeps the ones it has.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := s.api.format()
-			if err != nil {
-				return err
-			}
-			creds, err := credentialsFrom(credFiles, credKeys, os.LookupEnv, cmd.InOrStdin())
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		// The credentials are read and checked before ctrl is dialled: a
+		// value on the command line never reaches the network.
+		RunE: clientRun(&s.api, ctrlv1.NewSentinelServiceClient, func(cmd *cobra.Command, _ []string) (err error) {
+			creds, err = credentialsFrom(credFiles, credKeys, os.LookupEnv, cmd.InOrStdin())
+			return err
+		}, func(cmd *cobra.Command, args []string, format output, api ctrlv1.SentinelServiceClient) error {
 			req := &ctrlv1.DeploySentinelRequest{SentinelId: args[0], Image: image, Replicas: replicas, CpuMillicores: cpu, MemoryMib: memory,
 				TimeoutSeconds: int32(timeout / time.Second), Credentials: creds}
 			if !wait {
@@ -88,7 +81,7 @@ func (s *sentinelCmd) deploy() *cobra.Command {
 				return nil
 			}
 			return s.follow(cmd, api, req, waitTimeout, format)
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&image, "image", "", "new image (default: keep)")
@@ -186,16 +179,7 @@ func (s *sentinelCmd) stop() *cobra.Command {
 			"environment) starts it again with the same configuration. A deploy of the sentinel in progress ends failed. " +
 			"Stopping a stopped sentinel changes nothing.",
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := s.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&s.api, ctrlv1.NewSentinelServiceClient, nil, func(cmd *cobra.Command, args []string, format output, api ctrlv1.SentinelServiceClient) error {
 			resp, err := api.StopSentinel(cmd.Context(), &ctrlv1.StopSentinelRequest{SentinelId: args[0]})
 			if err != nil {
 				return apiError("stop sentinel "+args[0], err)
@@ -210,7 +194,7 @@ func (s *sentinelCmd) stop() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "sentinel %s was already stopped (version %d)\n", si.GetId(), si.GetVersion())
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -219,16 +203,7 @@ func (s *sentinelCmd) get() *cobra.Command {
 		Use:   "get SENTINEL_ID",
 		Short: "Show a sentinel: configuration, what its cluster reports, its last deploy",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := s.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
+		RunE: clientRun(&s.api, ctrlv1.NewSentinelServiceClient, nil, func(cmd *cobra.Command, args []string, format output, api ctrlv1.SentinelServiceClient) error {
 			info, err := api.GetSentinel(cmd.Context(), &ctrlv1.GetSentinelRequest{SentinelId: args[0]})
 			if err != nil {
 				return apiError("read sentinel "+args[0], err)
@@ -238,7 +213,7 @@ func (s *sentinelCmd) get() *cobra.Command {
 			}
 			printSentinel(cmd.OutOrStdout(), info)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -280,32 +255,15 @@ func (s *sentinelCmd) list() *cobra.Command {
 		Use:   "list [--region R] [--environment E]",
 		Short: "List sentinels in id order",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format, err := s.api.format()
-			if err != nil {
-				return err
-			}
-			api, closeConn, err := connect(&s.api, ctrlv1.NewSentinelServiceClient)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			all := &ctrlv1.ListSentinelsResponse{}
-			token := ""
-			for limit <= 0 || len(all.Sentinels) < limit {
-				size := int32(500)
-				if limit > 0 {
-					size = int32(min(500, limit-len(all.Sentinels)))
-				}
+		RunE: clientRun(&s.api, ctrlv1.NewSentinelServiceClient, nil, func(cmd *cobra.Command, _ []string, format output, api ctrlv1.SentinelServiceClient) error {
+			sentinels, err := allPages(500, int32(limit), func(size int32, token string) ([]*ctrlv1.SentinelInfo, string, error) {
 				page, err := api.ListSentinels(cmd.Context(), &ctrlv1.ListSentinelsRequest{Region: region, EnvironmentId: environment, PageSize: size, PageToken: token})
-				if err != nil {
-					return apiError("list sentinels", err)
-				}
-				all.Sentinels = append(all.Sentinels, page.GetSentinels()...)
-				if token = page.GetNextPageToken(); token == "" {
-					break
-				}
+				return page.GetSentinels(), page.GetNextPageToken(), err
+			})
+			if err != nil {
+				return apiError("list sentinels", err)
 			}
+			all := &ctrlv1.ListSentinelsResponse{Sentinels: sentinels}
 			if format.structured() {
 				return printAs(cmd.OutOrStdout(), format, all)
 			}
@@ -316,7 +274,7 @@ func (s *sentinelCmd) list() *cobra.Command {
 					si.GetAvailableReplicas(), si.GetReplicas(), healthName(si.GetHealth()), si.GetDeployStatus())
 			}
 			return w.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&region, "region", "", "only this region")
 	cmd.Flags().StringVar(&environment, "environment", "", "only this environment")

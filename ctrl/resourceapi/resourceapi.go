@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -29,6 +30,7 @@ import (
 	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/deployspec"
+	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/kinds"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
@@ -338,8 +340,47 @@ func (s *Server) GetResource(ctx context.Context, req *ctrlv1.GetResourceRequest
 		return nil, fmt.Errorf("reading the resource failed: %w", err)
 	}
 	info := resourceInfo(o)
+	if err := s.explainUnserved(ctx, info); err != nil {
+		return nil, err
+	}
 	fitResource(info)
 	return info, nil
+}
+
+// explainUnserved sets not_served on each region where no cluster counts:
+// its version cannot be applied until a live cluster there runs a
+// controller for the kind, so a client waiting for it is told why at once,
+// in the words fleetapi.CheckServed gives a refused deploy. Regions where a
+// cluster counts cost nothing.
+func (s *Server) explainUnserved(ctx context.Context, info *ctrlv1.ResourceInfo) error {
+	var regions []string
+	for _, rr := range info.GetRegions() {
+		if rr.GetClustersCounted() == 0 {
+			regions = append(regions, rr.GetRegion())
+		}
+	}
+	if len(regions) == 0 {
+		return nil
+	}
+	kind := info.GetResource().GetKind()
+	err := fleetapi.CheckServed(ctx, s.store, regions, kind, actual.LiveWindow, time.Now())
+	var nse *fleetapi.NotServedError
+	switch {
+	case err == nil:
+		// A cluster came alive since the object was read: it counts on the
+		// next read.
+		return nil
+	case !errors.As(err, &nse):
+		return fmt.Errorf("reading the heartbeats of the clusters of %s %s failed: %w", kind, info.GetResource().GetId(), err)
+	}
+	why := map[string]string{}
+	for i, region := range nse.Regions {
+		why[region] = nse.Why[i]
+	}
+	for _, rr := range info.GetRegions() {
+		rr.NotServed = why[rr.GetRegion()]
+	}
+	return nil
 }
 
 func (s *Server) ListResources(ctx context.Context, req *ctrlv1.ListResourcesRequest) (*ctrlv1.ListResourcesResponse, error) {

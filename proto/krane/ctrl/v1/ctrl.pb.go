@@ -3496,8 +3496,14 @@ type ResourceRegion struct {
 	// budget (an object is cut to 1 MiB, largest statuses first): its
 	// encoded size in bytes.
 	StatusOmittedBytes uint32 `protobuf:"varint,12,opt,name=status_omitted_bytes,json=statusOmittedBytes,proto3" json:"status_omitted_bytes,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Set by GetResource when no cluster counts here: no cluster of the
+	// region is live and runs a controller for the kind, so the version
+	// cannot be applied until one does. Says why, in the words a refused
+	// deploy uses (what each cluster runs, or when it was last heard from);
+	// `ctrl resource ... --wait` ends on it at once.
+	NotServed     string `protobuf:"bytes,13,opt,name=not_served,json=notServed,proto3" json:"not_served,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResourceRegion) Reset() {
@@ -3612,6 +3618,13 @@ func (x *ResourceRegion) GetStatusOmittedBytes() uint32 {
 		return x.StatusOmittedBytes
 	}
 	return 0
+}
+
+func (x *ResourceRegion) GetNotServed() string {
+	if x != nil {
+		return x.NotServed
+	}
+	return ""
 }
 
 // ClusterReport is one cluster's last report on an object.
@@ -4224,7 +4237,7 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\fResourceInfo\x123\n" +
 	"\bresource\x18\x01 \x01(\v2\x17.krane.ctrl.v1.ResourceR\bresource\x12\x18\n" +
 	"\adeleted\x18\x02 \x01(\bR\adeleted\x127\n" +
-	"\aregions\x18\x03 \x03(\v2\x1d.krane.ctrl.v1.ResourceRegionR\aregions\"\x84\x04\n" +
+	"\aregions\x18\x03 \x03(\v2\x1d.krane.ctrl.v1.ResourceRegionR\aregions\"\xa3\x04\n" +
 	"\x0eResourceRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x18\n" +
@@ -4239,7 +4252,9 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x10clusters_applied\x18\n" +
 	" \x01(\x05R\x0fclustersApplied\x128\n" +
 	"\bclusters\x18\v \x03(\v2\x1c.krane.ctrl.v1.ClusterReportR\bclusters\x120\n" +
-	"\x14status_omitted_bytes\x18\f \x01(\rR\x12statusOmittedBytes\"\xad\x02\n" +
+	"\x14status_omitted_bytes\x18\f \x01(\rR\x12statusOmittedBytes\x12\x1d\n" +
+	"\n" +
+	"not_served\x18\r \x01(\tR\tnotServed\"\xad\x02\n" +
 	"\rClusterReport\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12)\n" +
