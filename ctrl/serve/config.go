@@ -149,6 +149,8 @@ type HTTPConfig struct {
 	// MetricsPerClusterMax bounds the fleet size up to which /metrics
 	// carries per-cluster series (fleetapi.CollectorOptions).
 	MetricsPerClusterMax int `koanf:"metrics_per_cluster_max"`
+	// Pprof serves Go's profiles under /debug/pprof/ (off by default).
+	Pprof bool `koanf:"pprof"`
 }
 
 type WatchConfig struct {
@@ -203,6 +205,7 @@ var settings = []setting{
 	{"grpc.max_recv_bytes", 16 << 20, "largest gRPC message ctrl accepts"},
 	{"grpc.max_send_bytes", 16 << 20, "largest gRPC message ctrl sends"},
 	{"http.addr", ":9090", "HTTP listen address for /healthz, /readyz and /metrics"},
+	{"http.pprof", false, "serve Go's profiles (CPU, heap, goroutines, mutex and block contention) under /debug/pprof/ on http.addr, and sample mutex and block contention while on (1 in 100 events; a cost, so off by default): for finding where ctrl spends its time under load"},
 	{"http.metrics_per_cluster_max", 1000, "/metrics carries series per cluster (lag, parked objects, heartbeat age, agent version) while the fleet has at most this many clusters; beyond it, only the per-region series the shipped alerts read (every replica exports them: clusters x kinds x replicas series); 0: never (0..100000)"},
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},

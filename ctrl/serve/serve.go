@@ -527,6 +527,9 @@ func (s *Server) httpHandler() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	if s.cfg.HTTP.Pprof {
+		servePprof(mux)
+	}
 	return mux
 }
 

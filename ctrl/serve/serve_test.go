@@ -109,6 +109,19 @@ func TestHealthReadinessAndMetrics(t *testing.T) {
 		}
 	}
 
+	// Profiles are off unless http.pprof turns them on.
+	if code, _ := get(t, base+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Fatalf("/debug/pprof/ with http.pprof off = %d, want 404", code)
+	}
+	profiled := ctrltest.Start(t, ctrltest.Options{Configure: func(c *serve.Config) { c.HTTP.Pprof = true }})
+	pbase := "http://" + profiled.Server.HTTPAddr()
+	if code, body := get(t, pbase+"/debug/pprof/goroutine?debug=1"); code != 200 || !strings.Contains(body, "goroutine profile: total") {
+		t.Fatalf("/debug/pprof/goroutine with http.pprof on = %d %.80q", code, body)
+	}
+	if code, body := get(t, pbase+"/debug/pprof/mutex?debug=1"); code != 200 || !strings.Contains(body, "sampling period=100") {
+		t.Fatalf("/debug/pprof/mutex with http.pprof on = %d %.80q; want mutex sampling on", code, body)
+	}
+
 	// A second ctrl on a database that was never migrated is alive but not ready.
 	dsn := testenv.SharedMySQL(t).Database(t, t.Name()+"_empty")
 	notMigrated := ctrltest.Start(t, ctrltest.Options{DSN: dsn, Configure: func(c *serve.Config) { c.Migrate.OnStart = false }})
