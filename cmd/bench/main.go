@@ -39,6 +39,7 @@ func main() {
 	flag.Float64Var(&fo.Rate, "fleet-rate", fo.Rate, "operator writes per second during the fleet measurement (3,000 and 10,000 clusters run 5/s)")
 	flag.IntVar(&fo.Regions, "fleet-regions", fo.Regions, "regions the simulated clusters are spread over")
 	stormAt := flag.String("fleet-storm-at", joinInts(fo.StormAt), "fleet sizes whose streaming arm ends with a reconnect storm (ctrl restarted under every stream)")
+	profileAt := flag.String("fleet-profile-at", joinInts(fo.ProfileAt), "fleet sizes whose streaming arm records ctrl's CPU, mutex, block and goroutine profiles over the window (into $KRANE_BENCH_PROFILES or a temporary directory)")
 	flag.Parse()
 	if *docs {
 		r, err := bench.ReadResults(*out)
@@ -59,6 +60,10 @@ func main() {
 	fo.Arms = strings.Split(*arms, ",")
 	if fo.StormAt, err = parseInts(*stormAt); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: -fleet-storm-at:", err)
+		os.Exit(2)
+	}
+	if fo.ProfileAt, err = parseInts(*profileAt); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: -fleet-profile-at:", err)
 		os.Exit(2)
 	}
 	list := bench.Measurements

@@ -57,6 +57,11 @@ type FleetOptions struct {
 	// reconnect storm: ctrl restarts under the whole fleet and operators'
 	// writes (FleetRow.Storm).
 	StormAt []int
+	// ProfileAt are the fleet sizes whose streaming arm runs ctrl with
+	// http.pprof and records its CPU, mutex, block and goroutine profiles
+	// over the window (into $KRANE_BENCH_PROFILES, or a temporary
+	// directory), printing the top of each.
+	ProfileAt []int
 }
 
 // DefaultFleetOptions are what `make bench-fleet` measures: the growth
@@ -68,7 +73,7 @@ type FleetOptions struct {
 func DefaultFleetOptions() FleetOptions {
 	return FleetOptions{Clusters: []int{100, 300, 1000, 3000, 10000}, Regions: 20, Rate: 20, RateAt: map[int]float64{3000: 5, 10000: 5},
 		Window: 30 * time.Second, DeploymentsPerRegion: 20, Arms: []string{"streaming"},
-		ArmsAt: map[int][]string{1000: {"polling", "streaming-per-report"}}, Seed: 1, StormAt: []int{10000}}
+		ArmsAt: map[int][]string{1000: {"polling", "streaming-per-report"}}, Seed: 1, StormAt: []int{10000}, ProfileAt: []int{10000}}
 }
 
 // rate is the write rate at fleet size n.
@@ -139,6 +144,44 @@ type FleetRow struct {
 	HeartbeatErrors int64     `json:"heartbeat_errors"`
 	Load            Load      `json:"load"`
 	Storm           *StormRow `json:"storm,omitempty"`
+	Inside          Inside    `json:"inside_ctrl"`
+}
+
+// Inside is what ctrl's own metrics said over the window.
+type Inside struct {
+	// Goroutines and the queues' depths, the most sampled.
+	Goroutines     float64 `json:"goroutines_max"`
+	ReportQueue    float64 `json:"report_queue_max"`
+	HeartbeatQueue float64 `json:"heartbeat_queue_max"`
+	// DBWaits are queries per second that waited for a pool connection,
+	// DBWaitSeconds the seconds per second they waited.
+	DBWaits       float64 `json:"db_pool_waits_per_s"`
+	DBWaitSeconds float64 `json:"db_pool_wait_s_per_s"`
+}
+
+// windowInside gathers Inside from scrapes of ctrl's /metrics.
+type windowInside struct {
+	first, last map[string]float64
+	max         Inside
+}
+
+func (w *windowInside) observe(m map[string]float64) {
+	if w.first == nil {
+		w.first = m
+	}
+	w.last = m
+	w.max.Goroutines = max(w.max.Goroutines, sum(m, "go_goroutines"))
+	w.max.ReportQueue = max(w.max.ReportQueue, sum(m, "krane_ctrl_ingest_queue_depth", `what="reports"`))
+	w.max.HeartbeatQueue = max(w.max.HeartbeatQueue, sum(m, "krane_ctrl_ingest_queue_depth", `what="heartbeats"`))
+}
+
+func (w *windowInside) result(d time.Duration) Inside {
+	out := w.max
+	if w.first != nil && d > 0 {
+		out.DBWaits = (sum(w.last, "go_sql_wait_count_total", `db_name="ctrl"`) - sum(w.first, "go_sql_wait_count_total", `db_name="ctrl"`)) / d.Seconds()
+		out.DBWaitSeconds = (sum(w.last, "go_sql_wait_duration_seconds_total", `db_name="ctrl"`) - sum(w.first, "go_sql_wait_duration_seconds_total", `db_name="ctrl"`)) / d.Seconds()
+	}
+	return out
 }
 
 // StormRow is the reconnect storm: ctrl restarted under every stream.
@@ -298,7 +341,12 @@ func prepareFleet(ctx context.Context, e *Env, o FleetOptions, n int) (*fleet, e
 func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (FleetRow, error) {
 	e, o := f.e, f.o
 	spec := fleetArms[arm]
-	e.St.SetCtrlEnv(spec.ctrlEnv)
+	profile := spec.design == streaming && slices.Contains(o.ProfileAt, n)
+	env := slices.Clone(spec.ctrlEnv)
+	if profile {
+		env = append(env, "CTRL_HTTP_PPROF=true")
+	}
+	e.St.SetCtrlEnv(env)
 	if err := e.St.RestartCtrl(false); err != nil {
 		return FleetRow{}, err
 	}
@@ -418,14 +466,23 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 		return FleetRow{}, err
 	}
 	var rss, streams []float64
+	var inside windowInside
 	ctrlPid := e.St.CtrlPid()
 	sampleEnd := time.Now().Add(o.Window)
+	var profiles <-chan string
+	if profile {
+		profiles = f.profileCtrl(ctx, fmt.Sprintf("%s-%d", arm, n), o.Window)
+	}
 	for time.Now().Before(sampleEnd) && ctx.Err() == nil {
 		rss = append(rss, procRSS(ctrlPid))
 		if m, err := scrape(ctx, e.St.CtrlHTTP+"/metrics"); err == nil {
 			streams = append(streams, sum(m, "krane_ctrl_watch_streams_active"))
+			inside.observe(m)
 		}
 		sleepCtxBench(ctx, min(2*time.Second, time.Until(sampleEnd)))
+	}
+	if profiles != nil {
+		e.logf("fleet: %s, %d clusters: ctrl's profiles over the window:\n%s", arm, n, <-profiles)
 	}
 	s1, err := f.sample(ctx)
 	if err != nil {
@@ -491,7 +548,8 @@ func (f *fleet) runArm(ctx context.Context, n int, arm string, rate float64) (Fl
 
 	row := FleetRow{Arm: arm, Clusters: n, Rate: rate, Writes: len(recs), FailedWrites: failedWrites, Deliveries: expected, Missing: miss,
 		Polls: run.polls.Load(), Reports: run.reports.Load() - reports0, StreamErrors: run.streamErrors.Load(), ReportErrors: run.reportErrors.Load(),
-		Throttled: throttled1 - throttled0, Heartbeats: heartbeats1 - heartbeats0, HeartbeatErrors: hbErr1 - hbErr0, Storm: storm}
+		Throttled: throttled1 - throttled0, Heartbeats: heartbeats1 - heartbeats0, HeartbeatErrors: hbErr1 - hbErr0, Storm: storm,
+		Inside: inside.result(s1.at.Sub(s0.at))}
 	var lat, fromAck []time.Duration
 	for _, w := range recs {
 		acked := time.Unix(0, w.acked.Load())
@@ -952,6 +1010,9 @@ func fleetFigures(rows []FleetRow) []Figure {
 			fig("reports", "status reports offered", float64(r.Reports), "", ""),
 			fig("refused", "report calls refused (queue full)", float64(r.Throttled), "", ""),
 			fig("hb-failed", "heartbeats failed", float64(r.HeartbeatErrors), "", fmt.Sprintf("of %d", r.Heartbeats)),
+			fig("goroutines", "ctrl goroutines", r.Inside.Goroutines, "", ""),
+			fig("report-queue", "reports queued, most", r.Inside.ReportQueue, "", fmt.Sprintf("heartbeats queued, most: %.0f", r.Inside.HeartbeatQueue)),
+			fig("db-waits", "queries waiting for a pool connection", r.Inside.DBWaits, "/s", fmt.Sprintf("%.2f s/s waited", r.Inside.DBWaitSeconds)),
 		)
 		if st := r.Storm; st != nil {
 			out = append(out,
@@ -971,7 +1032,7 @@ func FleetMeasurement(ctx context.Context, e *Env) ([]Figure, error) {
 	o := e.Fleet
 	if e.Small {
 		o.Clusters, o.Regions, o.Window, o.DeploymentsPerRegion, o.Arms = []int{10}, 2, 2*time.Second, 5, []string{"streaming", "polling"}
-		o.StormAt = []int{10}
+		o.StormAt, o.ProfileAt = []int{10}, []int{10}
 	}
 	figs, rows, err := Fleet(ctx, e, o)
 	PrintFleet(e.Out, rows)
