@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
@@ -153,7 +152,7 @@ func (s *sentinelCmd) follow(cmd *cobra.Command, api ctrlv1.SentinelServiceClien
 
 // sentinelLine: "progressing  unhealthy (progressing: 1/2 updated)  version 7, cluster at 6".
 func sentinelLine(s *ctrlv1.SentinelInfo) string {
-	line := fmt.Sprintf("%-11s  %s", s.GetDeployStatus(), healthName(s.GetHealth()))
+	line := fmt.Sprintf("%-11s  %s", s.GetDeployStatus(), s.GetHealth().Word())
 	if s.GetHealthReason() != "" {
 		line += " (" + s.GetHealthReason() + ")"
 	}
@@ -161,13 +160,6 @@ func sentinelLine(s *ctrlv1.SentinelInfo) string {
 		line += "  running " + s.GetRunningImage()
 	}
 	return line + fmt.Sprintf("  version %d, cluster at %d", s.GetVersion(), s.GetReportObservedVersion())
-}
-
-func healthName(h clusterv1.Health) string {
-	if h == clusterv1.Health_HEALTH_UNSPECIFIED {
-		return "unknown"
-	}
-	return strings.ToLower(strings.TrimPrefix(h.String(), "HEALTH_"))
 }
 
 func (s *sentinelCmd) stop() *cobra.Command {
@@ -230,7 +222,7 @@ func printSentinel(out io.Writer, s *ctrlv1.SentinelInfo) {
 	if s.GetDeployMessage() != "" {
 		fmt.Fprintf(w, "Deploy error:\t%s\n", s.GetDeployMessage())
 	}
-	health := healthName(s.GetHealth())
+	health := s.GetHealth().Word()
 	if s.GetHealthReason() != "" {
 		health += ": " + s.GetHealthReason()
 	}
@@ -271,7 +263,7 @@ func (s *sentinelCmd) list() *cobra.Command {
 			fmt.Fprintln(w, "SENTINEL\tREGION\tENVIRONMENT\tIMAGE\tREPLICAS\tHEALTH\tDEPLOY")
 			for _, si := range all.GetSentinels() {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", si.GetId(), si.GetRegion(), si.GetEnvironmentId(), si.GetImage(),
-					si.GetAvailableReplicas(), si.GetReplicas(), healthName(si.GetHealth()), si.GetDeployStatus())
+					si.GetAvailableReplicas(), si.GetReplicas(), si.GetHealth().Word(), si.GetDeployStatus())
 			}
 			return w.Flush()
 		}),

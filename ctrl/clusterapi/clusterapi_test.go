@@ -1,5 +1,7 @@
 package clusterapi_test
 
+//lint:file-ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md); this file builds or reads the deprecated top-level workload fields
+
 import (
 	"context"
 	"errors"

@@ -74,9 +74,6 @@ type Options struct {
 	// Conn reaches ctrl's operator API (in ctrl serve: an in-process
 	// connection to its own gRPC server).
 	Conn grpc.ClientConnInterface
-	// Resources, when set, backs the Resources page; nil: the page says
-	// that this ctrl has no resource API.
-	Resources ResourcesFunc
 	// Sessions keeps the signed-in sessions where every ctrl replica
 	// reads them (ctrl serve: its database).
 	Sessions SessionStore
@@ -108,7 +105,7 @@ type Console struct {
 	sentinels ctrlv1.SentinelServiceClient
 	rollouts  ctrlv1.RolloutServiceClient
 	fleet     ctrlv1.FleetServiceClient
-	resources Resources
+	resources resourceAPI
 	m         metrics
 	live      *liveLimit
 }
@@ -151,10 +148,8 @@ func New(o Options) (*Console, error) {
 		o: o, log: o.Log.Named("console"), sessions: newSessions(o.Sessions, o.SessionTTL, o.SecureCookie), pages: pages,
 		deploys: ctrlv1.NewDeploymentServiceClient(o.Conn), sentinels: ctrlv1.NewSentinelServiceClient(o.Conn),
 		rollouts: ctrlv1.NewRolloutServiceClient(o.Conn), fleet: ctrlv1.NewFleetServiceClient(o.Conn),
-		live: newLiveLimit(16, o.LivePerToken, 512),
-	}
-	if o.Resources != nil {
-		c.resources = o.Resources(o.Conn)
+		resources: resourceAPI{ctrlv1.NewResourceServiceClient(o.Conn)},
+		live:      newLiveLimit(16, o.LivePerToken, 512),
 	}
 	c.m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "krane", Subsystem: "ctrl", Name: "console_requests_total",

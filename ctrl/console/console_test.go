@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
-	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -14,11 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"krane.dev/ctrl/auth"
-	"krane.dev/ctrl/console"
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
@@ -514,8 +509,7 @@ func (es *eventStream) next(t *testing.T) event {
 }
 
 // TestPagesSayWhatThisCtrlDoesNotServe: without Restate the deploy,
-// sentinel and rollout pages say the API needs it; without a resource API
-// the Resources page says so.
+// sentinel and rollout pages say the API needs it.
 func TestPagesSayWhatThisCtrlDoesNotServe(t *testing.T) {
 	env := startCtrl(t)
 	b := newBrowser(t, env.Server.ConsoleURL())
@@ -525,25 +519,6 @@ func TestPagesSayWhatThisCtrlDoesNotServe(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || !strings.Contains(body, "need Restate") {
 			t.Errorf("%s without Restate: %s\n%s", path, resp.Status, body)
 		}
-	}
-	// ctrl serve always wires the resource API; a console built without
-	// one says so.
-	conn, err := grpc.NewClient(env.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	con, err := console.New(console.Options{Conn: conn, Sessions: env.Store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(con.Handler())
-	t.Cleanup(srv.Close)
-	bare := newBrowser(t, srv.URL)
-	bare.mustSignIn(env.OperatorToken(t, "dave"))
-	resp, body := bare.get("/resources")
-	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "no resource API") {
-		t.Errorf("/resources without a resource API: %s\n%s", resp.Status, body)
 	}
 }
 
@@ -593,46 +568,6 @@ func TestSignInRedirectsOnlyWithinTheConsole(t *testing.T) {
 	if got := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || got != "/fleet" {
 		t.Errorf("an action with back=/<tab>/evil.example/: %s to %q, want /fleet", resp.Status, got)
 	}
-}
-
-// TestResourcesPageShowsWhatItsSourceReturns: per object and region the
-// desired and applied versions, the status and the clusters' apply errors.
-func TestResourcesPageShowsWhatItsSourceReturns(t *testing.T) {
-	env := startCtrl(t)
-	conn, err := grpc.NewClient(env.Server.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	con, err := console.New(console.Options{Conn: conn, Sessions: env.Store, Resources: func(grpc.ClientConnInterface) console.Resources { return fakeResources{} }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(con.Handler())
-	t.Cleanup(srv.Close)
-	b := newBrowser(t, srv.URL)
-	b.mustSignIn(env.OperatorToken(t, "frank"))
-	resp, body := b.get("/resources")
-	for _, want := range []string{"configmap", "cm-1", "data.key: too long", "parked", "behind", `{&#34;ok&#34;:true}`} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/resources does not show %q: %s\n%s", want, resp.Status, body)
-		}
-	}
-}
-
-// fakeResources stands in for the resource API (which the page reads
-// through the Resources interface).
-type fakeResources struct{}
-
-func (fakeResources) Kinds(ctx context.Context) ([]console.ResourceKind, error) {
-	return []console.ResourceKind{{Name: "configmap"}}, nil
-}
-
-func (fakeResources) List(ctx context.Context, kind, pageToken string) (console.ResourcePage, error) {
-	return console.ResourcePage{Items: []console.Resource{{ID: "cm-1", Regions: []console.ResourceRegion{
-		{Region: "eu", Version: 7, AppliedVersion: 5, Errors: []console.ResourceError{{ClusterID: "eu-1", Version: 7, Message: "data.key: too long", Permanent: true}}},
-		{Region: "us", Version: 6, AppliedVersion: 6, Status: `{"ok":true}`},
-	}}}}, nil
 }
 
 // TestDeploymentTimelineIsTheRecordedHistory: the deployment page lists

@@ -385,7 +385,6 @@ func waveBars(st *ctrlv1.RolloutStatus) []waveBar {
 }
 
 type resourcesPage struct {
-	Wired       bool
 	Kinds       []ResourceKind
 	Kind        string
 	Items       []Resource
@@ -393,10 +392,7 @@ type resourcesPage struct {
 }
 
 func (c *Console) loadResources(ctx context.Context, r *http.Request) (any, error) {
-	p := resourcesPage{Wired: c.resources != nil, Kind: strings.TrimSpace(r.URL.Query().Get("kind"))}
-	if c.resources == nil {
-		return p, nil
-	}
+	p := resourcesPage{Kind: strings.TrimSpace(r.URL.Query().Get("kind"))}
 	kinds, err := c.resources.Kinds(ctx)
 	if err != nil {
 		return p, err

@@ -4,19 +4,16 @@ import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 )
 
-// ResourceAPI backs the Resources page with ctrl's resource API
-// (krane.ctrl.v1.ResourceService), called with the signed-in operator's
-// token like every other page.
-func ResourceAPI(conn grpc.ClientConnInterface) Resources {
-	return resourceAPI{ctrlv1.NewResourceServiceClient(conn)}
-}
-
+// resourceAPI is where the Resources page reads the objects of plugin
+// authors' kinds: ctrl's resource API (krane.ctrl.v1.ResourceService),
+// called like every other page with the signed-in operator's token (the
+// ctx's outgoing gRPC metadata), so the page shows only what that token
+// may read.
 type resourceAPI struct{ c ctrlv1.ResourceServiceClient }
 
 func (a resourceAPI) Kinds(ctx context.Context) ([]ResourceKind, error) {

@@ -1,26 +1,8 @@
 package console
 
 import (
-	"context"
 	"time"
-
-	"google.golang.org/grpc"
 )
-
-// Resources is where the Resources page reads the objects of plugin
-// authors' kinds. Each call's ctx carries the signed-in operator's token as
-// outgoing gRPC metadata: an implementation calls ctrl's operator API with
-// it, so the page shows only what that token may read.
-type Resources interface {
-	// Kinds lists the kinds ctrl serves besides the built-in ones.
-	Kinds(ctx context.Context) ([]ResourceKind, error)
-	// List returns one page of a kind's objects, by id.
-	List(ctx context.Context, kind, pageToken string) (ResourcePage, error)
-}
-
-// ResourcesFunc builds a Resources on the console's connection to the
-// operator API (Options.Resources).
-type ResourcesFunc func(conn grpc.ClientConnInterface) Resources
 
 // ResourceKind is a kind of plugin objects.
 type ResourceKind struct {

@@ -36,7 +36,7 @@ var funcs = template.FuncMap{
 	"clock":     clock,
 	"ts":        func(t *timestamppb.Timestamp) time.Time { return tsTime(t) },
 	"depStatus": statusName,
-	"health":    healthName,
+	"health":    clusterv1.Health.Word,
 	"u64": func(p *uint64) string {
 		if p == nil {
 			return ""
@@ -111,15 +111,6 @@ func clock(t time.Time) string {
 // statusName is a deployment status as a word: ready, failed, ...
 func statusName(s ctrlv1.DeploymentStatus) string {
 	name := strings.ToLower(strings.TrimPrefix(s.String(), "DEPLOYMENT_STATUS_"))
-	if name == "unspecified" {
-		return "unknown"
-	}
-	return name
-}
-
-// healthName is a sentinel's health as a word.
-func healthName(h clusterv1.Health) string {
-	name := strings.ToLower(strings.TrimPrefix(h.String(), "HEALTH_"))
 	if name == "unspecified" {
 		return "unknown"
 	}

@@ -34,7 +34,9 @@ func info(d store.Deployment, regions []store.RegionState, live, withInstances b
 // grows: new workload fields are in info.workload only.
 func withLegacyFields(info *ctrlv1.DeploymentInfo) *ctrlv1.DeploymentInfo {
 	w := info.GetWorkload()
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	info.Image, info.CpuMillicores, info.MemoryMib, info.Port = w.GetImage(), w.GetCpuMillicores(), w.GetMemoryMib(), w.GetPort()
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	info.Command, info.EnvVars, info.Healthcheck, info.ShutdownSignal = w.GetCommand(), w.GetEnvVars(), w.GetHealthcheck(), w.GetShutdownSignal()
 	return info
 }

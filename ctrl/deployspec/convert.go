@@ -46,7 +46,9 @@ func FromCreateRequest(id string, req *ctrlv1.CreateDeploymentRequest) (Spec, er
 // grows: new workload fields are set in workload only.
 func legacyWorkload(req *ctrlv1.CreateDeploymentRequest) *clusterv1.Workload {
 	return &clusterv1.Workload{
+		//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 		Image: req.GetImage(), Command: req.GetCommand(), EnvVars: req.GetEnvVars(), CpuMillicores: req.GetCpuMillicores(),
+		//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 		MemoryMib: req.GetMemoryMib(), Port: req.GetPort(), Healthcheck: req.GetHealthcheck(), ShutdownSignal: req.GetShutdownSignal(),
 	}
 }

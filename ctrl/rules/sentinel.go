@@ -88,7 +88,7 @@ func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outco
 			who = "cluster " + id
 		}
 		st := rep.Status
-		health := healthWord(st.GetHealth())
+		health := st.GetHealth().Word()
 		var why string
 		switch {
 		case !ok:
@@ -119,17 +119,4 @@ func EvaluateSentinel(r store.SentinelRow, applyErrors []store.ApplyError) Outco
 		}
 	}
 	return Outcome{Message: why}
-}
-
-// healthWord is a reported health as the messages name it.
-func healthWord(h clusterv1.Health) string {
-	switch h {
-	case clusterv1.Health_HEALTH_HEALTHY:
-		return "healthy"
-	case clusterv1.Health_HEALTH_UNHEALTHY:
-		return "unhealthy"
-	case clusterv1.Health_HEALTH_PAUSED:
-		return "paused"
-	}
-	return "unknown"
 }

@@ -92,7 +92,7 @@ func startConsole(cfg Config, gs *grpc.Server, st *store.Store, log hclog.Logger
 	}
 	cs.conn = conn
 	con, err := console.New(console.Options{
-		Conn: conn, Resources: console.ResourceAPI, Sessions: st, SessionTTL: k.SessionTTL, LivePerToken: k.LivePerToken, SecureCookie: k.SecureCookie || cs.tls, Log: log, Registerer: reg,
+		Conn: conn, Sessions: st, SessionTTL: k.SessionTTL, LivePerToken: k.LivePerToken, SecureCookie: k.SecureCookie || cs.tls, Log: log, Registerer: reg,
 	})
 	if err != nil {
 		conn.Close()

@@ -697,19 +697,6 @@ func instanceStatus(s clusterv1.Instance_Status) string {
 	}
 }
 
-func healthName(h clusterv1.Health) string {
-	switch h {
-	case clusterv1.Health_HEALTH_HEALTHY:
-		return "healthy"
-	case clusterv1.Health_HEALTH_UNHEALTHY:
-		return "unhealthy"
-	case clusterv1.Health_HEALTH_PAUSED:
-		return "paused"
-	default:
-		return "unknown"
-	}
-}
-
 // DeploymentReport is one cluster's report on one deployment.
 type DeploymentReport struct {
 	Obs    Observation

@@ -125,7 +125,7 @@ func (s *Store) attachSentinelReports(ctx context.Context, rows []SentinelRow) e
 				if sr.ClusterID == id {
 					st := sr.Status
 					r.RunningImage, r.AvailableReplicas, r.UpdatedReplicas, r.ReadyReplicas = st.GetRunningImage(), st.GetAvailableReplicas(), st.GetUpdatedReplicas(), st.GetReadyReplicas()
-					r.ObservedGeneration, r.Health, r.HealthReason = st.GetObservedGeneration(), healthName(st.GetHealth()), st.GetReason()
+					r.ObservedGeneration, r.Health, r.HealthReason = st.GetObservedGeneration(), st.GetHealth().Word(), st.GetReason()
 					r.ReportedDeleted, r.ReportObservedVersion = sr.Deleted, sr.Version
 				}
 			}

@@ -60,7 +60,9 @@ func decodeWorkload(id string, doc []byte) (*clusterv1.Workload, error) {
 // grows: new workload fields reach plugins in d.workload only.
 func withLegacyFields(d *clusterv1.Deployment) *clusterv1.Deployment {
 	w := d.GetWorkload()
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	d.Image, d.CpuMillicores, d.MemoryMib, d.EnvVars = w.GetImage(), w.GetCpuMillicores(), w.GetMemoryMib(), w.GetEnvVars()
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	d.Healthcheck, d.Port, d.Command, d.ShutdownSignal = w.GetHealthcheck(), w.GetPort(), w.GetCommand(), w.GetShutdownSignal()
 	return d
 }

@@ -237,11 +237,9 @@ func (s *sentinels) deploy(ctx restate.ObjectContext, req SentinelDeployRequest)
 	if _, ferr := runStep(ctx, s.hooks, sentinelFence, func(restate.RunContext) (restate.Void, error) { return restate.Void{}, nil }); ferr != nil {
 		return res, s.cancelled(ctx, id, request, ferr)
 	}
-	var outcome Outcome
-	if !s.hooks.SkipReadyRecheck {
-		if outcome, err = runStep(ctx, s.hooks, sentinelCheck, func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) }); err != nil {
-			return res, s.cancelled(ctx, id, request, err)
-		}
+	outcome, err := runStep(ctx, s.hooks, sentinelCheck, func(rc restate.RunContext) (Outcome, error) { return s.evaluate(rc, id) })
+	if err != nil {
+		return res, s.cancelled(ctx, id, request, err)
 	}
 	if !outcome.Decided() {
 		timer := restate.After(ctx, w.Timeout)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -211,93 +212,97 @@ func TestSentinelDeploy(t *testing.T) {
 // cluster reports the sentinel healthy on the new version after Deploy
 // wrote it and before Deploy stored its awakeable, and ctrl's Notifier
 // calls NotifyReady in that window (which finds nothing to wake). The
-// Deploy still completes at once, through its database check; without
-// that check (a test-only switch) it would wait for its timeout.
+// Deploy still completes, and it is its database check after the fence
+// that decides it (the check step's journaled outcome is ready), not the
+// final check at its timeout: without that check the wake-up is lost and
+// the deploy waits for a later notice (the Notifier's next pass) or its
+// timeout.
 func TestSentinelReadyBeforeAwakeable(t *testing.T) {
-	for _, skipRecheck := range []bool{false, true} {
-		name := "with the recheck"
-		if skipRecheck {
-			name = "without the recheck"
+	type target struct {
+		id      string
+		cluster *ctrltest.SentinelCluster
+		env     *ctrltest.Env
+	}
+	var armed atomic.Pointer[target]
+	var hookDone atomic.Bool
+	var hookErr atomic.Value
+	hook := func(ctx context.Context, step string) error {
+		tg := armed.Load()
+		if step != workflows.SentinelServiceName+".write" || tg == nil || !armed.CompareAndSwap(tg, nil) {
+			return nil
 		}
-		t.Run(name, func(t *testing.T) {
-			type target struct {
-				id      string
-				cluster *ctrltest.SentinelCluster
-				env     *ctrltest.Env
+		defer hookDone.Store(true)
+		// The write committed (a new version, progressing, owned by
+		// this Deploy); no awakeable is stored yet. Let the cluster
+		// report, and wait until the Notifier has told
+		// SentinelService, which found nobody waiting.
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			if _, spec, ok := tg.cluster.Latest(tg.id); ok && spec.GetImage() == imgV2 {
+				break
 			}
-			var armed atomic.Pointer[target]
-			var hookDone atomic.Bool
-			var hookErr atomic.Value
-			hook := func(ctx context.Context, step string) error {
-				tg := armed.Load()
-				if step != workflows.SentinelServiceName+".write" || tg == nil || !armed.CompareAndSwap(tg, nil) {
-					return nil
-				}
-				defer hookDone.Store(true)
-				// The write committed (a new version, progressing, owned by
-				// this Deploy); no awakeable is stored yet. Let the cluster
-				// report, and wait until the Notifier has told
-				// SentinelService, which found nobody waiting.
-				deadline := time.Now().Add(15 * time.Second)
-				for {
-					if _, spec, ok := tg.cluster.Latest(tg.id); ok && spec.GetImage() == imgV2 {
-						break
-					}
-					if time.Now().After(deadline) {
-						hookErr.Store("the cluster never received the new version")
-						return nil
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				tg.cluster.Release(t, tg.id)
-				for sentinelMetricNoT(tg.env, "idle") < 1 {
-					if time.Now().After(deadline) {
-						hookErr.Store("the Notifier never notified the sentinel")
-						return nil
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
+			if time.Now().After(deadline) {
+				hookErr.Store("the cluster never received the new version")
 				return nil
 			}
-			env := ctrltest.Start(t, ctrltest.Options{Restate: testenv.SharedRestate(t),
-				Deps: serve.Deps{WorkflowHooks: workflows.Hooks{AfterStep: hook, SkipReadyRecheck: skipRecheck}}})
-			eu := env.SentinelCluster(t, "eu", "eu-1")
-			id := env.CreateSentinels(t, "eu", "sen-race", imgV1, 1)[0]
-			waitConverged(t, env.Store, id)
-			eu.Hold(id)
-			armed.Store(&target{id: id, cluster: eu, env: env})
-
-			begin := time.Now()
-			resp, err := env.Sentinels(t).DeploySentinel(context.Background(), &ctrlv1.DeploySentinelRequest{SentinelId: id, Image: imgV2, TimeoutSeconds: 4, Wait: true})
-			took := time.Since(begin)
-			if err != nil {
-				t.Fatal(err)
+			time.Sleep(10 * time.Millisecond)
+		}
+		tg.cluster.Release(t, tg.id)
+		for sentinelMetricNoT(tg.env, "idle") < 1 {
+			if time.Now().After(deadline) {
+				hookErr.Store("the Notifier never notified the sentinel")
+				return nil
 			}
-			if !hookDone.Load() {
-				t.Fatal("the hook did not run")
-			}
-			if e := hookErr.Load(); e != nil {
-				t.Fatal(e)
-			}
-			if idle, woken := sentinelMetric(t, env, "idle"), sentinelMetric(t, env, "woken"); idle != 1 || woken != 0 {
-				t.Fatalf("notifications: %v idle, %v woken; want the one report's notice to have found nobody waiting", idle, woken)
-			}
-			if skipRecheck {
-				// The wake-up is lost: the deploy waits its whole timeout,
-				// and only the final check at the deadline finds the
-				// sentinel ready.
-				if took < 4*time.Second {
-					t.Fatalf("without the recheck: %v after %s; want the lost wake-up to cost the whole 4s timeout", resp, took)
-				}
-				t.Logf("without the recheck the deploy waited %s (its timeout) and ended %s", took.Round(time.Millisecond), resp.GetResult())
-				return
-			}
-			if resp.GetResult() != "ready" || resp.GetSentinel().GetDeployStatus() != "ready" || took > 3*time.Second {
-				t.Fatalf("with the recheck: %v after %s; want ready at once", resp, took)
-			}
-			t.Logf("report before the awakeable: deploy ready in %s", took.Round(time.Millisecond))
-		})
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
 	}
+	// The check step's journaled outcomes: the one that decides the
+	// deploy must be this one, the check after the fence.
+	var checked sync.Mutex
+	var checks []workflows.Outcome
+	stepResult := func(_ context.Context, step string, result any) {
+		if step != workflows.SentinelServiceName+".check" {
+			return
+		}
+		if o, ok := result.(workflows.Outcome); ok {
+			checked.Lock()
+			checks = append(checks, o)
+			checked.Unlock()
+		}
+	}
+	env := ctrltest.Start(t, ctrltest.Options{Restate: testenv.SharedRestate(t),
+		Deps: serve.Deps{WorkflowHooks: workflows.Hooks{AfterStep: hook, StepResult: stepResult}}})
+	eu := env.SentinelCluster(t, "eu", "eu-1")
+	id := env.CreateSentinels(t, "eu", "sen-race", imgV1, 1)[0]
+	waitConverged(t, env.Store, id)
+	eu.Hold(id)
+	armed.Store(&target{id: id, cluster: eu, env: env})
+
+	begin := time.Now()
+	resp, err := env.Sentinels(t).DeploySentinel(context.Background(), &ctrlv1.DeploySentinelRequest{SentinelId: id, Image: imgV2, TimeoutSeconds: 60, Wait: true})
+	took := time.Since(begin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hookDone.Load() {
+		t.Fatal("the hook did not run")
+	}
+	if e := hookErr.Load(); e != nil {
+		t.Fatal(e)
+	}
+	checked.Lock()
+	defer checked.Unlock()
+	if len(checks) == 0 || checks[len(checks)-1].Result != workflows.ResultReady {
+		t.Fatalf("the check after the fence journaled %v; want it to find the sentinel ready (without it the lost wake-up waits for a later notice or the timeout)", checks)
+	}
+	if idle, woken := sentinelMetric(t, env, "idle"), sentinelMetric(t, env, "woken"); idle != 1 || woken != 0 {
+		t.Fatalf("notifications: %v idle, %v woken; want the one report's notice to have found nobody waiting", idle, woken)
+	}
+	if resp.GetResult() != "ready" || resp.GetSentinel().GetDeployStatus() != "ready" {
+		t.Fatalf("deploy: %v after %s; want ready", resp, took)
+	}
+	t.Logf("report before the awakeable: deploy ready in %s, decided by the check after the fence", took.Round(time.Millisecond))
 }
 
 func sentinelMetricNoT(env *ctrltest.Env, result string) float64 {

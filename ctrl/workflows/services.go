@@ -87,10 +87,6 @@ type Hooks struct {
 	// VersioningWait replaces how long a deploy waits for the
 	// VersioningService (0: versioningWait).
 	VersioningWait time.Duration
-	// SkipReadyRecheck leaves out SentinelService.Deploy's database check
-	// after it stored its awakeable: the lost wake-up that check prevents.
-	// Exists only to prove the tests catch it.
-	SkipReadyRecheck bool
 }
 
 func (h Hooks) after(ctx context.Context, step string) error {

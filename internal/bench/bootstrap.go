@@ -57,7 +57,7 @@ func Bootstrap(ctx context.Context, e *Env) ([]Figure, error) {
 	for i := range objs {
 		id := fmt.Sprintf("boot-%05d", i)
 		d := &clusterv1.Deployment{Id: id, WorkspaceId: "bench", ProjectId: "p", EnvironmentId: "bench-env", AppId: "a", K8SNamespace: ns, K8SName: id,
-			Image: "registry.local/bench/app:1", CpuMillicores: 100, MemoryMib: 64, Replicas: 1, EnvVars: map[string]string{"MODE": "bench"}, Port: 8080}
+			Replicas: 1, Workload: &clusterv1.Workload{Image: "registry.local/bench/app:1", CpuMillicores: 100, MemoryMib: 64, EnvVars: map[string]string{"MODE": "bench"}, Port: 8080}}
 		rs := controller.BuildReplicaSet(id, uint64(i+1), d, controller.Defaults())
 		rs.Namespace = rawNS
 		// The same object, minus Krane's claim on it: with the managed-by

@@ -20,6 +20,7 @@ import (
 	"krane.dev/internal/stack"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
+	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 	"krane.dev/sentinel/proxy"
 	"krane.dev/sentinel/routes"
@@ -247,7 +248,7 @@ func SentinelSwitch(ctx context.Context, e *Env) ([]Figure, error) {
 	var ids []string
 	for i := range 2 {
 		d, err := api.CreateDeployment(ctx, &ctrlv1.CreateDeploymentRequest{WorkspaceId: "bench", ProjectId: "p", AppId: "a", EnvironmentId: env,
-			Image: fmt.Sprintf("registry.local/bench/switch:%d", i+1), Replicas: 1, Regions: []string{"bench"}})
+			Workload: &clusterv1.Workload{Image: fmt.Sprintf("registry.local/bench/switch:%d", i+1)}, Replicas: 1, Regions: []string{"bench"}})
 		if err != nil {
 			return nil, err
 		}

@@ -234,6 +234,32 @@ func (r *Repairer) repair(ctx context.Context, id string) {
 	r.log.Info("changed by someone else: repaired from ctrl's desired state", "kind", r.kind, "id", id, "version", ch.Version, "took", time.Since(start))
 }
 
+// Apply is the whole of a repairing plugin's sdk.Controller Apply: it
+// holds Lock(id) while apply runs, so a repair never interleaves with the
+// host's Apply of the same object, and records what apply did (Applied;
+// a Deleted result forgets the id), so a repair re-applies only the
+// version the host delivered last. A failed apply records nothing: the
+// host retries it, and until then a repair re-applies the previous
+// version, which is what the cluster last held by right.
+//
+//	func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
+//		return c.repair.Apply(ctx, req, c.apply)
+//	}
+//
+// apply is the same function the Repairer was made with, returning the
+// result as well; it runs with the id's lock held and must not take it
+// again.
+func (r *Repairer) Apply(ctx context.Context, req *sdk.ApplyRequest, apply func(context.Context, sdk.Change) (sdk.Result, error)) (*sdk.ApplyResponse, error) {
+	ch := req.Change
+	unlock := r.Lock(ch.ID)
+	defer unlock()
+	res, err := apply(ctx, ch)
+	if err == nil {
+		r.Applied(ch.ID, ch.Version, res == sdk.Deleted)
+	}
+	return sdk.Done(res, err)
+}
+
 // Lock serialises work on one object id: the plugin's Apply of id, and
 // this Repairer's repair of it. Call the returned func to unlock.
 func (r *Repairer) Lock(id string) (unlock func()) { return r.locks.lock(id) }

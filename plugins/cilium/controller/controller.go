@@ -107,14 +107,10 @@ func (c *Controller) Configure(ctx context.Context, req *sdk.ConfigureRequest) (
 	return &sdk.ConfigureResponse{}, nil
 }
 
+// Apply applies one change under the id's repair lock and records it for
+// repairs (kube.Repairer.Apply).
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
-	unlock := c.repair.Lock(req.Change.ID)
-	defer unlock()
-	res, err := c.applyChange(ctx, req.Change)
-	if err == nil {
-		c.repair.Applied(req.Change.ID, req.Change.Version, res == sdk.Deleted)
-	}
-	return sdk.Done(res, err)
+	return c.repair.Apply(ctx, req, c.applyChange)
 }
 
 // applyChange is one Apply, for the host or a repair; the caller holds the

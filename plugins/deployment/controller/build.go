@@ -312,7 +312,9 @@ func workloadOf(d *clusterv1.Deployment) *clusterv1.Workload {
 	if w := d.GetWorkload(); w != nil {
 		return w
 	}
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	return &clusterv1.Workload{Image: d.GetImage(), Command: d.GetCommand(), EnvVars: d.GetEnvVars(), CpuMillicores: d.GetCpuMillicores(),
+		//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 		MemoryMib: d.GetMemoryMib(), Port: d.GetPort(), Healthcheck: d.GetHealthcheck(), ShutdownSignal: d.GetShutdownSignal()}
 }
 
@@ -324,7 +326,9 @@ func workloadOf(d *clusterv1.Deployment) *clusterv1.Workload {
 func specHash(d *clusterv1.Deployment) string {
 	w := workloadOf(d)
 	n := proto.CloneOf(d)
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	n.Image, n.Command, n.EnvVars, n.CpuMillicores = w.GetImage(), w.GetCommand(), w.GetEnvVars(), w.GetCpuMillicores()
+	//lint:ignore SA1019 legacy-workload: removed no earlier than v0.3.0 (docs/compatibility.md)
 	n.MemoryMib, n.Port, n.Healthcheck, n.ShutdownSignal = w.GetMemoryMib(), w.GetPort(), w.GetHealthcheck(), w.GetShutdownSignal()
 	n.Workload = proto.CloneOf(w)
 	n.Workload.Image, n.Workload.Command, n.Workload.EnvVars, n.Workload.CpuMillicores = "", nil, nil, 0

@@ -129,9 +129,7 @@ func New(log hclog.Logger, opts ...Option) *Controller {
 		o(c)
 	}
 	c.repair = kube.NewRepairer(kinds.Deployment, log, func(ctx context.Context, ch sdk.Change) error {
-		unlock := c.idLocks.lock(ch.ID)
-		defer unlock()
-		_, err := c.apply(ctx, ch)
+		_, err := c.applyLocked(ctx, ch)
 		return err
 	})
 	c.bg, c.stopBG = context.WithCancel(context.Background())
@@ -316,14 +314,19 @@ func (c *Controller) hostServices() sdk.Host {
 	return c.host
 }
 
+// Apply applies one change under the id's repair lock and records it for
+// repairs (kube.Repairer.Apply). Inside it, applyLocked takes the id's
+// lock as every apply of the plugin's own does (a roll's), always after
+// the repair lock, never before: no two paths take them the other way.
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
-	unlock := c.idLocks.lock(req.Change.ID)
+	return c.repair.Apply(ctx, req, c.applyLocked)
+}
+
+// applyLocked is apply under the deployment's lock (idLocks).
+func (c *Controller) applyLocked(ctx context.Context, ch sdk.Change) (sdk.Result, error) {
+	unlock := c.idLocks.lock(ch.ID)
 	defer unlock()
-	res, err := c.apply(ctx, req.Change)
-	if err == nil {
-		c.repair.Applied(req.Change.ID, req.Change.Version, res == sdk.Deleted)
-	}
-	return sdk.Done(res, err)
+	return c.apply(ctx, ch)
 }
 
 func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {

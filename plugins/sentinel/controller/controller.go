@@ -180,14 +180,10 @@ func (c *Controller) current() *cluster {
 	return c.cl
 }
 
+// Apply applies one change under the id's repair lock and records it for
+// repairs (kube.Repairer.Apply).
 func (c *Controller) Apply(ctx context.Context, req *sdk.ApplyRequest) (*sdk.ApplyResponse, error) {
-	unlock := c.repair.Lock(req.Change.ID)
-	defer unlock()
-	res, err := c.apply(ctx, req.Change)
-	if err == nil {
-		c.repair.Applied(req.Change.ID, req.Change.Version, res == sdk.Deleted)
-	}
-	return sdk.Done(res, err)
+	return c.repair.Apply(ctx, req, c.apply)
 }
 
 func (c *Controller) apply(ctx context.Context, ch sdk.Change) (sdk.Result, error) {

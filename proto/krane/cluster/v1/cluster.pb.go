@@ -1325,26 +1325,36 @@ type Deployment struct {
 	EnvironmentId string                 `protobuf:"bytes,4,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
 	AppId         string                 `protobuf:"bytes,5,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
 	// Where and under which name the workload runs in the cluster.
-	K8SNamespace  string            `protobuf:"bytes,6,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
-	K8SName       string            `protobuf:"bytes,7,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
-	Image         string            `protobuf:"bytes,8,opt,name=image,proto3" json:"image,omitempty"`
-	CpuMillicores int64             `protobuf:"varint,9,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
-	MemoryMib     int64             `protobuf:"varint,10,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	Replicas      int32             `protobuf:"varint,11,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	EnvVars       map[string]string `protobuf:"bytes,12,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	K8SNamespace string `protobuf:"bytes,6,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
+	K8SName      string `protobuf:"bytes,7,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	Image string `protobuf:"bytes,8,opt,name=image,proto3" json:"image,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	CpuMillicores int64 `protobuf:"varint,9,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	MemoryMib int64 `protobuf:"varint,10,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	Replicas  int32 `protobuf:"varint,11,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	EnvVars map[string]string `protobuf:"bytes,12,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Secrets sealed by ctrl; opened only by a cluster of the deployment's region.
-	EncryptedEnv []byte       `protobuf:"bytes,13,opt,name=encrypted_env,json=encryptedEnv,proto3" json:"encrypted_env,omitempty"`
-	Healthcheck  *Healthcheck `protobuf:"bytes,14,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
-	Port         int32        `protobuf:"varint,15,opt,name=port,proto3" json:"port,omitempty"`
-	Command      []string     `protobuf:"bytes,16,rep,name=command,proto3" json:"command,omitempty"`
+	EncryptedEnv []byte `protobuf:"bytes,13,opt,name=encrypted_env,json=encryptedEnv,proto3" json:"encrypted_env,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	Healthcheck *Healthcheck `protobuf:"bytes,14,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	Port int32 `protobuf:"varint,15,opt,name=port,proto3" json:"port,omitempty"`
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
+	Command []string `protobuf:"bytes,16,rep,name=command,proto3" json:"command,omitempty"`
 	// SIGTERM (default), SIGINT, SIGQUIT or SIGKILL.
+	//
+	// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 	ShutdownSignal string `protobuf:"bytes,17,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
 	// What runs. ctrl sends it and, for plugins older than it, the same
 	// values in the fields above (image, cpu_millicores, memory_mib,
 	// env_vars, healthcheck, port, command, shutdown_signal), which it keeps
-	// filling for one more release; a plugin reads workload when it is set
-	// and those fields otherwise. Fields added to the workload are only
-	// here.
+	// filling through the skew window; a plugin reads workload when it is
+	// set and those fields otherwise. Fields added to the workload are only
+	// here. Those fields are deprecated (replaced by workload since v0.1.0,
+	// removed no earlier than v0.3.0, docs/compatibility.md).
 	Workload      *Workload `protobuf:"bytes,18,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1429,6 +1439,7 @@ func (x *Deployment) GetK8SName() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetImage() string {
 	if x != nil {
 		return x.Image
@@ -1436,6 +1447,7 @@ func (x *Deployment) GetImage() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetCpuMillicores() int64 {
 	if x != nil {
 		return x.CpuMillicores
@@ -1443,6 +1455,7 @@ func (x *Deployment) GetCpuMillicores() int64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetMemoryMib() int64 {
 	if x != nil {
 		return x.MemoryMib
@@ -1457,6 +1470,7 @@ func (x *Deployment) GetReplicas() int32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetEnvVars() map[string]string {
 	if x != nil {
 		return x.EnvVars
@@ -1471,6 +1485,7 @@ func (x *Deployment) GetEncryptedEnv() []byte {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetHealthcheck() *Healthcheck {
 	if x != nil {
 		return x.Healthcheck
@@ -1478,6 +1493,7 @@ func (x *Deployment) GetHealthcheck() *Healthcheck {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetPort() int32 {
 	if x != nil {
 		return x.Port
@@ -1485,6 +1501,7 @@ func (x *Deployment) GetPort() int32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetCommand() []string {
 	if x != nil {
 		return x.Command
@@ -1492,6 +1509,7 @@ func (x *Deployment) GetCommand() []string {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/cluster/v1/cluster.proto.
 func (x *Deployment) GetShutdownSignal() string {
 	if x != nil {
 		return x.ShutdownSignal
@@ -3472,7 +3490,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x03env\x18\x01 \x03(\v2-.krane.cluster.v1.DecryptEnvResponse.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xeb\x05\n" +
 	"\n" +
 	"Deployment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -3482,19 +3500,19 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0eenvironment_id\x18\x04 \x01(\tR\renvironmentId\x12\x15\n" +
 	"\x06app_id\x18\x05 \x01(\tR\x05appId\x12#\n" +
 	"\rk8s_namespace\x18\x06 \x01(\tR\fk8sNamespace\x12\x19\n" +
-	"\bk8s_name\x18\a \x01(\tR\ak8sName\x12\x14\n" +
-	"\x05image\x18\b \x01(\tR\x05image\x12%\n" +
-	"\x0ecpu_millicores\x18\t \x01(\x03R\rcpuMillicores\x12\x1d\n" +
+	"\bk8s_name\x18\a \x01(\tR\ak8sName\x12\x18\n" +
+	"\x05image\x18\b \x01(\tB\x02\x18\x01R\x05image\x12)\n" +
+	"\x0ecpu_millicores\x18\t \x01(\x03B\x02\x18\x01R\rcpuMillicores\x12!\n" +
 	"\n" +
 	"memory_mib\x18\n" +
-	" \x01(\x03R\tmemoryMib\x12\x1a\n" +
-	"\breplicas\x18\v \x01(\x05R\breplicas\x12D\n" +
-	"\benv_vars\x18\f \x03(\v2).krane.cluster.v1.Deployment.EnvVarsEntryR\aenvVars\x12#\n" +
-	"\rencrypted_env\x18\r \x01(\fR\fencryptedEnv\x12?\n" +
-	"\vhealthcheck\x18\x0e \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x12\x12\n" +
-	"\x04port\x18\x0f \x01(\x05R\x04port\x12\x18\n" +
-	"\acommand\x18\x10 \x03(\tR\acommand\x12'\n" +
-	"\x0fshutdown_signal\x18\x11 \x01(\tR\x0eshutdownSignal\x126\n" +
+	" \x01(\x03B\x02\x18\x01R\tmemoryMib\x12\x1a\n" +
+	"\breplicas\x18\v \x01(\x05R\breplicas\x12H\n" +
+	"\benv_vars\x18\f \x03(\v2).krane.cluster.v1.Deployment.EnvVarsEntryB\x02\x18\x01R\aenvVars\x12#\n" +
+	"\rencrypted_env\x18\r \x01(\fR\fencryptedEnv\x12C\n" +
+	"\vhealthcheck\x18\x0e \x01(\v2\x1d.krane.cluster.v1.HealthcheckB\x02\x18\x01R\vhealthcheck\x12\x16\n" +
+	"\x04port\x18\x0f \x01(\x05B\x02\x18\x01R\x04port\x12\x1c\n" +
+	"\acommand\x18\x10 \x03(\tB\x02\x18\x01R\acommand\x12+\n" +
+	"\x0fshutdown_signal\x18\x11 \x01(\tB\x02\x18\x01R\x0eshutdownSignal\x126\n" +
 	"\bworkload\x18\x12 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

@@ -252,26 +252,36 @@ func (x *EnvironmentInfo) GetHosts() []string {
 // CreateDeploymentRequest: what runs is workload. The top-level image,
 // cpu_millicores, memory_mib, env_vars, healthcheck, port, command and
 // shutdown_signal are its fields as this API took them before; they are
-// still accepted for one release, when workload is not set.
+// deprecated (replaced by workload since v0.1.0, removed no earlier than
+// v0.3.0, docs/compatibility.md) and still accepted through the skew
+// window, when workload is not set.
 type CreateDeploymentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkspaceId   string                 `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
 	ProjectId     string                 `protobuf:"bytes,2,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	EnvironmentId string                 `protobuf:"bytes,3,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
 	AppId         string                 `protobuf:"bytes,4,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
-	Image         string                 `protobuf:"bytes,5,opt,name=image,proto3" json:"image,omitempty"`
-	Regions       []string               `protobuf:"bytes,6,rep,name=regions,proto3" json:"regions,omitempty"`
-	Replicas      int32                  `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	CpuMillicores int64                  `protobuf:"varint,8,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
-	MemoryMib     int64                  `protobuf:"varint,9,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	EnvVars       map[string]string      `protobuf:"bytes,10,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Image    string   `protobuf:"bytes,5,opt,name=image,proto3" json:"image,omitempty"`
+	Regions  []string `protobuf:"bytes,6,rep,name=regions,proto3" json:"regions,omitempty"`
+	Replicas int32    `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	CpuMillicores int64 `protobuf:"varint,8,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	MemoryMib int64 `protobuf:"varint,9,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	EnvVars map[string]string `protobuf:"bytes,10,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Secret variables: sealed by ctrl, never stored or logged in plaintext.
-	SecretEnv      map[string]string `protobuf:"bytes,11,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Healthcheck    *v1.Healthcheck   `protobuf:"bytes,12,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
-	Port           int32             `protobuf:"varint,13,opt,name=port,proto3" json:"port,omitempty"`
-	Command        []string          `protobuf:"bytes,14,rep,name=command,proto3" json:"command,omitempty"`
-	ShutdownSignal string            `protobuf:"bytes,15,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
-	IdempotencyKey string            `protobuf:"bytes,16,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	SecretEnv map[string]string `protobuf:"bytes,11,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Healthcheck *v1.Healthcheck `protobuf:"bytes,12,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Port int32 `protobuf:"varint,13,opt,name=port,proto3" json:"port,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Command []string `protobuf:"bytes,14,rep,name=command,proto3" json:"command,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	ShutdownSignal string `protobuf:"bytes,15,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,16,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// How long the workflow waits for every region to run; 0 = server default.
 	TimeoutSeconds int32 `protobuf:"varint,17,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
 	// What runs (image, command, environment, size, port, probes, shutdown).
@@ -339,6 +349,7 @@ func (x *CreateDeploymentRequest) GetAppId() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetImage() string {
 	if x != nil {
 		return x.Image
@@ -360,6 +371,7 @@ func (x *CreateDeploymentRequest) GetReplicas() int32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetCpuMillicores() int64 {
 	if x != nil {
 		return x.CpuMillicores
@@ -367,6 +379,7 @@ func (x *CreateDeploymentRequest) GetCpuMillicores() int64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetMemoryMib() int64 {
 	if x != nil {
 		return x.MemoryMib
@@ -374,6 +387,7 @@ func (x *CreateDeploymentRequest) GetMemoryMib() int64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetEnvVars() map[string]string {
 	if x != nil {
 		return x.EnvVars
@@ -388,6 +402,7 @@ func (x *CreateDeploymentRequest) GetSecretEnv() map[string]string {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetHealthcheck() *v1.Healthcheck {
 	if x != nil {
 		return x.Healthcheck
@@ -395,6 +410,7 @@ func (x *CreateDeploymentRequest) GetHealthcheck() *v1.Healthcheck {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetPort() int32 {
 	if x != nil {
 		return x.Port
@@ -402,6 +418,7 @@ func (x *CreateDeploymentRequest) GetPort() int32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetCommand() []string {
 	if x != nil {
 		return x.Command
@@ -409,6 +426,7 @@ func (x *CreateDeploymentRequest) GetCommand() []string {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *CreateDeploymentRequest) GetShutdownSignal() string {
 	if x != nil {
 		return x.ShutdownSignal
@@ -532,37 +550,46 @@ type DeploymentInfo struct {
 	ProjectId     string                 `protobuf:"bytes,3,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	EnvironmentId string                 `protobuf:"bytes,4,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
 	AppId         string                 `protobuf:"bytes,5,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
-	Image         string                 `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
-	Status        DeploymentStatus       `protobuf:"varint,7,opt,name=status,proto3,enum=krane.ctrl.v1.DeploymentStatus" json:"status,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Image  string           `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
+	Status DeploymentStatus `protobuf:"varint,7,opt,name=status,proto3,enum=krane.ctrl.v1.DeploymentStatus" json:"status,omitempty"`
 	// Why the deployment failed: region, instances and reason.
 	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
 	// The replicas per region the clusters are asked to run now: the latest
 	// scale's count, 0 once the deployment is stopped everywhere; before the
 	// deploy has written its regions, the count it will ask for.
-	Replicas      int32             `protobuf:"varint,9,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	CpuMillicores int64             `protobuf:"varint,10,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
-	MemoryMib     int64             `protobuf:"varint,11,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	Port          int32             `protobuf:"varint,12,opt,name=port,proto3" json:"port,omitempty"`
-	Command       []string          `protobuf:"bytes,13,rep,name=command,proto3" json:"command,omitempty"`
-	EnvVars       map[string]string `protobuf:"bytes,14,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Replicas int32 `protobuf:"varint,9,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	CpuMillicores int64 `protobuf:"varint,10,opt,name=cpu_millicores,json=cpuMillicores,proto3" json:"cpu_millicores,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	MemoryMib int64 `protobuf:"varint,11,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Port int32 `protobuf:"varint,12,opt,name=port,proto3" json:"port,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Command []string `protobuf:"bytes,13,rep,name=command,proto3" json:"command,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	EnvVars map[string]string `protobuf:"bytes,14,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Names of the secret variables; values are never returned.
-	SecretEnvKeys []string        `protobuf:"bytes,15,rep,name=secret_env_keys,json=secretEnvKeys,proto3" json:"secret_env_keys,omitempty"`
-	Healthcheck   *v1.Healthcheck `protobuf:"bytes,16,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
-	Regions       []*RegionStatus `protobuf:"bytes,17,rep,name=regions,proto3" json:"regions,omitempty"`
+	SecretEnvKeys []string `protobuf:"bytes,15,rep,name=secret_env_keys,json=secretEnvKeys,proto3" json:"secret_env_keys,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	Healthcheck *v1.Healthcheck `protobuf:"bytes,16,opt,name=healthcheck,proto3" json:"healthcheck,omitempty"`
+	Regions     []*RegionStatus `protobuf:"bytes,17,rep,name=regions,proto3" json:"regions,omitempty"`
 	// True when this is the environment's live deployment.
 	Live           bool                   `protobuf:"varint,18,opt,name=live,proto3" json:"live,omitempty"`
 	RolledBackFrom string                 `protobuf:"bytes,19,opt,name=rolled_back_from,json=rolledBackFrom,proto3" json:"rolled_back_from,omitempty"`
 	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt      *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	ShutdownSignal string                 `protobuf:"bytes,22,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
+	// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
+	ShutdownSignal string `protobuf:"bytes,22,opt,name=shutdown_signal,json=shutdownSignal,proto3" json:"shutdown_signal,omitempty"`
 	// The deployment's history, oldest first (GetDeployment only): every
 	// status change, and what the deploy noted on the way (e.g. that it
 	// stamped its rows itself because the VersioningService did not answer).
 	History []*DeploymentEvent `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
 	// What runs, defaults filled in. The top-level image, cpu_millicores,
 	// memory_mib, port, command, env_vars, healthcheck and shutdown_signal
-	// repeat its fields for clients of the previous release (for one more
-	// release; new fields are only here).
+	// repeat its fields for clients of the previous release; they are
+	// deprecated (replaced by this field since v0.1.0, removed no earlier
+	// than v0.3.0, docs/compatibility.md) and new fields are only here.
 	Workload      *v1.Workload `protobuf:"bytes,24,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -633,6 +660,7 @@ func (x *DeploymentInfo) GetAppId() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetImage() string {
 	if x != nil {
 		return x.Image
@@ -661,6 +689,7 @@ func (x *DeploymentInfo) GetReplicas() int32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetCpuMillicores() int64 {
 	if x != nil {
 		return x.CpuMillicores
@@ -668,6 +697,7 @@ func (x *DeploymentInfo) GetCpuMillicores() int64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetMemoryMib() int64 {
 	if x != nil {
 		return x.MemoryMib
@@ -675,6 +705,7 @@ func (x *DeploymentInfo) GetMemoryMib() int64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetPort() int32 {
 	if x != nil {
 		return x.Port
@@ -682,6 +713,7 @@ func (x *DeploymentInfo) GetPort() int32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetCommand() []string {
 	if x != nil {
 		return x.Command
@@ -689,6 +721,7 @@ func (x *DeploymentInfo) GetCommand() []string {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetEnvVars() map[string]string {
 	if x != nil {
 		return x.EnvVars
@@ -703,6 +736,7 @@ func (x *DeploymentInfo) GetSecretEnvKeys() []string {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetHealthcheck() *v1.Healthcheck {
 	if x != nil {
 		return x.Healthcheck
@@ -745,6 +779,7 @@ func (x *DeploymentInfo) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in krane/ctrl/v1/ctrl.proto.
 func (x *DeploymentInfo) GetShutdownSignal() string {
 	if x != nil {
 		return x.ShutdownSignal
@@ -3955,29 +3990,30 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x0fEnvironmentInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x12live_deployment_id\x18\x02 \x01(\tR\x10liveDeploymentId\x12\x14\n" +
-	"\x05hosts\x18\x03 \x03(\tR\x05hosts\"\xe2\b\n" +
+	"\x05hosts\x18\x03 \x03(\tR\x05hosts\"\xf4\b\n" +
 	"\x17CreateDeploymentRequest\x12*\n" +
 	"\fworkspace_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\vworkspaceId\x12&\n" +
 	"\n" +
 	"project_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02(@R\tprojectId\x12.\n" +
 	"\x0eenvironment_id\x18\x03 \x01(\tB\a\xbaH\x04r\x02(@R\renvironmentId\x12\x1e\n" +
-	"\x06app_id\x18\x04 \x01(\tB\a\xbaH\x04r\x02(@R\x05appId\x12\x1e\n" +
-	"\x05image\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\x05image\x12(\n" +
+	"\x06app_id\x18\x04 \x01(\tB\a\xbaH\x04r\x02(@R\x05appId\x12 \n" +
+	"\x05image\x18\x05 \x01(\tB\n" +
+	"\xbaH\x05r\x03(\x80\x04\x18\x01R\x05image\x12(\n" +
 	"\aregions\x18\x06 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10@\"\x04r\x02(@R\aregions\x12&\n" +
 	"\breplicas\x18\a \x01(\x05B\n" +
-	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\breplicas\x122\n" +
-	"\x0ecpu_millicores\x18\b \x01(\x03B\v\xbaH\b\"\x06\x18\x80\xd0\x0f(\x00R\rcpuMillicores\x12*\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\breplicas\x124\n" +
+	"\x0ecpu_millicores\x18\b \x01(\x03B\r\xbaH\b\"\x06\x18\x80\xd0\x0f(\x00\x18\x01R\rcpuMillicores\x12,\n" +
 	"\n" +
-	"memory_mib\x18\t \x01(\x03B\v\xbaH\b\"\x06\x18\x80\x80@(\x00R\tmemoryMib\x12h\n" +
+	"memory_mib\x18\t \x01(\x03B\r\xbaH\b\"\x06\x18\x80\x80@(\x00\x18\x01R\tmemoryMib\x12j\n" +
 	"\benv_vars\x18\n" +
-	" \x03(\v23.krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntryB\x18\xbaH\x15\x9a\x01\x12\x10\xe8\a\"\x05r\x03(\x80\x02*\x06r\x04(\x80\x80\x02R\aenvVars\x12\x8b\x01\n" +
+	" \x03(\v23.krane.ctrl.v1.CreateDeploymentRequest.EnvVarsEntryB\x1a\xbaH\x15\x9a\x01\x12\x10\xe8\a\"\x05r\x03(\x80\x02*\x06r\x04(\x80\x80\x02\x18\x01R\aenvVars\x12\x8b\x01\n" +
 	"\n" +
-	"secret_env\x18\v \x03(\v25.krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntryB5\xbaH/\x9a\x01,\x10\xe8\a\"\x1fr\x1d(\x80\x022\x18^[A-Za-z_][A-Za-z0-9_]*$*\x06r\x04(\x80\x80\x02\x80\x01\x01R\tsecretEnv\x12?\n" +
-	"\vhealthcheck\x18\f \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x12\x1f\n" +
-	"\x04port\x18\r \x01(\x05B\v\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00R\x04port\x12*\n" +
-	"\acommand\x18\x0e \x03(\tB\x10\xbaH\r\x92\x01\n" +
-	"\x10\x80\x02\"\x05r\x03(\x80 R\acommand\x120\n" +
-	"\x0fshutdown_signal\x18\x0f \x01(\tB\a\xbaH\x04r\x02(\x10R\x0eshutdownSignal\x121\n" +
+	"secret_env\x18\v \x03(\v25.krane.ctrl.v1.CreateDeploymentRequest.SecretEnvEntryB5\xbaH/\x9a\x01,\x10\xe8\a\"\x1fr\x1d(\x80\x022\x18^[A-Za-z_][A-Za-z0-9_]*$*\x06r\x04(\x80\x80\x02\x80\x01\x01R\tsecretEnv\x12C\n" +
+	"\vhealthcheck\x18\f \x01(\v2\x1d.krane.cluster.v1.HealthcheckB\x02\x18\x01R\vhealthcheck\x12!\n" +
+	"\x04port\x18\r \x01(\x05B\r\xbaH\b\x1a\x06\x18\xff\xff\x03(\x00\x18\x01R\x04port\x12,\n" +
+	"\acommand\x18\x0e \x03(\tB\x12\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03(\x80 \x18\x01R\acommand\x122\n" +
+	"\x0fshutdown_signal\x18\x0f \x01(\tB\t\xbaH\x04r\x02(\x10\x18\x01R\x0eshutdownSignal\x121\n" +
 	"\x0fidempotency_key\x18\x10 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x0eidempotencyKey\x124\n" +
 	"\x0ftimeout_seconds\x18\x11 \x01(\x05B\v\xbaH\b\x1a\x06\x18\x80\xa3\x05(\x00R\x0etimeoutSeconds\x126\n" +
 	"\bworkload\x18\x12 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
@@ -3990,35 +4026,35 @@ const file_krane_ctrl_v1_ctrl_proto_rawDesc = "" +
 	"\x18CreateDeploymentResponse\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\"D\n" +
 	"\x14GetDeploymentRequest\x12,\n" +
-	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\x87\b\n" +
+	"\rdeployment_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02(@R\fdeploymentId\"\xa7\b\n" +
 	"\x0eDeploymentInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12\x1d\n" +
 	"\n" +
 	"project_id\x18\x03 \x01(\tR\tprojectId\x12%\n" +
 	"\x0eenvironment_id\x18\x04 \x01(\tR\renvironmentId\x12\x15\n" +
-	"\x06app_id\x18\x05 \x01(\tR\x05appId\x12\x14\n" +
-	"\x05image\x18\x06 \x01(\tR\x05image\x127\n" +
+	"\x06app_id\x18\x05 \x01(\tR\x05appId\x12\x18\n" +
+	"\x05image\x18\x06 \x01(\tB\x02\x18\x01R\x05image\x127\n" +
 	"\x06status\x18\a \x01(\x0e2\x1f.krane.ctrl.v1.DeploymentStatusR\x06status\x12\x14\n" +
 	"\x05error\x18\b \x01(\tR\x05error\x12\x1a\n" +
-	"\breplicas\x18\t \x01(\x05R\breplicas\x12%\n" +
+	"\breplicas\x18\t \x01(\x05R\breplicas\x12)\n" +
 	"\x0ecpu_millicores\x18\n" +
-	" \x01(\x03R\rcpuMillicores\x12\x1d\n" +
+	" \x01(\x03B\x02\x18\x01R\rcpuMillicores\x12!\n" +
 	"\n" +
-	"memory_mib\x18\v \x01(\x03R\tmemoryMib\x12\x12\n" +
-	"\x04port\x18\f \x01(\x05R\x04port\x12\x18\n" +
-	"\acommand\x18\r \x03(\tR\acommand\x12E\n" +
-	"\benv_vars\x18\x0e \x03(\v2*.krane.ctrl.v1.DeploymentInfo.EnvVarsEntryR\aenvVars\x12&\n" +
-	"\x0fsecret_env_keys\x18\x0f \x03(\tR\rsecretEnvKeys\x12?\n" +
-	"\vhealthcheck\x18\x10 \x01(\v2\x1d.krane.cluster.v1.HealthcheckR\vhealthcheck\x125\n" +
+	"memory_mib\x18\v \x01(\x03B\x02\x18\x01R\tmemoryMib\x12\x16\n" +
+	"\x04port\x18\f \x01(\x05B\x02\x18\x01R\x04port\x12\x1c\n" +
+	"\acommand\x18\r \x03(\tB\x02\x18\x01R\acommand\x12I\n" +
+	"\benv_vars\x18\x0e \x03(\v2*.krane.ctrl.v1.DeploymentInfo.EnvVarsEntryB\x02\x18\x01R\aenvVars\x12&\n" +
+	"\x0fsecret_env_keys\x18\x0f \x03(\tR\rsecretEnvKeys\x12C\n" +
+	"\vhealthcheck\x18\x10 \x01(\v2\x1d.krane.cluster.v1.HealthcheckB\x02\x18\x01R\vhealthcheck\x125\n" +
 	"\aregions\x18\x11 \x03(\v2\x1b.krane.ctrl.v1.RegionStatusR\aregions\x12\x12\n" +
 	"\x04live\x18\x12 \x01(\bR\x04live\x12(\n" +
 	"\x10rolled_back_from\x18\x13 \x01(\tR\x0erolledBackFrom\x129\n" +
 	"\n" +
 	"created_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
-	"\x0fshutdown_signal\x18\x16 \x01(\tR\x0eshutdownSignal\x128\n" +
+	"updated_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12+\n" +
+	"\x0fshutdown_signal\x18\x16 \x01(\tB\x02\x18\x01R\x0eshutdownSignal\x128\n" +
 	"\ahistory\x18\x17 \x03(\v2\x1e.krane.ctrl.v1.DeploymentEventR\ahistory\x126\n" +
 	"\bworkload\x18\x18 \x01(\v2\x1a.krane.cluster.v1.WorkloadR\bworkload\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
