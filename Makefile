@@ -10,7 +10,7 @@ SHELL := /usr/bin/env bash
 GO        ?= go
 # The release, or the development version of the next one (scripts/version.sh).
 VERSION   ?= $(shell ./scripts/version.sh 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X krane.dev/internal/version.Version=$(VERSION)
+LDFLAGS   := -s -w -X krane.dev/shared/version.Version=$(VERSION)
 TOOLS_BIN := $(CURDIR)/.tools/bin
 STAMPS    := $(CURDIR)/.tools/stamps
 export PATH := $(TOOLS_BIN):$(PATH)

@@ -17,8 +17,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"krane.dev/internal/version"
 	"krane.dev/sentinel/server"
+	"krane.dev/shared/version"
 )
 
 func main() {

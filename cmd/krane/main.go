@@ -22,9 +22,9 @@ import (
 
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
-	"krane.dev/internal/version"
 	"krane.dev/sdk"
 	"krane.dev/sdk/telemetry"
+	"krane.dev/shared/version"
 )
 
 func main() {

@@ -16,9 +16,9 @@ import (
 	"krane.dev/host/agent"
 	"krane.dev/host/config"
 	"krane.dev/host/identity"
-	"krane.dev/internal/version"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
+	"krane.dev/shared/version"
 )
 
 // validateConfig checks krane.hcl and, for each enabled controller, starts

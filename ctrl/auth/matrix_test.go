@@ -27,9 +27,9 @@ import (
 	"krane.dev/ctrl/restateingress"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 // The services under test: the agents' ClusterService and every operator

@@ -14,7 +14,7 @@ import (
 	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/workflows"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // NotifierOptions configure a Notifier. Zero values take the defaults.

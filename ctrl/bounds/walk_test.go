@@ -21,10 +21,10 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/vault"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

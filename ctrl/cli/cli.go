@@ -24,8 +24,8 @@ import (
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/version"
 	"krane.dev/sdk/telemetry"
+	"krane.dev/shared/version"
 )
 
 // NewRoot returns the `ctrl` command. Other parts of ctrl add their command

@@ -20,9 +20,9 @@ import (
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
 	"krane.dev/internal/testenv"
-	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/version"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -9,8 +9,8 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // TestFleetList: `ctrl fleet list` (through the API) and `ctrl cluster

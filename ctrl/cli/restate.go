@@ -15,7 +15,7 @@ import (
 	"krane.dev/ctrl/restateendpoint"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/workflows"
-	"krane.dev/internal/version"
+	"krane.dev/shared/version"
 )
 
 func newRestate() *cobra.Command {

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // TestApplyErrorRecordedAndCleared: an agent's report of a parked change

@@ -15,8 +15,8 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // reportTables is every table a report may write, as text: what must not

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // desired reads one object of kind in the caller's region.

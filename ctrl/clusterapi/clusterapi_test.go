@@ -24,9 +24,9 @@ import (
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -21,8 +21,8 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // decision is the outcome of one decryption request, as audited.

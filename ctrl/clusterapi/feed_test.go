@@ -9,8 +9,8 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // reads is how many change queries the server has run after bootstraps:

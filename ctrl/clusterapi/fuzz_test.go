@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // FuzzReportStatus sends arbitrary ReportStatus messages (decoded from the

@@ -10,8 +10,8 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // Every stream states the database generation of its versions, and a

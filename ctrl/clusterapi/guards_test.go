@@ -11,8 +11,8 @@ import (
 
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // fakeClock is a settable clock for the store's report guards.

@@ -11,9 +11,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 // TestHeartbeatStoresTheHostReport: what a host says of its controllers

@@ -24,8 +24,8 @@ import (
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 const genericKind = "configmap.example.krane.dev"

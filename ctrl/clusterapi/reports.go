@@ -20,8 +20,8 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/bounds"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // MaxReportsPerCall bounds ReportStatuses (the bound the request declares,

@@ -15,8 +15,8 @@ import (
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/serve"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // TestReportStatusesJudgesEachReportAlone: one batch mixes accepted, stale,

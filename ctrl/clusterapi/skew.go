@@ -14,12 +14,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/ctrl/auth"
-	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/version"
 )
 
 // Skew holds ctrl's side of the version skew policy (docs/compatibility.md,
-// internal/version.HostSkew): a krane host older than the window is
+// shared/version.HostSkew): a krane host older than the window is
 // refused on every ClusterService call with FAILED_PRECONDITION and words
 // that say which versions ctrl serves and what to do, before any bound is
 // checked, so an old host never meets a bound it cannot understand. The

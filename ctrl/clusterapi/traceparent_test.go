@@ -7,8 +7,8 @@ import (
 	"krane.dev/ctrl/deploytrace"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // TestDeploymentChangesCarryTheDeploysTraceWhileItRuns: a deployment's

@@ -59,8 +59,8 @@ import (
 
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/version"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/version"
 )
 
 //go:embed templates/*.html

@@ -37,8 +37,8 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
-	"krane.dev/internal/kinds"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 // Options configure a Server.

@@ -22,9 +22,9 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 // SentinelOptions configure the sentinel and rollout APIs.

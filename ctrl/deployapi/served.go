@@ -11,7 +11,7 @@ import (
 
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // checkServed refuses, with FailedPrecondition, a deploy of kind to

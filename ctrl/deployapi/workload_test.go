@@ -14,12 +14,12 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"krane.dev/ctrl/internal/ctrltest"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	"krane.dev/plugins/deployment/controller"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 	"krane.dev/sdk"
+	"krane.dev/shared/kinds"
 )
 
 // validValues are the workload fields whose rules a generated value would

@@ -33,8 +33,8 @@ import (
 	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/version"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/version"
 )
 
 // Server implements ctrlv1.FleetServiceServer.

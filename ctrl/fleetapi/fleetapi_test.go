@@ -20,10 +20,10 @@ import (
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/internal/ctrltest"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // NotServedError says which regions have no live cluster running a

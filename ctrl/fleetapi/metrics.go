@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/version"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/version"
 )
 
 // Collector exports the fleet view (Load) as gauges, read when Prometheus

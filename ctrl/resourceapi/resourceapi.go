@@ -32,9 +32,9 @@ import (
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
 	"krane.dev/sdk"
+	"krane.dev/shared/kinds"
 )
 
 // MaxBatch bounds one PutResources (declared on the request, checked by

@@ -8,8 +8,8 @@ import (
 	"krane.dev/ctrl/actual"
 	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 func TestEvaluateSentinel(t *testing.T) {

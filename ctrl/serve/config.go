@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"krane.dev/ctrl/restateendpoint"
-	"krane.dev/internal/version"
+	"krane.dev/shared/version"
 )
 
 // Config is ctrl's configuration. Every key can be set in the YAML file

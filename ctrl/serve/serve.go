@@ -49,8 +49,8 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
-	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/version"
 )
 
 // Deps are what other parts of ctrl plug into the server.

@@ -11,9 +11,9 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // liveClusters registers clusters in region and has each send a

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/actual"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // This file loads the inputs of the aggregation rule (ctrl/actual) and

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // TokenKind is who a token belongs to.

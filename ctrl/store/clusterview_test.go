@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // TestStampRecordsWhenAndPendingSinceFindsTheOldest: every stamp records

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/actual"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // Deployment statuses. A deploy moves pending -> deploying -> network ->

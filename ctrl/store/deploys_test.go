@@ -7,8 +7,8 @@ import (
 
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // deployTopology writes a deployment with a running topology row and an

@@ -13,9 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 const batchKind = "x.example"

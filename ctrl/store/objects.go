@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/actual"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // This file is the store side of the operators' resource API: objects of

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 const quota = "quota.acme.example"

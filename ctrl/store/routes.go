@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"krane.dev/ctrl/api"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // What a sentinel routes (SentinelRoutes: its environment's hosts and live

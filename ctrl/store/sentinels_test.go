@@ -11,8 +11,8 @@ import (
 	"krane.dev/ctrl/api"
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 func putTestSentinel(t *testing.T, s *store.Store, id, env, region string) {

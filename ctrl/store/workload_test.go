@@ -11,9 +11,9 @@ import (
 
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // TestWorkloadMigrationMovesTodaysRows migrates a database holding

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/deployspec"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // Deployment is a deployments row: the deployment's Spec (one build of a

@@ -14,7 +14,7 @@ import (
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // DeployWorkflowName is the Restate name of the deploy workflow; its key

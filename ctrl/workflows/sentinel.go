@@ -12,7 +12,7 @@ import (
 	"krane.dev/ctrl/deployspec"
 	"krane.dev/ctrl/rules"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // SentinelServiceName is the Restate name of the SentinelService, a virtual

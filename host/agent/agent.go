@@ -33,9 +33,9 @@ import (
 	"krane.dev/host/status"
 	"krane.dev/host/supervisor"
 	"krane.dev/host/syncer"
-	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
+	"krane.dev/shared/version"
 )
 
 // Options are for embedding the agent (tests, the demo).

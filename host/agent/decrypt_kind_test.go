@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"krane.dev/host/config"
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/kinds"
 )
 
 // recordingCtrl answers DecryptEnv for any id and records which ids

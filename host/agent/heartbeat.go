@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"krane.dev/host/syncer"
-	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/version"
 )
 
 // heartbeatInterval is how often the host tells ctrl it is alive, where its

@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
+	"krane.dev/shared/kinds"
 )
 
 // decryptTimeout bounds one DecryptEnv call to ctrl when the plugin's

@@ -21,8 +21,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"krane.dev/host/config"
-	"krane.dev/internal/version"
 	"krane.dev/sdk"
+	"krane.dev/shared/version"
 )
 
 // Host is what every plugin is told about the cluster.

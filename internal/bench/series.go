@@ -12,7 +12,7 @@ import (
 	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/fleetapi"
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // seriesRegions spreads the series measurement's clusters as the fleet

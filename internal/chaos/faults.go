@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"krane.dev/ctrl/store"
-	"krane.dev/internal/kinds"
+	"krane.dev/shared/kinds"
 )
 
 // Settings the faults below rely on; Env sets them for every krane of a

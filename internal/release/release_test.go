@@ -67,7 +67,7 @@ func build() (string, error) {
 		"krane-plugin-deployment": "./plugins/deployment", "krane-plugin-sentinel": "./plugins/sentinel", "krane-plugin-cilium": "./plugins/cilium",
 		"krane-sentinel": "./cmd/krane-sentinel",
 	}
-	args := []string{"build", "-trimpath", "-ldflags", "-s -w -X krane.dev/internal/version.Version=" + testVersion, "-o", bin + "/"}
+	args := []string{"build", "-trimpath", "-ldflags", "-s -w -X krane.dev/shared/version.Version=" + testVersion, "-o", bin + "/"}
 	for _, pkg := range pkgs {
 		args = append(args, pkg)
 	}

@@ -90,8 +90,8 @@ func BuildBinary(pkg, name string) (string, error) {
 		}
 		r.path = filepath.Join(dir, name)
 		// Stamped like `make build`, so the binaries place themselves in
-		// the skew window (internal/version) as a release's would.
-		cmd := exec.Command("go", "build", "-ldflags", "-X krane.dev/internal/version.Version="+BuildVersion(), "-o", r.path, pkg)
+		// the skew window (shared/version) as a release's would.
+		cmd := exec.Command("go", "build", "-ldflags", "-X krane.dev/shared/version.Version="+BuildVersion(), "-o", r.path, pkg)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			r.err = fmt.Errorf("testenv: go build %s: %v\n%s", pkg, err, out)
 		}

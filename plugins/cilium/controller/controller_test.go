@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/plugins/cilium/controller"
@@ -28,6 +27,7 @@ import (
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 	"krane.dev/sdk/plugintest"
+	"krane.dev/shared/kinds"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

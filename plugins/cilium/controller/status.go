@@ -4,10 +4,10 @@ import (
 	"sync"
 	"time"
 
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
+	"krane.dev/shared/kinds"
 )
 
 // statusTick is how often pending status changes are sent: every change

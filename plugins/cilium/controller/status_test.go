@@ -12,12 +12,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/plugins/cilium/controller"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/plugintest"
+	"krane.dev/shared/kinds"
 )
 
 // rejectMe makes the API server refuse, in namespace team-b, every policy

@@ -22,13 +22,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/plugins/deployment/controller"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 	"krane.dev/sdk/plugintest"
+	"krane.dev/shared/kinds"
 )
 
 const image = "registry.example/team/web:v1"

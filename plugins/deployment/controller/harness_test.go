@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/plugins/deployment/controller"
@@ -29,6 +28,7 @@ import (
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 	"krane.dev/sdk/plugintest"
+	"krane.dev/shared/kinds"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -12,10 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"krane.dev/internal/kinds"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
+	"krane.dev/shared/kinds"
 )
 
 // newFeed is the plugin's WatchStatus: one DeploymentStatus per

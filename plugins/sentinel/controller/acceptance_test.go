@@ -20,7 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"krane.dev/internal/kinds"
 	"krane.dev/internal/testenv"
 	"krane.dev/internal/testenv/kubeenv"
 	"krane.dev/plugins/sentinel/controller"
@@ -28,6 +27,7 @@ import (
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
 	"krane.dev/sdk/plugintest"
+	"krane.dev/shared/kinds"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

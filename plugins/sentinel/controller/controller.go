@@ -21,11 +21,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
-	"krane.dev/internal/kinds"
-	"krane.dev/internal/version"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/sdk"
 	"krane.dev/sdk/kube"
+	"krane.dev/shared/kinds"
+	"krane.dev/shared/version"
 )
 
 // Name is the controller's name in krane.hcl.

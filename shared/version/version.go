@@ -1,5 +1,5 @@
 // Package version carries the build's version, stamped by the Makefile
-// (-ldflags "-X krane.dev/internal/version.Version=..."; scripts/version.sh
+// (-ldflags "-X krane.dev/shared/version.Version=..."; scripts/version.sh
 // computes it), and the skew policy of docs/compatibility.md: which krane
 // host versions a ctrl serves.
 //
