@@ -1,5 +1,7 @@
 package workflows_test
 
+//lint:file-ignore SA1019 typed-rpcs: removed no earlier than v0.4.0 (docs/compatibility.md); this file calls a deprecated typed ClusterService RPC
+
 import (
 	"context"
 	"errors"

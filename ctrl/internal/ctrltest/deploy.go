@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 // Deployments is a DeploymentService client with an operator token.
@@ -57,11 +59,11 @@ func (c *FakeCluster) Serve(t testing.TB, kinds ...string) {
 // Version is the deployment's current version in the cluster's region.
 func (c *FakeCluster) Version(t testing.TB, deploymentID string) (uint64, bool) {
 	t.Helper()
-	st, err := c.Client.GetDesiredDeploymentState(context.Background(), &clusterv1.GetDesiredDeploymentStateRequest{DeploymentId: deploymentID})
+	ch, err := c.Client.GetDesiredState(context.Background(), &clusterv1.GetDesiredStateRequest{Kind: kinds.Deployment, Id: deploymentID})
 	if err != nil {
 		t.Fatalf("cluster %s: desired state of %s: %v", c.ID, deploymentID, err)
 	}
-	return st.GetVersion(), st.GetDelete() != nil
+	return ch.GetVersion(), ch.GetDeleted()
 }
 
 // Report sends a full snapshot of the deployment's instances, observed at
@@ -75,10 +77,13 @@ func (c *FakeCluster) Report(t testing.TB, deploymentID string, instances ...*cl
 			ready++
 		}
 	}
-	_, err := c.Client.ReportDeploymentStatus(context.Background(), &clusterv1.ReportDeploymentStatusRequest{
-		Status: &clusterv1.DeploymentStatus{DeploymentId: deploymentID, DesiredReplicas: int32(len(instances)), ReadyReplicas: ready,
-			AvailableReplicas: ready, Instances: instances},
-		ObservedVersion: v, ObservedAt: timestamppb.Now(),
+	status, err := anypb.New(&clusterv1.DeploymentStatus{DeploymentId: deploymentID, DesiredReplicas: int32(len(instances)), ReadyReplicas: ready,
+		AvailableReplicas: ready, Instances: instances})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Client.ReportStatus(context.Background(), &clusterv1.ReportStatusRequest{
+		Kind: kinds.Deployment, Id: deploymentID, Status: status, ObservedVersion: v, ObservedAt: timestamppb.Now(),
 	})
 	if err != nil {
 		t.Fatalf("cluster %s: report on %s: %v", c.ID, deploymentID, err)

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"krane.dev/ctrl/deployspec"
@@ -17,6 +18,7 @@ import (
 	"krane.dev/internal/testenv"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	ctrlv1 "krane.dev/proto/krane/ctrl/v1"
+	"krane.dev/shared/kinds"
 )
 
 // Sentinels is a SentinelService client with an operator token.
@@ -212,7 +214,12 @@ func (c *SentinelCluster) report(ctx context.Context, ch sentinelChange) error {
 	case n == 0:
 		st.RunningImage, st.Health = "", clusterv1.Health_HEALTH_PAUSED
 	}
-	_, err := c.Client.ReportSentinelStatus(ctx, &clusterv1.ReportSentinelStatusRequest{Status: st, ObservedVersion: ch.version, ObservedAt: timestamppb.Now()})
+	doc, err := anypb.New(st)
+	if err != nil {
+		return err
+	}
+	_, err = c.Client.ReportStatus(ctx, &clusterv1.ReportStatusRequest{Kind: kinds.Sentinel, Id: st.GetSentinelId(), Status: doc,
+		ObservedVersion: ch.version, ObservedAt: timestamppb.Now()})
 	return err
 }
 

@@ -3684,7 +3684,7 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x12HEALTH_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eHEALTH_HEALTHY\x10\x01\x12\x14\n" +
 	"\x10HEALTH_UNHEALTHY\x10\x02\x12\x11\n" +
-	"\rHEALTH_PAUSED\x10\x032\x99\v\n" +
+	"\rHEALTH_PAUSED\x10\x032\xb4\v\n" +
 	"\x0eClusterService\x12G\n" +
 	"\x05Watch\x12\x1e.krane.cluster.v1.WatchRequest\x1a\x1c.krane.cluster.v1.WatchEvent0\x01\x12S\n" +
 	"\vListDesired\x12$.krane.cluster.v1.ListDesiredRequest\x1a\x1c.krane.cluster.v1.WatchEvent0\x01\x12]\n" +
@@ -3695,12 +3695,12 @@ const file_krane_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"DecryptEnv\x12#.krane.cluster.v1.DecryptEnvRequest\x1a$.krane.cluster.v1.DecryptEnvResponse\x12b\n" +
 	"\x10WatchDeployments\x12).krane.cluster.v1.WatchDeploymentsRequest\x1a!.krane.cluster.v1.DeploymentState0\x01\x12\\\n" +
-	"\x0eWatchSentinels\x12'.krane.cluster.v1.WatchSentinelsRequest\x1a\x1f.krane.cluster.v1.SentinelState0\x01\x12\x7f\n" +
-	"\x1aWatchCiliumNetworkPolicies\x123.krane.cluster.v1.WatchCiliumNetworkPoliciesRequest\x1a*.krane.cluster.v1.CiliumNetworkPolicyState0\x01\x12r\n" +
-	"\x19GetDesiredDeploymentState\x122.krane.cluster.v1.GetDesiredDeploymentStateRequest\x1a!.krane.cluster.v1.DeploymentState\x12l\n" +
-	"\x17GetDesiredSentinelState\x120.krane.cluster.v1.GetDesiredSentinelStateRequest\x1a\x1f.krane.cluster.v1.SentinelState\x12{\n" +
-	"\x16ReportDeploymentStatus\x12/.krane.cluster.v1.ReportDeploymentStatusRequest\x1a0.krane.cluster.v1.ReportDeploymentStatusResponse\x12u\n" +
-	"\x14ReportSentinelStatus\x12-.krane.cluster.v1.ReportSentinelStatusRequest\x1a..krane.cluster.v1.ReportSentinelStatusResponseB,Z*krane.dev/proto/krane/cluster/v1;clusterv1b\x06proto3"
+	"\x0eWatchSentinels\x12'.krane.cluster.v1.WatchSentinelsRequest\x1a\x1f.krane.cluster.v1.SentinelState0\x01\x12\x84\x01\n" +
+	"\x1aWatchCiliumNetworkPolicies\x123.krane.cluster.v1.WatchCiliumNetworkPoliciesRequest\x1a*.krane.cluster.v1.CiliumNetworkPolicyState\"\x03\x88\x02\x010\x01\x12w\n" +
+	"\x19GetDesiredDeploymentState\x122.krane.cluster.v1.GetDesiredDeploymentStateRequest\x1a!.krane.cluster.v1.DeploymentState\"\x03\x88\x02\x01\x12q\n" +
+	"\x17GetDesiredSentinelState\x120.krane.cluster.v1.GetDesiredSentinelStateRequest\x1a\x1f.krane.cluster.v1.SentinelState\"\x03\x88\x02\x01\x12\x80\x01\n" +
+	"\x16ReportDeploymentStatus\x12/.krane.cluster.v1.ReportDeploymentStatusRequest\x1a0.krane.cluster.v1.ReportDeploymentStatusResponse\"\x03\x88\x02\x01\x12z\n" +
+	"\x14ReportSentinelStatus\x12-.krane.cluster.v1.ReportSentinelStatusRequest\x1a..krane.cluster.v1.ReportSentinelStatusResponse\"\x03\x88\x02\x01B,Z*krane.dev/proto/krane/cluster/v1;clusterv1b\x06proto3"
 
 var (
 	file_krane_cluster_v1_cluster_proto_rawDescOnce sync.Once

@@ -96,13 +96,30 @@ type ClusterServiceClient interface {
 	// Typed forms for the built-in kinds. WatchX with version_last_seen = 0
 	// streams the bootstrap and then closes the stream (a clean close marks a
 	// complete bootstrap); with version_last_seen > 0 it streams changes and
-	// stays open.
+	// stays open. The design notes name WatchDeployments and WatchSentinels,
+	// so they stay; the krane host uses none of these (it uses Watch,
+	// GetDesiredState and ReportStatuses for every kind).
 	WatchDeployments(ctx context.Context, in *WatchDeploymentsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeploymentState], error)
 	WatchSentinels(ctx context.Context, in *WatchSentinelsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SentinelState], error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0
+	// (docs/compatibility.md): use Watch with kind "ciliumnetworkpolicy".
 	WatchCiliumNetworkPolicies(ctx context.Context, in *WatchCiliumNetworkPoliciesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CiliumNetworkPolicyState], error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// GetDesiredState with kind "deployment".
 	GetDesiredDeploymentState(ctx context.Context, in *GetDesiredDeploymentStateRequest, opts ...grpc.CallOption) (*DeploymentState, error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// GetDesiredState with kind "sentinel".
 	GetDesiredSentinelState(ctx context.Context, in *GetDesiredSentinelStateRequest, opts ...grpc.CallOption) (*SentinelState, error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// ReportStatuses with kind "deployment".
 	ReportDeploymentStatus(ctx context.Context, in *ReportDeploymentStatusRequest, opts ...grpc.CallOption) (*ReportDeploymentStatusResponse, error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// ReportStatuses with kind "sentinel".
 	ReportSentinelStatus(ctx context.Context, in *ReportSentinelStatusRequest, opts ...grpc.CallOption) (*ReportSentinelStatusResponse, error)
 }
 
@@ -240,6 +257,7 @@ func (c *clusterServiceClient) WatchSentinels(ctx context.Context, in *WatchSent
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ClusterService_WatchSentinelsClient = grpc.ServerStreamingClient[SentinelState]
 
+// Deprecated: Do not use.
 func (c *clusterServiceClient) WatchCiliumNetworkPolicies(ctx context.Context, in *WatchCiliumNetworkPoliciesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CiliumNetworkPolicyState], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &ClusterService_ServiceDesc.Streams[4], ClusterService_WatchCiliumNetworkPolicies_FullMethodName, cOpts...)
@@ -259,6 +277,7 @@ func (c *clusterServiceClient) WatchCiliumNetworkPolicies(ctx context.Context, i
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ClusterService_WatchCiliumNetworkPoliciesClient = grpc.ServerStreamingClient[CiliumNetworkPolicyState]
 
+// Deprecated: Do not use.
 func (c *clusterServiceClient) GetDesiredDeploymentState(ctx context.Context, in *GetDesiredDeploymentStateRequest, opts ...grpc.CallOption) (*DeploymentState, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeploymentState)
@@ -269,6 +288,7 @@ func (c *clusterServiceClient) GetDesiredDeploymentState(ctx context.Context, in
 	return out, nil
 }
 
+// Deprecated: Do not use.
 func (c *clusterServiceClient) GetDesiredSentinelState(ctx context.Context, in *GetDesiredSentinelStateRequest, opts ...grpc.CallOption) (*SentinelState, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SentinelState)
@@ -279,6 +299,7 @@ func (c *clusterServiceClient) GetDesiredSentinelState(ctx context.Context, in *
 	return out, nil
 }
 
+// Deprecated: Do not use.
 func (c *clusterServiceClient) ReportDeploymentStatus(ctx context.Context, in *ReportDeploymentStatusRequest, opts ...grpc.CallOption) (*ReportDeploymentStatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReportDeploymentStatusResponse)
@@ -289,6 +310,7 @@ func (c *clusterServiceClient) ReportDeploymentStatus(ctx context.Context, in *R
 	return out, nil
 }
 
+// Deprecated: Do not use.
 func (c *clusterServiceClient) ReportSentinelStatus(ctx context.Context, in *ReportSentinelStatusRequest, opts ...grpc.CallOption) (*ReportSentinelStatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReportSentinelStatusResponse)
@@ -349,13 +371,30 @@ type ClusterServiceServer interface {
 	// Typed forms for the built-in kinds. WatchX with version_last_seen = 0
 	// streams the bootstrap and then closes the stream (a clean close marks a
 	// complete bootstrap); with version_last_seen > 0 it streams changes and
-	// stays open.
+	// stays open. The design notes name WatchDeployments and WatchSentinels,
+	// so they stay; the krane host uses none of these (it uses Watch,
+	// GetDesiredState and ReportStatuses for every kind).
 	WatchDeployments(*WatchDeploymentsRequest, grpc.ServerStreamingServer[DeploymentState]) error
 	WatchSentinels(*WatchSentinelsRequest, grpc.ServerStreamingServer[SentinelState]) error
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0
+	// (docs/compatibility.md): use Watch with kind "ciliumnetworkpolicy".
 	WatchCiliumNetworkPolicies(*WatchCiliumNetworkPoliciesRequest, grpc.ServerStreamingServer[CiliumNetworkPolicyState]) error
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// GetDesiredState with kind "deployment".
 	GetDesiredDeploymentState(context.Context, *GetDesiredDeploymentStateRequest) (*DeploymentState, error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// GetDesiredState with kind "sentinel".
 	GetDesiredSentinelState(context.Context, *GetDesiredSentinelStateRequest) (*SentinelState, error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// ReportStatuses with kind "deployment".
 	ReportDeploymentStatus(context.Context, *ReportDeploymentStatusRequest) (*ReportDeploymentStatusResponse, error)
+	// Deprecated: Do not use.
+	// Deprecated in v0.2.0, removed no earlier than v0.4.0: use
+	// ReportStatuses with kind "sentinel".
 	ReportSentinelStatus(context.Context, *ReportSentinelStatusRequest) (*ReportSentinelStatusResponse, error)
 	mustEmbedUnimplementedClusterServiceServer()
 }
