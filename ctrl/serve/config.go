@@ -123,6 +123,9 @@ type SentinelConfig struct {
 
 type DBConfig struct {
 	DSN             string        `koanf:"dsn"`
+	TLSCA           string        `koanf:"tls_ca"`
+	TLSCert         string        `koanf:"tls_cert"`
+	TLSKey          string        `koanf:"tls_key"`
 	MaxOpenConns    int           `koanf:"max_open_conns"`
 	MaxIdleConns    int           `koanf:"max_idle_conns"`
 	ConnMaxLifetime time.Duration `koanf:"conn_max_lifetime"`
@@ -186,6 +189,9 @@ type setting struct {
 // settings is every configuration key, its default and its help text.
 var settings = []setting{
 	{"db.dsn", "", "MySQL/MariaDB DSN, e.g. ctrl:secret@tcp(db:3306)/ctrl (required)"},
+	{"db.tls_ca", "", "CA bundle (PEM) that signed the database server's certificate; set, every database connection is TLS, verified against it for the DSN's host (re-read when it changes); empty (and no db.tls_cert): the DSN's own tls= parameter decides, plaintext by default"},
+	{"db.tls_cert", "", "client certificate (PEM) for the database, when the server requires one (X509 users); turns TLS on, verified against the system roots without db.tls_ca"},
+	{"db.tls_key", "", "private key (PEM) of db.tls_cert"},
 	{"db.max_open_conns", 50, "maximum open database connections (each bootstrapping stream holds one)"},
 	{"db.max_idle_conns", 0, "idle database connections kept open; 0 keeps as many as db.max_open_conns (a commit waking many streams then reuses connections instead of reopening them)"},
 	{"db.conn_max_lifetime", 5 * time.Minute, "recycle database connections after this long"},
@@ -360,6 +366,9 @@ func (c Config) Validate() error {
 	}
 	if (c.GRPC.TLSCert == "") != (c.GRPC.TLSKey == "") {
 		errs = append(errs, errors.New("grpc.tls_cert and grpc.tls_key must be set together"))
+	}
+	if (c.DB.TLSCert == "") != (c.DB.TLSKey == "") {
+		errs = append(errs, errors.New("db.tls_cert and db.tls_key must be set together"))
 	}
 	if c.GRPC.ClientCA != "" && c.GRPC.TLSCert == "" {
 		errs = append(errs, errors.New("grpc.client_ca (mTLS) needs grpc.tls_cert and grpc.tls_key"))

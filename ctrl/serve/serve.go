@@ -17,6 +17,7 @@ package serve
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -126,7 +127,12 @@ func Start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps) (*Serve
 	// The driver's own messages (bad idle connections after a database
 	// restart, say) go to the structured log, not to bare stderr.
 	_ = mysql.SetLogger(mysqlLogger{log.Named("mysql")})
+	dbTLS, err := databaseTLS(cfg.DB, log)
+	if err != nil {
+		return nil, err
+	}
 	st, err := store.Open(ctx, cfg.DB.DSN, store.PoolOptions{
+		TLS:          dbTLS,
 		MaxOpenConns: cfg.DB.MaxOpenConns, MaxIdleConns: cfg.DB.MaxIdleConns, ConnMaxLifetime: cfg.DB.ConnMaxLifetime,
 		MaxWriteBatch: cfg.DB.MaxWriteBatch, WriteCommitters: cfg.DB.WriteCommitters, BatchLockWait: cfg.DB.BatchLockWait,
 	})
@@ -491,6 +497,37 @@ func transportCredentials(c GRPCConfig, log hclog.Logger, reg prometheus.Registe
 		reg.MustRegister(reloads, reloadErrors, expiry)
 	}
 	return inprocCreds{credentials.NewTLS(certreload.ServerConfig(kp, clientCAs, "h2"))}, nil
+}
+
+// databaseTLS is the TLS configuration of ctrl's database connections
+// (db.tls_ca, db.tls_cert/db.tls_key), nil when none is set. The files are
+// read again when they change (internal/certreload): each new connection
+// (db.conn_max_lifetime recycles them) uses the current ones.
+func databaseTLS(c DBConfig, log hclog.Logger) (*tls.Config, error) {
+	if c.TLSCA == "" && c.TLSCert == "" {
+		return nil, nil
+	}
+	dsn, err := mysql.ParseDSN(c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("db.dsn is malformed: %w", err)
+	}
+	host, _, err := net.SplitHostPort(dsn.Addr)
+	if err != nil {
+		host = dsn.Addr
+	}
+	var roots *certreload.CAPool
+	var kp *certreload.KeyPair
+	if c.TLSCA != "" {
+		if roots, err = certreload.LoadCAPool(c.TLSCA, certreload.Options{Log: log, Name: "db.tls_ca"}); err != nil {
+			return nil, err
+		}
+	}
+	if c.TLSCert != "" {
+		if kp, err = certreload.LoadKeyPair(c.TLSCert, c.TLSKey, certreload.Options{Log: log, Name: "db.tls_cert"}); err != nil {
+			return nil, err
+		}
+	}
+	return certreload.ClientConfig(host, roots, kp), nil
 }
 
 // servesSchema says whether this ctrl can serve the schema st describes

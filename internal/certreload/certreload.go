@@ -284,3 +284,37 @@ func ServerConfig(kp *KeyPair, clientCAs *CAPool, nextProtos ...string) *tls.Con
 	}
 	return conf
 }
+
+// ClientConfig is a TLS client configuration for libraries that take one
+// tls.Config for every connection they open (database drivers): the
+// server's certificate is verified against roots as they are at each
+// handshake (the system roots when roots is nil), for serverName, and kp
+// (when set) is the client certificate. tls.Config has no per-handshake
+// hook for a client's roots, so verification is done in VerifyConnection
+// with the standard x509 chain and host name checks, and the built-in one
+// is turned off only in favour of it.
+func ClientConfig(serverName string, roots *CAPool, kp *KeyPair) *tls.Config {
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if kp != nil {
+		conf.GetClientCertificate = kp.GetClientCertificate
+	}
+	if roots == nil {
+		return conf
+	}
+	conf.InsecureSkipVerify = true // replaced by VerifyConnection below, never skipped
+	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the server presented no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots.Current(), Intermediates: inter, DNSName: serverName})
+		if err != nil {
+			return fmt.Errorf("verify the server's certificate against %s: %w", roots.w.opts.Name, err)
+		}
+		return nil
+	}
+	return conf
+}
