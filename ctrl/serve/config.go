@@ -73,6 +73,7 @@ type VaultConfig struct {
 
 type RestateConfig struct {
 	IngressURL      string                `koanf:"ingress_url"`
+	CAFile          string                `koanf:"ca_file"`
 	AdminURL        string                `koanf:"admin_url"`
 	Endpoint        RestateEndpointConfig `koanf:"endpoint"`
 	RegisterOnStart bool                  `koanf:"register_on_start"`
@@ -221,6 +222,7 @@ var settings = []setting{
 	{"auth.recheck_interval", time.Minute, "how often the tokens of all open streams are read again in one query, a safety net behind the revocation poll (1s..24h)"},
 	{"restate.ingress_url", "", "Restate ingress URL, e.g. http://restate:8080; empty turns the deploy workflows and the deploy API off"},
 	{"restate.admin_url", "", "Restate admin API URL, e.g. http://restate:9070 (registration of ctrl's endpoint)"},
+	{"restate.ca_file", "", "CA bundle (PEM) that signed the certificates of https:// restate.ingress_url and restate.admin_url (a TLS proxy in front of Restate); re-read when it changes; empty: the system roots"},
 	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2; keep it on a private network)"},
 	{"restate.endpoint.url", "", "URL Restate calls the endpoint at; default http://<listen host, or this hostname>:<port>"},
 	{"restate.register_on_start", true, "register the endpoint with Restate when ctrl starts (idempotent; retried in the background)"},

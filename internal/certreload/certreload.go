@@ -288,7 +288,8 @@ func ServerConfig(kp *KeyPair, clientCAs *CAPool, nextProtos ...string) *tls.Con
 // ClientConfig is a TLS client configuration for libraries that take one
 // tls.Config for every connection they open (database drivers): the
 // server's certificate is verified against roots as they are at each
-// handshake (the system roots when roots is nil), for serverName, and kp
+// handshake (the system roots when roots is nil), for serverName (empty:
+// the name the connection was made to, as net/http sets it), and kp
 // (when set) is the client certificate. tls.Config has no per-handshake
 // hook for a client's roots, so verification is done in VerifyConnection
 // with the standard x509 chain and host name checks, and the built-in one
@@ -310,7 +311,14 @@ func ClientConfig(serverName string, roots *CAPool, kp *KeyPair) *tls.Config {
 		for _, c := range cs.PeerCertificates[1:] {
 			inter.AddCert(c)
 		}
-		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots.Current(), Intermediates: inter, DNSName: serverName})
+		name := serverName
+		if name == "" {
+			name = cs.ServerName // the dialled host, which net/http puts in ServerName
+		}
+		if name == "" {
+			return errors.New("no server name to verify the server's certificate for")
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots.Current(), Intermediates: inter, DNSName: name})
 		if err != nil {
 			return fmt.Errorf("verify the server's certificate against %s: %w", roots.w.opts.Name, err)
 		}
