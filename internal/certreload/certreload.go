@@ -1,7 +1,7 @@
 // Package certreload keeps the TLS certificates and CA bundles a process
-// reads from files current without a restart. Every TLS handshake stats
-// the files (modification time and size: a cheap call next to a handshake)
-// and reads them again when one changed, so a certificate renewed on disk
+// reads from files current without a restart. Every TLS handshake reads
+// the files (a few kilobytes: cheap next to the handshake) and parses them
+// again when one changed, so a certificate renewed on disk
 // (cert-manager, a Secret volume's atomic swap, a cron job) is presented,
 // or trusted, by the next handshake. Connections already open keep the
 // certificate they were made with; TLS does not change it mid-connection.
@@ -15,6 +15,7 @@
 package certreload
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -50,21 +51,21 @@ func (o Options) now() time.Time {
 	return time.Now()
 }
 
-// stamp is what says a file changed: a rewrite, a rename over it or a
-// symlink swap (how Kubernetes updates a Secret volume) change one of them.
-type stamp struct {
-	mod  time.Time
-	size int64
-}
+// stamp is what says a file changed: its content. Modification times
+// alone miss a rewrite of the same size within the file system's timestamp
+// granularity (a few milliseconds on Linux), and certificate files are a
+// few kilobytes, so reading them on each handshake costs little next to
+// the handshake itself.
+type stamp []byte
 
 func stamps(files []string) ([]stamp, error) {
 	out := make([]stamp, len(files))
 	for i, f := range files {
-		st, err := os.Stat(f)
+		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = stamp{st.ModTime(), st.Size()}
+		out[i] = b
 	}
 	return out, nil
 }
@@ -74,7 +75,7 @@ func sameStamps(a, b []stamp) bool {
 		return false
 	}
 	for i := range a {
-		if !a[i].mod.Equal(b[i].mod) || a[i].size != b[i].size {
+		if !bytes.Equal(a[i], b[i]) {
 			return false
 		}
 	}
@@ -90,7 +91,7 @@ type watched[T any] struct {
 	mu      sync.Mutex
 	cur     T
 	seen    []stamp // the version last tried, adopted or refused
-	lastErr string  // the last stat error reported, so it is reported once
+	lastErr string  // the last read error reported, so it is reported once
 }
 
 func newWatched[T any](files []string, load func() (T, error), o Options) (*watched[T], error) {
@@ -114,8 +115,9 @@ func (w *watched[T]) get() T {
 	defer w.mu.Unlock()
 	st, err := stamps(w.files)
 	if err != nil {
-		// A file missing for a moment (replaced by a tool that deletes
-		// first) is not a new version: keep serving, say so once.
+		// A file missing or unreadable for a moment (replaced by a tool
+		// that deletes first) is not a new version: keep serving, say so
+		// once.
 		if msg := err.Error(); msg != w.lastErr {
 			w.lastErr = msg
 			w.refused(fmt.Errorf("%s: %w", w.opts.Name, err))
