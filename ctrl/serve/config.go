@@ -473,6 +473,9 @@ func (c Config) validateRestate() []error {
 	if r.Endpoint.URL != "" {
 		checkURL("restate.endpoint.url", r.Endpoint.URL)
 	}
+	if r.CAFile != "" && !strings.HasPrefix(r.IngressURL, "https://") && !strings.HasPrefix(r.AdminURL, "https://") {
+		errs = append(errs, errors.New("restate.ca_file is set but neither restate.ingress_url nor restate.admin_url is https://: it verifies a TLS proxy in front of Restate; use https:// URLs or remove it"))
+	}
 	if _, _, err := net.SplitHostPort(r.Endpoint.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("restate.endpoint.listen %q is not host:port", r.Endpoint.Listen))
 	}

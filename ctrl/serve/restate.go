@@ -115,10 +115,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	if ingressTLS != nil {
 		ingressOpts = append(ingressOpts, restateingress.WithTLS(ingressTLS))
 	}
-	adminClient := &http.Client{Timeout: 10 * time.Second}
-	if adminTLS != nil {
-		adminClient.Transport = &http.Transport{TLSClientConfig: adminTLS, Proxy: http.ProxyFromEnvironment}
-	}
+	adminClient := adminHTTPClient(adminTLS)
 	ingress := restateingress.NewIngressClient(cfg.Restate.IngressURL, key, ingressOpts...)
 	r := &restateStack{
 		endpoint: endpoint, lis: lis, url: url, registered: make(chan struct{}),
@@ -151,6 +148,25 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	}
 	log.Info("Restate endpoint serving", "listen", lis.Addr().String(), "url", url, "ingress", cfg.Restate.IngressURL)
 	return r, nil
+}
+
+// RestateAdminClient is the HTTP client for restate.admin_url that c
+// describes (restate.ca_file for an https:// URL), for the CLI's
+// registration.
+func RestateAdminClient(c RestateConfig) (*http.Client, error) {
+	_, adminTLS, err := restateTLSConfigs(c, nil)
+	if err != nil {
+		return nil, err
+	}
+	return adminHTTPClient(adminTLS), nil
+}
+
+func adminHTTPClient(conf *tls.Config) *http.Client {
+	c := &http.Client{Timeout: 10 * time.Second}
+	if conf != nil {
+		c.Transport = &http.Transport{TLSClientConfig: conf, Proxy: http.ProxyFromEnvironment}
+	}
+	return c
 }
 
 // restateTLSConfigs verify https:// restate.ingress_url and
