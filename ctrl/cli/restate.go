@@ -51,7 +51,11 @@ func newRestate() *cobra.Command {
 			// dependencies (nothing is registered or connected; the
 			// handlers never run) rather than listed a second time.
 			services := workflows.Services(workflows.Deps{})
-			res, err := restateendpoint.Register(ctx, cfg.Restate.AdminURL, url, services, restateendpoint.RegisterOptions{Force: force})
+			client, err := serve.RestateAdminClient(cfg.Restate)
+			if err != nil {
+				return err
+			}
+			res, err := restateendpoint.Register(ctx, cfg.Restate.AdminURL, url, services, restateendpoint.RegisterOptions{Force: force, HTTPClient: client})
 			if err != nil {
 				return err
 			}
@@ -88,7 +92,7 @@ func restateAdmin(cmd *cobra.Command) (admin, url string, err error) {
 
 func restateFlags(cmd *cobra.Command) {
 	serve.AddFlags(cmd.Flags(), func(key string) bool {
-		return key == "restate.admin_url" || key == "restate.endpoint.listen" || key == "restate.endpoint.url"
+		return key == "restate.admin_url" || key == "restate.ca_file" || key == "restate.endpoint.listen" || key == "restate.endpoint.url"
 	})
 }
 

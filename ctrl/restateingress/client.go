@@ -3,6 +3,7 @@ package restateingress
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -30,18 +31,27 @@ type Ingress struct {
 // key, with timeouts and a connection pool sized for ctrl (the SDK's
 // default client has neither a timeout nor more than two idle connections
 // per host).
-func NewIngressClient(url string, key []byte) *Ingress {
-	return newIngress(url, key, 256, 30*time.Second)
+func NewIngressClient(url string, key []byte, opts ...Option) *Ingress {
+	return newIngress(url, key, 256, 30*time.Second, opts)
+}
+
+// Option changes how an Ingress connects.
+type Option func(*http.Transport)
+
+// WithTLS makes an https:// ingress URL verified with conf (a private CA,
+// say) instead of the system roots.
+func WithTLS(conf *tls.Config) Option {
+	return func(tr *http.Transport) { tr.TLSClientConfig = conf }
 }
 
 // NewWaitingIngressClient is like NewIngressClient without the overall
 // timeout, for calls that wait for an invocation to end (bound them with a
 // deadline on the context).
-func NewWaitingIngressClient(url string, key []byte) *Ingress {
-	return newIngress(url, key, 64, 0)
+func NewWaitingIngressClient(url string, key []byte, opts ...Option) *Ingress {
+	return newIngress(url, key, 64, 0, opts)
 }
 
-func newIngress(url string, key []byte, conns int, timeout time.Duration) *Ingress {
+func newIngress(url string, key []byte, conns int, timeout time.Duration, opts []Option) *Ingress {
 	// At most conns connections: a burst of calls waits for one instead of
 	// opening a connection each (a thousand at once outrun the dial
 	// timeout on a busy machine).
@@ -51,6 +61,9 @@ func newIngress(url string, key []byte, conns int, timeout time.Duration) *Ingre
 		MaxIdleConnsPerHost: conns,
 		MaxConnsPerHost:     conns,
 		IdleConnTimeout:     90 * time.Second,
+	}
+	for _, o := range opts {
+		o(tr)
 	}
 	return &Ingress{c: ingress.NewClient(url, ingress.WithHttpClient(&http.Client{Transport: tr, Timeout: timeout})), key: key}
 }

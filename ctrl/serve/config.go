@@ -73,6 +73,7 @@ type VaultConfig struct {
 
 type RestateConfig struct {
 	IngressURL      string                `koanf:"ingress_url"`
+	CAFile          string                `koanf:"ca_file"`
 	AdminURL        string                `koanf:"admin_url"`
 	Endpoint        RestateEndpointConfig `koanf:"endpoint"`
 	RegisterOnStart bool                  `koanf:"register_on_start"`
@@ -123,6 +124,9 @@ type SentinelConfig struct {
 
 type DBConfig struct {
 	DSN             string        `koanf:"dsn"`
+	TLSCA           string        `koanf:"tls_ca"`
+	TLSCert         string        `koanf:"tls_cert"`
+	TLSKey          string        `koanf:"tls_key"`
 	MaxOpenConns    int           `koanf:"max_open_conns"`
 	MaxIdleConns    int           `koanf:"max_idle_conns"`
 	ConnMaxLifetime time.Duration `koanf:"conn_max_lifetime"`
@@ -191,6 +195,9 @@ type setting struct {
 // settings is every configuration key, its default and its help text.
 var settings = []setting{
 	{"db.dsn", "", "MySQL/MariaDB DSN, e.g. ctrl:secret@tcp(db:3306)/ctrl (required)"},
+	{"db.tls_ca", "", "CA bundle (PEM) that signed the database server's certificate; set, every database connection is TLS, verified against it for the DSN's host (re-read when it changes); empty (and no db.tls_cert): the DSN's own tls= parameter decides, plaintext by default"},
+	{"db.tls_cert", "", "client certificate (PEM) for the database, when the server requires one (X509 users); turns TLS on, verified against the system roots without db.tls_ca"},
+	{"db.tls_key", "", "private key (PEM) of db.tls_cert"},
 	{"db.max_open_conns", 50, "maximum open database connections (each bootstrapping stream holds one)"},
 	{"db.max_idle_conns", 0, "idle database connections kept open; 0 keeps as many as db.max_open_conns (a commit waking many streams then reuses connections instead of reopening them)"},
 	{"db.conn_max_lifetime", 5 * time.Minute, "recycle database connections after this long"},
@@ -222,6 +229,7 @@ var settings = []setting{
 	{"auth.recheck_interval", time.Minute, "how often the tokens of all open streams are read again in one query, a safety net behind the revocation poll (1s..24h)"},
 	{"restate.ingress_url", "", "Restate ingress URL, e.g. http://restate:8080; empty turns the deploy workflows and the deploy API off"},
 	{"restate.admin_url", "", "Restate admin API URL, e.g. http://restate:9070 (registration of ctrl's endpoint)"},
+	{"restate.ca_file", "", "CA bundle (PEM) that signed the certificates of https:// restate.ingress_url and restate.admin_url (a TLS proxy in front of Restate); re-read when it changes; empty: the system roots"},
 	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2; keep it on a private network)"},
 	{"restate.endpoint.url", "", "URL Restate calls the endpoint at; default http://<listen host, or this hostname>:<port>"},
 	{"restate.register_on_start", true, "register the endpoint with Restate when ctrl starts (idempotent; retried in the background)"},
@@ -368,6 +376,9 @@ func (c Config) Validate() error {
 	if (c.GRPC.TLSCert == "") != (c.GRPC.TLSKey == "") {
 		errs = append(errs, errors.New("grpc.tls_cert and grpc.tls_key must be set together"))
 	}
+	if (c.DB.TLSCert == "") != (c.DB.TLSKey == "") {
+		errs = append(errs, errors.New("db.tls_cert and db.tls_key must be set together"))
+	}
 	if c.GRPC.ClientCA != "" && c.GRPC.TLSCert == "" {
 		errs = append(errs, errors.New("grpc.client_ca (mTLS) needs grpc.tls_cert and grpc.tls_key"))
 	}
@@ -468,6 +479,9 @@ func (c Config) validateRestate() []error {
 	}
 	if r.Endpoint.URL != "" {
 		checkURL("restate.endpoint.url", r.Endpoint.URL)
+	}
+	if r.CAFile != "" && !strings.HasPrefix(r.IngressURL, "https://") && !strings.HasPrefix(r.AdminURL, "https://") {
+		errs = append(errs, errors.New("restate.ca_file is set but neither restate.ingress_url nor restate.admin_url is https://: it verifies a TLS proxy in front of Restate; use https:// URLs or remove it"))
 	}
 	if _, _, err := net.SplitHostPort(r.Endpoint.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("restate.endpoint.listen %q is not host:port", r.Endpoint.Listen))

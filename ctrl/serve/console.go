@@ -18,6 +18,7 @@ import (
 
 	"krane.dev/ctrl/console"
 	"krane.dev/ctrl/store"
+	"krane.dev/shared/certreload"
 )
 
 // The console reaches the operator API through ctrl's own gRPC server, on
@@ -100,12 +101,13 @@ func startConsole(cfg Config, gs *grpc.Server, st *store.Store, log hclog.Logger
 	}
 	var tlsConf *tls.Config
 	if cs.tls {
-		cert, err := tls.LoadX509KeyPair(k.TLSCert, k.TLSKey)
+		// Read again when the files change, like grpc.tls_cert.
+		kp, err := certreload.LoadKeyPair(k.TLSCert, k.TLSKey, certreload.Options{Log: log, Name: "console.tls_cert"})
 		if err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("console: load TLS certificate %s and key %s: %w", k.TLSCert, k.TLSKey, err)
+			return nil, fmt.Errorf("console: %w", err)
 		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsConf = certreload.ServerConfig(kp, nil)
 	}
 	lis, err := net.Listen("tcp", k.Addr)
 	if err != nil {

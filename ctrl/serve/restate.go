@@ -2,8 +2,11 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +25,7 @@ import (
 	"krane.dev/ctrl/store"
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
+	"krane.dev/shared/certreload"
 )
 
 // restateStack is ctrl's Restate side while it runs: the endpoint Restate
@@ -102,7 +106,17 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		lis.Close()
 		return nil, err
 	}
-	ingress := restateingress.NewIngressClient(cfg.Restate.IngressURL, key)
+	ingressTLS, adminTLS, err := restateTLSConfigs(cfg.Restate, log)
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	var ingressOpts []restateingress.Option
+	if ingressTLS != nil {
+		ingressOpts = append(ingressOpts, restateingress.WithTLS(ingressTLS))
+	}
+	adminClient := adminHTTPClient(adminTLS)
+	ingress := restateingress.NewIngressClient(cfg.Restate.IngressURL, key, ingressOpts...)
 	r := &restateStack{
 		endpoint: endpoint, lis: lis, url: url, registered: make(chan struct{}),
 		notifier: background.NewNotifier(background.NotifierOptions{
@@ -116,7 +130,7 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	// the ClusterService.
 	deployapi.New(deployapi.Options{Store: st, Ingress: ingress, Log: log, DefaultTimeout: cfg.Deploy.Timeout, Vault: keys,
 		LiveClusterWithin: cfg.Deploy.LiveClusterWithin}).Register(gs)
-	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: restateingress.NewWaitingIngressClient(cfg.Restate.IngressURL, key), Log: log,
+	deployapi.NewSentinels(deployapi.SentinelOptions{Store: st, Ingress: ingress, Waiting: restateingress.NewWaitingIngressClient(cfg.Restate.IngressURL, key, ingressOpts...), Log: log,
 		LiveClusterWithin: cfg.Deploy.LiveClusterWithin, Vault: keys}).Register(gs)
 
 	r.wg.Go(func() {
@@ -128,12 +142,52 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 	sweeper := background.NewSentinelSweeper(background.SentinelSweeperOptions{Store: st, Log: log, Registerer: reg, IdleAfter: cfg.Sentinel.IdleStopAfter})
 	r.wg.Go(func() { sweeper.Run(ctx) })
 	if cfg.Restate.RegisterOnStart {
-		r.wg.Go(func() { r.register(ctx, cfg.Restate.AdminURL, services, log) })
+		r.wg.Go(func() { r.register(ctx, cfg.Restate.AdminURL, adminClient, services, log) })
 	} else {
 		close(r.registered)
 	}
 	log.Info("Restate endpoint serving", "listen", lis.Addr().String(), "url", url, "ingress", cfg.Restate.IngressURL)
 	return r, nil
+}
+
+// RestateAdminClient is the HTTP client for restate.admin_url that c
+// describes (restate.ca_file for an https:// URL), for the CLI's
+// registration.
+func RestateAdminClient(c RestateConfig) (*http.Client, error) {
+	_, adminTLS, err := restateTLSConfigs(c, nil)
+	if err != nil {
+		return nil, err
+	}
+	return adminHTTPClient(adminTLS), nil
+}
+
+func adminHTTPClient(conf *tls.Config) *http.Client {
+	c := &http.Client{Timeout: 10 * time.Second}
+	if conf != nil {
+		c.Transport = &http.Transport{TLSClientConfig: conf, Proxy: http.ProxyFromEnvironment}
+	}
+	return c
+}
+
+// restateTLSConfigs verify https:// restate.ingress_url and
+// restate.admin_url against restate.ca_file (re-read when it changes), each
+// for its own URL's host; nil (the system roots) when it is not set.
+func restateTLSConfigs(c RestateConfig, log hclog.Logger) (ingress, admin *tls.Config, err error) {
+	if c.CAFile == "" {
+		return nil, nil, nil
+	}
+	roots, err := certreload.LoadCAPool(c.CAFile, certreload.Options{Log: log, Name: "restate.ca_file"})
+	if err != nil {
+		return nil, nil, err
+	}
+	host := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return ""
+		}
+		return u.Hostname()
+	}
+	return certreload.ClientConfig(host(c.IngressURL), roots, nil), certreload.ClientConfig(host(c.AdminURL), roots, nil), nil
 }
 
 // reregisterEvery is how often a registered ctrl checks that Restate
@@ -145,11 +199,11 @@ const reregisterEvery = time.Minute
 // register registers the endpoint, retrying with backoff (Restate may
 // start after ctrl) until it succeeds, then checks again every
 // reregisterEvery, until ctx ends.
-func (r *restateStack) register(ctx context.Context, admin string, services []restate.ServiceDefinition, log hclog.Logger) {
+func (r *restateStack) register(ctx context.Context, admin string, client *http.Client, services []restate.ServiceDefinition, log hclog.Logger) {
 	backoff := 500 * time.Millisecond
 	last := ""
 	for {
-		res, err := restateendpoint.Register(ctx, admin, r.url, services, restateendpoint.RegisterOptions{})
+		res, err := restateendpoint.Register(ctx, admin, r.url, services, restateendpoint.RegisterOptions{HTTPClient: client})
 		wait := reregisterEvery
 		switch {
 		case err == nil:

@@ -18,14 +18,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -50,6 +48,7 @@ import (
 	"krane.dev/ctrl/vault"
 	"krane.dev/ctrl/workflows"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/certreload"
 	"krane.dev/shared/version"
 )
 
@@ -128,7 +127,12 @@ func Start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps) (*Serve
 	// The driver's own messages (bad idle connections after a database
 	// restart, say) go to the structured log, not to bare stderr.
 	_ = mysql.SetLogger(mysqlLogger{log.Named("mysql")})
+	dbTLS, err := databaseTLS(cfg.DB, log)
+	if err != nil {
+		return nil, err
+	}
 	st, err := store.Open(ctx, cfg.DB.DSN, store.PoolOptions{
+		TLS:          dbTLS,
 		MaxOpenConns: cfg.DB.MaxOpenConns, MaxIdleConns: cfg.DB.MaxIdleConns, ConnMaxLifetime: cfg.DB.ConnMaxLifetime,
 		MaxWriteBatch: cfg.DB.MaxWriteBatch, WriteCommitters: cfg.DB.WriteCommitters, BatchLockWait: cfg.DB.BatchLockWait,
 	})
@@ -182,7 +186,7 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		Logger: log, Registerer: reg, Replica: replicaID(), Version: ctrlVersion,
 	})
 	skew := clusterapi.NewSkew(ctrlVersion, st.RecordAgentVersion, log, reg)
-	opts, err := GRPCServerOptions(cfg.GRPC, authn, skew, log)
+	opts, err := GRPCServerOptions(cfg.GRPC, authn, skew, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -427,8 +431,8 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 // credentials, authentication, bounds and error interceptors, message size
 // limits and keepalive enforcement that tolerates agents' pings on idle
 // streams.
-func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, skew *clusterapi.Skew, log hclog.Logger) ([]grpc.ServerOption, error) {
-	creds, err := transportCredentials(c)
+func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, skew *clusterapi.Skew, log hclog.Logger, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
+	creds, err := transportCredentials(c, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -459,28 +463,72 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, skew *clusterapi
 	}, nil
 }
 
-func transportCredentials(c GRPCConfig) (credentials.TransportCredentials, error) {
+// transportCredentials are the gRPC server's credentials. The certificate,
+// key and client CA are read again when they change on disk
+// (shared/certreload), so a renewed certificate needs no restart; a new
+// version that does not load is refused, counted in
+// krane_ctrl_tls_reload_errors_total and logged, and the previous one stays.
+func transportCredentials(c GRPCConfig, log hclog.Logger, reg prometheus.Registerer) (credentials.TransportCredentials, error) {
 	if c.TLSCert == "" {
 		return inprocCreds{insecure.NewCredentials()}, nil // plaintext HTTP/2 (h2c)
 	}
-	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "krane", Subsystem: "ctrl", Name: "tls_reloads_total",
+		Help: "New versions of TLS files (certificate and key, CA bundle) adopted from disk without a restart, by setting."}, []string{"setting"})
+	reloadErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "krane", Subsystem: "ctrl", Name: "tls_reload_errors_total",
+		Help: "New versions of TLS files refused (unparsable, key mismatch, expired, unreadable), by setting; the previous version stays in use."}, []string{"setting"})
+	opts := func(name string) certreload.Options {
+		return certreload.Options{Log: log, Name: name,
+			OnReload: func(n string) { reloads.WithLabelValues(n).Inc() },
+			OnError:  func(n string, _ error) { reloadErrors.WithLabelValues(n).Inc() }}
+	}
+	kp, err := certreload.LoadKeyPair(c.TLSCert, c.TLSKey, opts("grpc.tls_cert"))
 	if err != nil {
-		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", c.TLSCert, c.TLSKey, err)
+		return nil, err
 	}
-	conf := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	var clientCAs *certreload.CAPool
 	if c.ClientCA != "" {
-		pem, err := os.ReadFile(c.ClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("read client CA %s: %w", c.ClientCA, err)
+		if clientCAs, err = certreload.LoadCAPool(c.ClientCA, opts("grpc.client_ca")); err != nil {
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA %s holds no PEM certificate", c.ClientCA)
-		}
-		conf.ClientCAs = pool
-		conf.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return inprocCreds{credentials.NewTLS(conf)}, nil
+	if reg != nil {
+		expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "krane", Subsystem: "ctrl", Name: "tls_certificate_expiry_timestamp_seconds",
+			Help: "When the certificate ctrl's gRPC server presents now (grpc.tls_cert) expires, as a Unix time: alert well before it."},
+			func() float64 { return float64(kp.Current().Leaf.NotAfter.Unix()) })
+		reg.MustRegister(reloads, reloadErrors, expiry)
+	}
+	return inprocCreds{credentials.NewTLS(certreload.ServerConfig(kp, clientCAs, "h2"))}, nil
+}
+
+// databaseTLS is the TLS configuration of ctrl's database connections
+// (db.tls_ca, db.tls_cert/db.tls_key), nil when none is set. The files are
+// read again when they change (shared/certreload): each new connection
+// (db.conn_max_lifetime recycles them) uses the current ones.
+func databaseTLS(c DBConfig, log hclog.Logger) (*tls.Config, error) {
+	if c.TLSCA == "" && c.TLSCert == "" {
+		return nil, nil
+	}
+	dsn, err := mysql.ParseDSN(c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("db.dsn is malformed: %w", err)
+	}
+	host, _, err := net.SplitHostPort(dsn.Addr)
+	if err != nil {
+		host = dsn.Addr
+	}
+	var roots *certreload.CAPool
+	var kp *certreload.KeyPair
+	if c.TLSCA != "" {
+		if roots, err = certreload.LoadCAPool(c.TLSCA, certreload.Options{Log: log, Name: "db.tls_ca"}); err != nil {
+			return nil, err
+		}
+	}
+	if c.TLSCert != "" {
+		if kp, err = certreload.LoadKeyPair(c.TLSCert, c.TLSKey, certreload.Options{Log: log, Name: "db.tls_cert"}); err != nil {
+			return nil, err
+		}
+	}
+	return certreload.ClientConfig(host, roots, kp), nil
 }
 
 // servesSchema says whether this ctrl can serve the schema st describes

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -22,6 +23,9 @@ var ErrNotFound = api.ErrNotFound
 
 // PoolOptions bound the connection pool. Zero values take the defaults.
 type PoolOptions struct {
+	// TLS, when set, encrypts every database connection with it (it beats
+	// a tls= parameter in the DSN).
+	TLS *tls.Config
 	// MaxOpenConns caps connections; every open bootstrap stream holds one
 	// for its duration. Default 50.
 	MaxOpenConns int
@@ -96,6 +100,9 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params["sql_mode"] = "'STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+	if pool.TLS != nil {
+		cfg.TLS = pool.TLS
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}

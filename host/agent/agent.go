@@ -126,7 +126,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.runCtx = ctx
 	cfg := a.cfg
 	a.mu.Unlock()
-	c, err := dialCore(cfg)
+	c, err := dialCore(cfg, a.log)
 	if err != nil {
 		a.mu.Lock()
 		a.runCtx = nil
@@ -164,8 +164,8 @@ type core struct {
 // dialCore builds the connection to ctrl that cfg describes. It starts
 // nothing, so a reload can build it before it tears anything down: a CA
 // file not there yet fails here, with the running core untouched.
-func dialCore(cfg *config.Config) (*core, error) {
-	conn, err := ctrlclient.Dial(cfg, "krane/"+version.Version)
+func dialCore(cfg *config.Config, log hclog.Logger) (*core, error) {
+	conn, err := ctrlclient.DialLogged(cfg, "krane/"+version.Version, log.Named("ctrl-tls"))
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +447,7 @@ func (a *Agent) Reload(next *config.Config) error {
 	global := prev.Region != next.Region || prev.ClusterID != next.ClusterID ||
 		prev.ControlPlane != next.ControlPlane || prev.Kubernetes != next.Kubernetes
 	if global {
-		c, err := dialCore(next)
+		c, err := dialCore(next, a.log)
 		if err != nil {
 			return fmt.Errorf("reload not applied, the running configuration is kept: %w", err)
 		}

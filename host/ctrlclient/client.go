@@ -1,5 +1,6 @@
 // Package ctrlclient connects the krane host to ctrl's ClusterService: TLS
-// (optionally mTLS) or, when the URL says http://, plaintext; every call
+// (optionally mTLS, with the CA and client certificate read again when
+// they change on disk) or, when the URL says http://, plaintext; every call
 // carries the cluster's bearer token and identity (region, cluster id);
 // keep-alive pings hold idle streams open through proxies.
 package ctrlclient
@@ -7,13 +8,13 @@ package ctrlclient
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net/url"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,6 +22,7 @@ import (
 
 	"krane.dev/host/config"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
+	"krane.dev/shared/certreload"
 )
 
 // Metadata keys carrying the cluster identity.
@@ -35,6 +37,15 @@ const MaxMessageSize = 64 << 20
 // Dial connects to ctrl as described by cfg. The connection is lazy: a
 // ctrl that is down now is retried by gRPC, and by the sync loops.
 func Dial(cfg *config.Config, userAgent string) (*grpc.ClientConn, error) {
+	return DialLogged(cfg, userAgent, nil)
+}
+
+// DialLogged is Dial with a logger for the reloads of the TLS files
+// (control_plane.ca_file, client_cert_file/client_key_file): they are read
+// again when they change on disk, on the next handshake, so a renewed
+// client certificate or CA needs no restart; a new version that does not
+// load is logged and the previous one stays in use.
+func DialLogged(cfg *config.Config, userAgent string, log hclog.Logger) (*grpc.ClientConn, error) {
 	u, err := url.Parse(cfg.ControlPlane.URL)
 	if err != nil {
 		return nil, fmt.Errorf("control_plane.url: %w", err)
@@ -47,11 +58,11 @@ func Dial(cfg *config.Config, userAgent string) (*grpc.ClientConn, error) {
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	}
 	if u.Scheme == "https" {
-		tc, err := tlsConfig(cfg.ControlPlane, u.Hostname())
+		tc, err := transportCredentials(cfg.ControlPlane, u.Hostname(), log)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		opts = append(opts, grpc.WithTransportCredentials(tc))
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
@@ -63,27 +74,22 @@ func New(conn grpc.ClientConnInterface) clusterv1.ClusterServiceClient {
 	return clusterv1.NewClusterServiceClient(conn)
 }
 
-func tlsConfig(cp config.ControlPlane, serverName string) (*tls.Config, error) {
+func transportCredentials(cp config.ControlPlane, serverName string, log hclog.Logger) (credentials.TransportCredentials, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	var roots *certreload.CAPool
+	var kp *certreload.KeyPair
+	var err error
 	if cp.CAFile != "" {
-		pem, err := os.ReadFile(cp.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("control_plane.ca_file: %w", err)
+		if roots, err = certreload.LoadCAPool(cp.CAFile, certreload.Options{Log: log, Name: "control_plane.ca_file"}); err != nil {
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("control_plane.ca_file %s holds no PEM certificate", cp.CAFile)
-		}
-		tc.RootCAs = pool
 	}
 	if cp.ClientCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cp.ClientCertFile, cp.ClientKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("control_plane.client_cert_file/client_key_file: %w", err)
+		if kp, err = certreload.LoadKeyPair(cp.ClientCertFile, cp.ClientKeyFile, certreload.Options{Log: log, Name: "control_plane.client_cert_file"}); err != nil {
+			return nil, err
 		}
-		tc.Certificates = []tls.Certificate{cert}
 	}
-	return tc, nil
+	return certreload.ClientCredentials(tc, roots, kp), nil
 }
 
 // perRPC adds the token and identity to every call. A token file is

@@ -40,6 +40,8 @@ type MySQL struct {
 	// serverID, when not 0, gives the server a binary log and this
 	// server id, so that servers can replicate from each other.
 	serverID int
+	// extraArgs are more mariadbd options (TLS files).
+	extraArgs []string
 }
 
 var sharedMySQL Shared[*MySQL]
@@ -147,7 +149,27 @@ func (m *MySQL) queryString(ctx context.Context, query string) (string, error) {
 	return v.String, nil
 }
 
-func startPrivateMySQL(serverID int) (*MySQL, error) {
+// MySQLTLS are the files of a private server that serves TLS: its CA
+// bundle (which client certificates are verified against), certificate
+// and key (PEM).
+type MySQLTLS struct{ CA, Cert, Key string }
+
+// StartTLSMySQL starts a private server of its own (never the external
+// one) that offers TLS with the given files, for tests of encrypted
+// database connections; plaintext connections stay allowed (the test's
+// own setup statements use them). The server is stopped when tb ends.
+func StartTLSMySQL(tb testing.TB, files MySQLTLS) *MySQL {
+	tb.Helper()
+	m, err := startPrivateMySQL(0, "--ssl-ca="+files.CA, "--ssl-cert="+files.Cert, "--ssl-key="+files.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	OnStop(m.Stop)
+	tb.Cleanup(m.Stop)
+	return m
+}
+
+func startPrivateMySQL(serverID int, extraArgs ...string) (*MySQL, error) {
 	bin, err := lookPath("mariadbd")
 	if err != nil {
 		return nil, &MissingBinaryError{Binary: "mariadbd", Looked: "PATH, /usr/sbin", Fix: "run `make deps` (installs mariadb-server from Debian packages), or set " + EnvMySQLDSN + " to an existing server"}
@@ -168,7 +190,7 @@ func startPrivateMySQL(serverID int) (*MySQL, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &MySQL{bin: bin, dir: dir, dataDir: dataDir, port: port, serverID: serverID}
+	m := &MySQL{bin: bin, dir: dir, dataDir: dataDir, port: port, serverID: serverID, extraArgs: extraArgs}
 	m.baseDSN = mysql.NewConfig()
 	m.baseDSN.User = "root"
 	m.baseDSN.Net = "tcp"
@@ -213,6 +235,7 @@ func (m *MySQL) Start() error {
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
 	}
+	args = append(args, m.extraArgs...)
 	p, err := StartProcess(m.dir, "mysqld", m.bin, args, nil)
 	if err != nil {
 		return err

@@ -14,6 +14,9 @@ control_plane {
   # ca_file          = "/etc/krane/tls/ca.crt"   # ctrl's CA, when not a public one
   # client_cert_file = "/etc/krane/tls/tls.crt"  # mTLS
   # client_key_file  = "/etc/krane/tls/tls.key"
+  # The connection is TLS only when control_plane.url is https:// (the ha
+  # overlay); an http:// URL (the demo) is plaintext. These files are read
+  # again when they change: a renewed certificate needs no restart.
 }
 
 kubernetes {
