@@ -24,7 +24,9 @@
 //
 // What clusters send back is stored in shared batches (ingest.go): the
 // status reports of every calling cluster in one transaction per
-// ReportLinger, their heartbeats in one statement per HeartbeatLinger.
+// ReportLinger, their heartbeats apart from them (heartbeats.go), one
+// write per HeartbeatLinger that never waits for a report batch and is
+// never refused for reports queueing.
 // Each caller is answered once its batch committed; a call that does not
 // fit in the bounded queue is refused with RESOURCE_EXHAUSTED and a
 // RetryInfo, and krane's reporter waits that long.
@@ -122,25 +124,11 @@ const (
 	maxQueueBytes  = 256 << 20
 )
 
-// reportBytes and heartbeatBytes weigh queued items.
+// reportBytes weighs a queued report.
 func reportBytes(r store.Report) int {
 	n := len(r.Status) + 256
 	for _, in := range r.Instances {
 		n += proto.Size(in)
-	}
-	return n
-}
-
-func heartbeatBytes(h store.ClusterHeartbeat) int {
-	n := 256 + 32*len(h.Data.Cursors)
-	if h.Data.Host != nil {
-		for _, c := range h.Data.Host.Controllers {
-			n += len(c.Name) + len(c.PluginVersion) + len(c.LastError) + 64
-			for _, k := range c.Kinds {
-				n += len(k) + 4
-			}
-		}
-		n += 64 * len(h.Data.Host.Parked)
 	}
 	return n
 }
@@ -162,7 +150,7 @@ type Server struct {
 	stopping  chan struct{}
 
 	reports      *batcher[store.Report, store.ReportResult]
-	heartbeats   *batcher[store.ClusterHeartbeat, error]
+	heartbeats   *beatWriter
 	reportLinger time.Duration
 	maxBatch     int
 	unbatched    bool
@@ -220,9 +208,8 @@ func New(o Options) (*Server, error) {
 		labels:   map[string]bool{},
 		reports: newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, o.ReportQueueShare, reportBytes, maxQueueBytes,
 			m.observeBatch("reports"), m.gaugeBatch("reports")),
-		// A cluster's heartbeats: the one being written and the next.
-		heartbeats: newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, 2, heartbeatBytes, maxQueueBytes,
-			m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats")),
+		heartbeats: newBeatWriter(st.HeartbeatsUnlessBusy, o.HeartbeatLinger, maxIngestBatch,
+			m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats"), func(n int) { m.beatsDeferred.Add(float64(n)) }),
 		reportLinger: o.ReportLinger, maxBatch: maxIngestBatch, unbatched: o.UnbatchedReports,
 	}, nil
 }
