@@ -90,8 +90,8 @@ func TestHeartbeatsWhileTheReportQueueIsFull(t *testing.T) {
 	}
 	go func() { _ = gs.Serve(l) }()
 	defer func() {
-		gs.Stop()
 		unblock()
+		gs.Stop()
 		cancel()
 		<-runDone
 	}()

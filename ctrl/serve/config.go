@@ -154,6 +154,9 @@ type WatchConfig struct {
 	PollInterval time.Duration `koanf:"poll_interval"`
 	FeedWindow   int           `koanf:"feed_window"`
 	SharedReads  bool          `koanf:"shared_reads"`
+	// MaxBootstraps and BootstrapRetry: clusterapi.Options.
+	MaxBootstraps  int           `koanf:"max_bootstraps"`
+	BootstrapRetry time.Duration `koanf:"bootstrap_retry"`
 }
 
 // ReportsConfig shapes how what clusters send (status reports,
@@ -204,6 +207,8 @@ var settings = []setting{
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
 	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
+	{"watch.max_bootstraps", 16, "streams sending a full snapshot at once (each holds a database connection, so db.max_open_conns caps it); beyond it a host is told to reconnect later (RESOURCE_EXHAUSTED with a retry hint)"},
+	{"watch.bootstrap_retry", 2 * time.Second, "least retry hint of a refused bootstrap; each refusal adds up to as much again at random, spreading a reconnect storm (100ms..1m)"},
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"reports.linger", 100 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
 	{"reports.queue", 20000, "status reports waiting for their transaction at most; beyond it clusters are told to retry later (RESOURCE_EXHAUSTED with a hint; 100..1000000)"},
@@ -387,6 +392,12 @@ func (c Config) Validate() error {
 	}
 	if l := c.Reports.HeartbeatLinger; l < time.Millisecond || l > 30*time.Second {
 		errs = append(errs, fmt.Errorf("reports.heartbeat_linger %s is out of range 1ms..30s", l))
+	}
+	if n := c.Watch.MaxBootstraps; n < 1 || n > 10000 {
+		errs = append(errs, fmt.Errorf("watch.max_bootstraps %d is out of range 1..10000", n))
+	}
+	if r := c.Watch.BootstrapRetry; r < 100*time.Millisecond || r > time.Minute {
+		errs = append(errs, fmt.Errorf("watch.bootstrap_retry %s is out of range 100ms..1m", r))
 	}
 	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
 		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))

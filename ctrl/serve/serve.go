@@ -224,8 +224,8 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	api, err := clusterapi.New(clusterapi.Options{
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
 		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
-		DecryptPerMinute: cfg.Vault.DecryptPerMinute,
-		ReportLinger:     cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
+		DecryptPerMinute: cfg.Vault.DecryptPerMinute, MaxBootstraps: min(cfg.Watch.MaxBootstraps, cfg.DB.MaxOpenConns), BootstrapRetry: cfg.Watch.BootstrapRetry,
+		ReportLinger: cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
 	})
 	if err != nil {
 		return fail(err)
