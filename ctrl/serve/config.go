@@ -142,6 +142,9 @@ type GRPCConfig struct {
 	ClientCA     string `koanf:"client_ca"`
 	MaxRecvBytes int    `koanf:"max_recv_bytes"`
 	MaxSendBytes int    `koanf:"max_send_bytes"`
+	// MaxConnectionAge and MaxConnectionAgeGrace: see the settings below.
+	MaxConnectionAge      time.Duration `koanf:"max_connection_age"`
+	MaxConnectionAgeGrace time.Duration `koanf:"max_connection_age_grace"`
 }
 
 type HTTPConfig struct {
@@ -202,6 +205,8 @@ var settings = []setting{
 	{"grpc.client_ca", "", "CA bundle (PEM); when set, clients must present a certificate it signed (mTLS)"},
 	{"grpc.max_recv_bytes", 16 << 20, "largest gRPC message ctrl accepts"},
 	{"grpc.max_send_bytes", 16 << 20, "largest gRPC message ctrl sends"},
+	{"grpc.max_connection_age", 30 * time.Minute, "a client connection is asked to go away (GOAWAY) after this long, plus or minus 10% at random, so the agents' streams spread over the replicas again after a ctrl roll; each agent resumes from its cursor, without a bootstrap (0: never)"},
+	{"grpc.max_connection_age_grace", 30 * time.Second, "how long the streams of a connection past grpc.max_connection_age may go on before it is closed (0: until they end)"},
 	{"http.addr", ":9090", "HTTP listen address for /healthz, /readyz and /metrics"},
 	{"watch.page_size", 500, "rows per query when streaming desired state"},
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
@@ -392,6 +397,9 @@ func (c Config) Validate() error {
 	}
 	if l := c.Reports.HeartbeatLinger; l < time.Millisecond || l > 30*time.Second {
 		errs = append(errs, fmt.Errorf("reports.heartbeat_linger %s is out of range 1ms..30s", l))
+	}
+	if c.GRPC.MaxConnectionAge < 0 || c.GRPC.MaxConnectionAgeGrace < 0 {
+		errs = append(errs, fmt.Errorf("grpc.max_connection_age %s and grpc.max_connection_age_grace %s must not be negative", c.GRPC.MaxConnectionAge, c.GRPC.MaxConnectionAgeGrace))
 	}
 	if n := c.Watch.MaxBootstraps; n < 1 || n > 10000 {
 		errs = append(errs, fmt.Errorf("watch.max_bootstraps %d is out of range 1..10000", n))

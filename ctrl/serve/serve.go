@@ -453,8 +453,12 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, skew *clusterapi
 		// Agents ping idle streams (proxies drop silent connections); allow
 		// it every 10s, even without active calls, instead of GOAWAY.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// And ping them ourselves, so dead peers free their streams.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// And ping them ourselves, so dead peers free their streams. An
+		// aged connection is sent away (gRPC adds +/-10% jitter to the age)
+		// so agents spread over the replicas again after a roll.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
+			// zero: never (gRPC's default)
+			MaxConnectionAge: c.MaxConnectionAge, MaxConnectionAgeGrace: c.MaxConnectionAgeGrace}),
 	}, nil
 }
 
