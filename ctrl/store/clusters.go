@@ -501,7 +501,7 @@ const heartbeatsPerStatement = 500
 // region); the error is the batch's own. A cluster named twice keeps its
 // later heartbeat.
 func (s *Store) Heartbeats(ctx context.Context, hbs []ClusterHeartbeat) ([]error, error) {
-	return heartbeats(ctx, s.db, hbs)
+	return heartbeats(ctx, s.ingest, hbs)
 }
 
 // ErrClusterBusy answers a heartbeat that HeartbeatsUnlessBusy did not
@@ -523,7 +523,7 @@ func (s *Store) HeartbeatsUnlessBusy(ctx context.Context, hbs []ClusterHeartbeat
 		return results, nil
 	}
 	ids := distinct(hbs, func(h ClusterHeartbeat) string { return h.ClusterID })
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.ingest.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("store: begin a heartbeat transaction: %w", err)
 	}
