@@ -66,35 +66,27 @@ func (s *Server) GetDesiredSentinelState(ctx context.Context, req *clusterv1.Get
 	return sentinelState(c), nil
 }
 
-// Heartbeat records that the cluster is alive (in the next shared
-// heartbeat batch) and returns the newest version in its region.
+// Heartbeat records that the cluster is alive (in the next heartbeat
+// write, apart from the reports: heartbeats.go) and returns the newest
+// version in its region.
 func (s *Server) Heartbeat(ctx context.Context, req *clusterv1.HeartbeatRequest) (*clusterv1.HeartbeatResponse, error) {
 	who, err := caller(ctx)
 	if err != nil {
 		return nil, err
 	}
-	hb := []store.ClusterHeartbeat{{ClusterID: who.ClusterID, Region: who.Region, Data: heartbeatData(req)}}
-	var errs []error
+	hb := store.ClusterHeartbeat{ClusterID: who.ClusterID, Region: who.Region, Data: heartbeatData(req)}
 	if s.running.Load() {
-		errs, err = s.heartbeats.add(ctx, who.ClusterID, hb)
+		err = s.heartbeats.add(ctx, hb)
 	} else {
-		errs, err = s.store.Heartbeats(ctx, hb)
+		err = s.store.Heartbeat(ctx, hb.ClusterID, hb.Region, hb.Data)
 	}
 	switch {
-	case errors.Is(err, errQueueFull):
-		s.m.refused.WithLabelValues("heartbeats").Inc()
-		return nil, s.exhausted("heartbeat", s.heartbeats)
-	case errors.Is(err, errShareFull):
-		s.m.refused.WithLabelValues("heartbeats-share").Inc()
-		return nil, s.shareExhausted("heartbeat", s.heartbeats.perKey)
 	case errors.Is(err, errStopping):
 		return nil, status.Error(codes.Unavailable, "ctrl is stopping; the heartbeat was not recorded: send it again")
+	case errors.Is(err, store.ErrNotFound):
+		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl admin cluster register`)", who.ClusterID, who.Region)
 	case err != nil:
 		return nil, fmt.Errorf("recording the heartbeat failed: %w", err)
-	case errors.Is(errs[0], store.ErrNotFound):
-		return nil, errorf(codes.FailedPrecondition, "cluster %q is not registered in region %q (run `ctrl admin cluster register`)", who.ClusterID, who.Region)
-	case errs[0] != nil:
-		return nil, fmt.Errorf("recording the heartbeat failed: %w", errs[0])
 	}
 	head, ok := s.poller.regionHead(who.Region)
 	if !ok {

@@ -25,6 +25,9 @@ type metrics struct {
 	inFlight        *prometheus.GaugeVec
 	refused         *prometheus.CounterVec
 	cursorRefused   *prometheus.CounterVec
+	beatsDeferred   prometheus.Counter
+	bootstraps      prometheus.Gauge
+	bootstrapRefuse prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -108,15 +111,28 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: ns, Subsystem: sub, Name: "cursor_refused_total",
 			Help: "Streams refused because their cursor belongs to another history of the database (ahead-of-head: a claim that it went back in time; other-generation), by region; the host bootstraps that kind again.",
 		}, []string{"region", "why"}),
+		beatsDeferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "heartbeats_deferred_total",
+			Help: "Heartbeats answered without being written because a report batch of their cluster held its row; each waits for the next heartbeat write.",
+		}),
+		bootstraps: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "bootstraps_admitted",
+			Help: "Watch streams sending a bootstrap (a full snapshot of a kind) now; at most Options.MaxBootstraps.",
+		}),
+		bootstrapRefuse: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "bootstraps_refused_total",
+			Help: "Watch streams refused with RESOURCE_EXHAUSTED and a retry hint because MaxBootstraps bootstraps were running.",
+		}),
 	}
 	// At 0 from the start, so the shipped alerts (deploy/monitoring) see
 	// a series before the first refusal.
-	for _, what := range []string{"reports", "heartbeats"} {
+	for _, what := range []string{"reports", "reports-share"} {
 		m.refused.WithLabelValues(what)
 	}
 	if reg != nil {
 		reg.MustRegister(m.activeStreams, m.rowsStreamed, m.skippedRows, m.headVersion, m.watchQuery, m.reports,
-			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup, m.batches, m.batchItems, m.queueDepth, m.inFlight, m.refused, m.cursorRefused)
+			m.headPollErrors, m.bootstrapStream, m.decrypts, m.delivered, m.headPolls, m.startup, m.batches, m.batchItems, m.queueDepth, m.inFlight, m.refused, m.cursorRefused,
+			m.beatsDeferred, m.bootstraps, m.bootstrapRefuse)
 	}
 	return m
 }

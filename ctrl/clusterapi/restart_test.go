@@ -27,6 +27,7 @@ type reconnectingWatcher struct {
 	errs      []error
 	order     []string // violations
 	connected int
+	boots     int // bootstraps completed
 }
 
 func (w *reconnectingWatcher) run(ctx context.Context, cli clusterv1.ClusterServiceClient, kind string) {
@@ -47,6 +48,7 @@ func (w *reconnectingWatcher) run(ctx context.Context, cli clusterv1.ClusterServ
 			w.mu.Lock()
 			if bc := ev.GetBootstrapComplete(); bc != nil {
 				w.booted, w.cursor = true, bc.GetMaxVersion()
+				w.boots++
 			}
 			if c := ev.GetChange(); c != nil {
 				if prev, ok := w.objs[c.GetId()]; ok && c.GetVersion() <= prev {

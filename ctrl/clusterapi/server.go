@@ -24,7 +24,9 @@
 //
 // What clusters send back is stored in shared batches (ingest.go): the
 // status reports of every calling cluster in one transaction per
-// ReportLinger, their heartbeats in one statement per HeartbeatLinger.
+// ReportLinger, their heartbeats apart from them (heartbeats.go), one
+// write per HeartbeatLinger that never waits for a report batch and is
+// never refused for reports queueing.
 // Each caller is answered once its batch committed; a call that does not
 // fit in the bounded queue is refused with RESOURCE_EXHAUSTED and a
 // RetryInfo, and krane's reporter waits that long.
@@ -112,6 +114,18 @@ type Options struct {
 	// UnbatchedReports stores every report call in a transaction of its
 	// own (the reference platform's path, kept to compare with).
 	UnbatchedReports bool
+	// MaxBootstraps bounds the streams sending a full snapshot at once
+	// (Watch from version 0, ListDesired): each holds a database
+	// connection and reads a whole region's kind, so when every host
+	// reconnects at once (a ctrl restart) the rest are refused with
+	// RESOURCE_EXHAUSTED and a RetryInfo instead of queueing on the pool
+	// behind each other and the operators' calls. Streams resuming from a
+	// cursor are not bounded. Default 16; negative: unbounded.
+	MaxBootstraps int
+	// BootstrapRetry is the least wait a refused bootstrap is told; each
+	// refusal adds up to as much again at random, so the refused hosts
+	// come back spread out. Default 2s.
+	BootstrapRetry time.Duration
 }
 
 // maxIngestBatch bounds the items of one batch transaction;
@@ -122,25 +136,11 @@ const (
 	maxQueueBytes  = 256 << 20
 )
 
-// reportBytes and heartbeatBytes weigh queued items.
+// reportBytes weighs a queued report.
 func reportBytes(r store.Report) int {
 	n := len(r.Status) + 256
 	for _, in := range r.Instances {
 		n += proto.Size(in)
-	}
-	return n
-}
-
-func heartbeatBytes(h store.ClusterHeartbeat) int {
-	n := 256 + 32*len(h.Data.Cursors)
-	if h.Data.Host != nil {
-		for _, c := range h.Data.Host.Controllers {
-			n += len(c.Name) + len(c.PluginVersion) + len(c.LastError) + 64
-			for _, k := range c.Kinds {
-				n += len(k) + 4
-			}
-		}
-		n += 64 * len(h.Data.Host.Parked)
 	}
 	return n
 }
@@ -161,8 +161,15 @@ type Server struct {
 	feeds     feeds
 	stopping  chan struct{}
 
+	// bootstraps holds a token per snapshot being sent (nil: unbounded);
+	// bootstrapRetry is the least retry hint of a refused one.
+	bootstraps     chan struct{}
+	bootstrapRetry time.Duration
+	// beforeSnapshot, set by tests only, runs once a bootstrap is admitted.
+	beforeSnapshot func()
+
 	reports      *batcher[store.Report, store.ReportResult]
-	heartbeats   *batcher[store.ClusterHeartbeat, error]
+	heartbeats   *beatWriter
 	reportLinger time.Duration
 	maxBatch     int
 	unbatched    bool
@@ -208,21 +215,31 @@ func New(o Options) (*Server, error) {
 	if o.HeartbeatLinger <= 0 {
 		o.HeartbeatLinger = time.Second
 	}
+	if o.MaxBootstraps == 0 {
+		o.MaxBootstraps = 16
+	}
+	if o.BootstrapRetry <= 0 {
+		o.BootstrapRetry = 2 * time.Second
+	}
+	var bootstraps chan struct{}
+	if o.MaxBootstraps > 0 {
+		bootstraps = make(chan struct{}, o.MaxBootstraps)
+	}
 	log := o.Logger.Named("clusterapi")
 	m := newMetrics(o.Registerer)
 	st := o.Store
 	return &Server{
 		store: o.Store, log: log, m: m, pageSize: o.PageSize, keepAlive: o.KeepAlive, listener: o.Listener, vault: o.Vault,
-		decrypts: newPerCluster(o.DecryptPerMinute),
-		poller:   newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
-		feeds:    feeds{window: o.FeedWindow, off: o.UnsharedReads},
-		stopping: make(chan struct{}),
-		labels:   map[string]bool{},
+		decrypts:   newPerCluster(o.DecryptPerMinute),
+		poller:     newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
+		feeds:      feeds{window: o.FeedWindow, off: o.UnsharedReads},
+		stopping:   make(chan struct{}),
+		bootstraps: bootstraps, bootstrapRetry: o.BootstrapRetry,
+		labels: map[string]bool{},
 		reports: newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, o.ReportQueueShare, reportBytes, maxQueueBytes,
 			m.observeBatch("reports"), m.gaugeBatch("reports")),
-		// A cluster's heartbeats: the one being written and the next.
-		heartbeats: newBatcher(st.Heartbeats, o.HeartbeatLinger, maxIngestBatch, o.ReportQueue, 2, heartbeatBytes, maxQueueBytes,
-			m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats")),
+		heartbeats: newBeatWriter(st.HeartbeatsUnlessBusy, o.HeartbeatLinger, maxIngestBatch,
+			m.observeBatch("heartbeats"), m.gaugeBatch("heartbeats"), func(n int) { m.beatsDeferred.Add(float64(n)) }),
 		reportLinger: o.ReportLinger, maxBatch: maxIngestBatch, unbatched: o.UnbatchedReports,
 	}, nil
 }

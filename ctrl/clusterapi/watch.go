@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"krane.dev/ctrl/auth"
 	"krane.dev/ctrl/store"
 	clusterv1 "krane.dev/proto/krane/cluster/v1"
 	"krane.dev/shared/kinds"
@@ -77,7 +81,12 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 
 	cursor := after
 	if after == 0 || f == followNever {
+		release, err := s.admitBootstrap(who, kind, region)
+		if err != nil {
+			return err
+		}
 		head, err := s.snapshot(ctx, kind, region, out)
+		release()
 		if err != nil {
 			return err
 		}
@@ -92,6 +101,37 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 		cursor = head
 	}
 	return s.stream(ctx, kind, region, cursor, gen, after > 0, out)
+}
+
+// admitBootstrap takes one of the MaxBootstraps places of a snapshot, or
+// refuses the stream with RESOURCE_EXHAUSTED and a RetryInfo of
+// BootstrapRetry plus up to as much again at random (so the hosts refused
+// in one reconnect storm do not all come back at the same moment). The
+// caller calls release once its snapshot is sent.
+func (s *Server) admitBootstrap(who auth.Identity, kind, region string) (release func(), err error) {
+	if s.bootstraps == nil {
+		return func() {}, nil
+	}
+	select {
+	case s.bootstraps <- struct{}{}:
+	default:
+		s.m.bootstrapRefuse.Inc()
+		wait := s.bootstrapRetry + rand.N(s.bootstrapRetry)
+		st := status.Newf(codes.ResourceExhausted, "ctrl is sending %d bootstraps (full snapshots) already, its limit; the snapshot of %s in region %q for cluster %q was not started: reconnect from version 0 after %s",
+			cap(s.bootstraps), kind, region, who.ClusterID, wait.Round(time.Millisecond))
+		if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
+			st = d
+		}
+		return nil, st.Err()
+	}
+	s.m.bootstraps.Inc()
+	if s.beforeSnapshot != nil {
+		s.beforeSnapshot()
+	}
+	return func() {
+		s.m.bootstraps.Dec()
+		<-s.bootstraps
+	}, nil
 }
 
 // snapshot sends every live row of kind in region from one consistent

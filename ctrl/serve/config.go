@@ -146,6 +146,9 @@ type GRPCConfig struct {
 	ClientCA     string `koanf:"client_ca"`
 	MaxRecvBytes int    `koanf:"max_recv_bytes"`
 	MaxSendBytes int    `koanf:"max_send_bytes"`
+	// MaxConnectionAge and MaxConnectionAgeGrace: see the settings below.
+	MaxConnectionAge      time.Duration `koanf:"max_connection_age"`
+	MaxConnectionAgeGrace time.Duration `koanf:"max_connection_age_grace"`
 }
 
 type HTTPConfig struct {
@@ -163,6 +166,9 @@ type WatchConfig struct {
 	PollInterval time.Duration `koanf:"poll_interval"`
 	FeedWindow   int           `koanf:"feed_window"`
 	SharedReads  bool          `koanf:"shared_reads"`
+	// MaxBootstraps and BootstrapRetry: clusterapi.Options.
+	MaxBootstraps  int           `koanf:"max_bootstraps"`
+	BootstrapRetry time.Duration `koanf:"bootstrap_retry"`
 }
 
 // ReportsConfig shapes how what clusters send (status reports,
@@ -211,6 +217,8 @@ var settings = []setting{
 	{"grpc.client_ca", "", "CA bundle (PEM); when set, clients must present a certificate it signed (mTLS)"},
 	{"grpc.max_recv_bytes", 16 << 20, "largest gRPC message ctrl accepts"},
 	{"grpc.max_send_bytes", 16 << 20, "largest gRPC message ctrl sends"},
+	{"grpc.max_connection_age", 30 * time.Minute, "a client connection is asked to go away (GOAWAY) after this long, plus or minus 10% at random, so the agents' streams spread over the replicas again after a ctrl roll; each agent resumes from its cursor, without a bootstrap (0: never)"},
+	{"grpc.max_connection_age_grace", 30 * time.Second, "how long the streams of a connection past grpc.max_connection_age may go on before it is closed (0: until they end)"},
 	{"http.addr", ":9090", "HTTP listen address for /healthz, /readyz and /metrics"},
 	{"http.pprof", false, "serve Go's profiles (CPU, heap, goroutines, mutex and block contention) under /debug/pprof/ on http.addr, and sample mutex and block contention while on (1 in 100 events; a cost, so off by default): for finding where ctrl spends its time under load"},
 	{"http.metrics_per_cluster_max", 1000, "/metrics carries series per cluster (lag, parked objects, heartbeat age, agent version) while the fleet has at most this many clusters; beyond it, only the per-region series the shipped alerts read (every replica exports them: clusters x kinds x replicas series); 0: never (0..100000)"},
@@ -218,6 +226,8 @@ var settings = []setting{
 	{"watch.keepalive", 15 * time.Second, "idle streams re-check the database and send a KeepAlive this often"},
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
 	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
+	{"watch.max_bootstraps", 16, "streams sending a full snapshot at once (each holds a database connection, so db.max_open_conns caps it); beyond it a host is told to reconnect later (RESOURCE_EXHAUSTED with a retry hint)"},
+	{"watch.bootstrap_retry", 2 * time.Second, "least retry hint of a refused bootstrap; each refusal adds up to as much again at random, spreading a reconnect storm (100ms..1m)"},
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"reports.linger", 100 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
 	{"reports.queue", 20000, "status reports waiting for their transaction at most; beyond it clusters are told to retry later (RESOURCE_EXHAUSTED with a hint; 100..1000000)"},
@@ -405,6 +415,15 @@ func (c Config) Validate() error {
 	}
 	if l := c.Reports.HeartbeatLinger; l < time.Millisecond || l > 30*time.Second {
 		errs = append(errs, fmt.Errorf("reports.heartbeat_linger %s is out of range 1ms..30s", l))
+	}
+	if c.GRPC.MaxConnectionAge < 0 || c.GRPC.MaxConnectionAgeGrace < 0 {
+		errs = append(errs, fmt.Errorf("grpc.max_connection_age %s and grpc.max_connection_age_grace %s must not be negative", c.GRPC.MaxConnectionAge, c.GRPC.MaxConnectionAgeGrace))
+	}
+	if n := c.Watch.MaxBootstraps; n < 1 || n > 10000 {
+		errs = append(errs, fmt.Errorf("watch.max_bootstraps %d is out of range 1..10000", n))
+	}
+	if r := c.Watch.BootstrapRetry; r < 100*time.Millisecond || r > time.Minute {
+		errs = append(errs, fmt.Errorf("watch.bootstrap_retry %s is out of range 100ms..1m", r))
 	}
 	if c.Watch.PageSize <= 0 || c.Watch.PageSize > 10000 {
 		errs = append(errs, fmt.Errorf("watch.page_size %d is out of range 1..10000", c.Watch.PageSize))

@@ -229,8 +229,8 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 	api, err := clusterapi.New(clusterapi.Options{
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
 		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
-		DecryptPerMinute: cfg.Vault.DecryptPerMinute,
-		ReportLinger:     cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
+		DecryptPerMinute: cfg.Vault.DecryptPerMinute, MaxBootstraps: min(cfg.Watch.MaxBootstraps, cfg.DB.MaxOpenConns), BootstrapRetry: cfg.Watch.BootstrapRetry,
+		ReportLinger: cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
 	})
 	if err != nil {
 		return fail(err)
@@ -458,8 +458,12 @@ func GRPCServerOptions(c GRPCConfig, authn *auth.Authenticator, skew *clusterapi
 		// Agents ping idle streams (proxies drop silent connections); allow
 		// it every 10s, even without active calls, instead of GOAWAY.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// And ping them ourselves, so dead peers free their streams.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// And ping them ourselves, so dead peers free their streams. An
+		// aged connection is sent away (gRPC adds +/-10% jitter to the age)
+		// so agents spread over the replicas again after a roll.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
+			// zero: never (gRPC's default)
+			MaxConnectionAge: c.MaxConnectionAge, MaxConnectionAgeGrace: c.MaxConnectionAgeGrace}),
 	}, nil
 }
 

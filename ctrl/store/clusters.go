@@ -501,6 +501,107 @@ const heartbeatsPerStatement = 500
 // region); the error is the batch's own. A cluster named twice keeps its
 // later heartbeat.
 func (s *Store) Heartbeats(ctx context.Context, hbs []ClusterHeartbeat) ([]error, error) {
+	return heartbeats(ctx, s.ingest, hbs)
+}
+
+// ErrClusterBusy answers a heartbeat that HeartbeatsUnlessBusy did not
+// write because another transaction holds its cluster's row: a report
+// batch of that cluster (Ingest locks the reporting clusters' rows in
+// share mode until it commits). Write it again later.
+var ErrClusterBusy = errors.New("the cluster's row is held by another transaction (a batch of its reports)")
+
+// HeartbeatsUnlessBusy is Heartbeats for the rows nobody holds: in one
+// transaction it locks the heartbeats' cluster rows that are free
+// (FOR UPDATE SKIP LOCKED) and updates those, and answers the others
+// with ErrClusterBusy (or ErrNotFound, for a cluster not registered in
+// its region), never waiting for a lock. A heartbeat batch of every
+// cluster must not wait behind the report batch of any one of them, nor
+// make the next report batch wait behind it.
+func (s *Store) HeartbeatsUnlessBusy(ctx context.Context, hbs []ClusterHeartbeat) ([]error, error) {
+	results := make([]error, len(hbs))
+	if len(hbs) == 0 {
+		return results, nil
+	}
+	ids := distinct(hbs, func(h ClusterHeartbeat) string { return h.ClusterID })
+	tx, err := s.ingest.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("store: begin a heartbeat transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	free, err := clusterRegions(ctx, tx, ids, " FOR UPDATE SKIP LOCKED")
+	if err != nil {
+		return nil, fmt.Errorf("store: lock the rows of %d clusters that sent heartbeats: %w", len(ids), err)
+	}
+	var held []any
+	for _, id := range ids {
+		if _, ok := free[id.(string)]; !ok {
+			held = append(held, id)
+		}
+	}
+	// A row SKIP LOCKED did not return is held or absent: a consistent
+	// (non-locking) read tells which.
+	busy, err := clusterRegions(ctx, tx, held, "")
+	if err != nil {
+		return nil, fmt.Errorf("store: read the rows of %d clusters that sent heartbeats: %w", len(held), err)
+	}
+	var write []ClusterHeartbeat
+	var at []int
+	for i, hb := range hbs {
+		if _, ok := free[hb.ClusterID]; ok {
+			write, at = append(write, hb), append(at, i)
+		} else if region, ok := busy[hb.ClusterID]; ok && region == hb.Region {
+			results[i] = fmt.Errorf("store: heartbeat of cluster %s in %s: %w", hb.ClusterID, hb.Region, ErrClusterBusy)
+		} else {
+			results[i] = fmt.Errorf("store: heartbeat of cluster %s in %s: %w", hb.ClusterID, hb.Region, ErrNotFound)
+		}
+	}
+	written, err := heartbeats(ctx, tx, write)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("store: commit the heartbeats of %d clusters: %w", len(write), err)
+	}
+	for j, i := range at {
+		results[i] = written[j]
+	}
+	return results, nil
+}
+
+// clusterRegions reads the region of each of ids that has a row, with
+// lock appended to the query.
+func clusterRegions(ctx context.Context, q queryer, ids []any, lock string) (map[string]string, error) {
+	out := make(map[string]string, len(ids))
+	for len(ids) > 0 {
+		part := ids[:min(len(ids), heartbeatsPerStatement)]
+		ids = ids[len(part):]
+		rows, err := q.QueryContext(ctx, "SELECT id, region FROM clusters WHERE id IN ("+placeholders(len(part))+")"+lock, part...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id, region string
+			if err := rows.Scan(&id, &region); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[id] = region
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// queryer is a *sql.DB or a *sql.Tx.
+type queryer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func heartbeats(ctx context.Context, db queryer, hbs []ClusterHeartbeat) ([]error, error) {
 	results := make([]error, len(hbs))
 	last := map[string]int{}
 	for i, hb := range hbs {
@@ -562,7 +663,7 @@ func (s *Store) Heartbeats(ctx context.Context, hbs []ClusterHeartbeat) ([]error
 		}
 		region, regionArgs := cases(func(i int) any { return hbs[i].Region })
 		args = append(args, regionArgs...)
-		res, err := s.db.ExecContext(ctx, "UPDATE clusters SET last_heartbeat_at = ?, "+strings.Join(sets, ", ")+
+		res, err := db.ExecContext(ctx, "UPDATE clusters SET last_heartbeat_at = ?, "+strings.Join(sets, ", ")+
 			" WHERE id IN ("+placeholders(len(part))+") AND region = "+region, args...)
 		if err != nil {
 			return nil, fmt.Errorf("store: record the heartbeats of %d clusters (first %s): %w", len(part), hbs[part[0]].ClusterID, err)
@@ -575,7 +676,7 @@ func (s *Store) Heartbeats(ctx context.Context, hbs []ClusterHeartbeat) ([]error
 		for n, i := range part {
 			ids[n] = hbs[i].ClusterID
 		}
-		rows, err := s.db.QueryContext(ctx, "SELECT id, region FROM clusters WHERE id IN ("+placeholders(len(ids))+")", ids...)
+		rows, err := db.QueryContext(ctx, "SELECT id, region FROM clusters WHERE id IN ("+placeholders(len(ids))+")", ids...)
 		if err != nil {
 			return nil, fmt.Errorf("store: read %d clusters that sent heartbeats: %w", len(ids), err)
 		}

@@ -26,7 +26,7 @@ type RemovedCluster struct {
 // again later makes a new cluster.
 func (s *Store) RemoveCluster(ctx context.Context, clusterID, actor string) (RemovedCluster, error) {
 	var out RemovedCluster
-	err := s.reportTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.reportTx(ctx, s.db, func(ctx context.Context, tx *sql.Tx) error {
 		out = RemovedCluster{ID: clusterID}
 		err := tx.QueryRowContext(ctx, "SELECT region FROM clusters WHERE id = ? FOR UPDATE", clusterID).Scan(&out.Region)
 		if errors.Is(err, sql.ErrNoRows) {

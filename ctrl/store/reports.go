@@ -184,7 +184,7 @@ func (s *Store) Ingest(ctx context.Context, reps []Report) ([]ReportResult, erro
 	}
 	results := make([]ReportResult, len(reps))
 	hold := s.testHooks().BeforeReportCommit
-	err := s.reportTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	err := s.reportTx(ctx, s.ingest, func(ctx context.Context, tx *sql.Tx) error {
 		clear(results)
 		if err := ingest(ctx, tx, reps, results, s.now().UnixNano()); err != nil {
 			return err
@@ -200,13 +200,13 @@ func (s *Store) Ingest(ctx context.Context, reps []Report) ([]ReportResult, erro
 	return results, nil
 }
 
-// reportTx runs fn in a transaction, again after a deadlock. Each ctrl
+// reportTx runs fn in a transaction of db's, again after a deadlock. Each ctrl
 // stores its reports one batch at a time, so only batches of different
 // ctrl replicas can meet on a row (or a gap beside one); a deadlock
 // between them is retried.
-func (s *Store) reportTx(ctx context.Context, fn func(context.Context, *sql.Tx) error) error {
+func (s *Store) reportTx(ctx context.Context, db *sql.DB, fn func(context.Context, *sql.Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		tx, err := s.db.BeginTx(ctx, nil)
+		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("store: begin a report transaction: %w", err)
 		}

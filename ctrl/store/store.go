@@ -37,6 +37,12 @@ type PoolOptions struct {
 	// ConnMaxLifetime default 5 minutes (behind proxies and failovers a
 	// connection should not live forever).
 	ConnMaxLifetime time.Duration
+	// IngestConns is the size of a pool of its own for what clusters
+	// send (status report batches, heartbeats; Ingest, Heartbeats,
+	// HeartbeatsUnlessBusy), apart from MaxOpenConns: ingestion at its
+	// ceiling never takes a connection the operators' calls and the
+	// streams need. Default 4.
+	IngestConns int
 	// MaxWriteBatch bounds the WriteTx calls one group-commit transaction
 	// carries. Default 64; 1 turns group commit off (every call its own
 	// transaction).
@@ -65,8 +71,12 @@ type PoolOptions struct {
 
 // Store is ctrl's database.
 type Store struct {
-	db  *sql.DB
-	cfg *mysql.Config // what db connects with (migrations open their own)
+	db *sql.DB
+	// ingest is a pool of its own for what clusters send (report batches,
+	// heartbeats): however many of their writes wait, they take none of
+	// db's connections, which the operators' calls need.
+	ingest *sql.DB
+	cfg    *mysql.Config // what db connects with (migrations open their own)
 	// migrations replace the embedded ones, and extraBackfills add to the
 	// releases' (tests of the migrator).
 	migrations     fs.FS
@@ -134,7 +144,15 @@ func Open(ctx context.Context, dsn string, pool PoolOptions) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: cannot reach the database at %s: %w (check the DSN and that the server is up)", cfg.Addr, err)
 	}
-	s := &Store{db: db, cfg: cfg}
+	if pool.IngestConns <= 0 {
+		pool.IngestConns = 4
+	}
+	ingest := sql.OpenDB(connector)
+	ingest.SetMaxOpenConns(pool.IngestConns)
+	ingest.SetMaxIdleConns(pool.IngestConns)
+	ingest.SetConnMaxLifetime(pool.ConnMaxLifetime)
+	ingest.SetConnMaxIdleTime(time.Minute)
+	s := &Store{db: db, ingest: ingest, cfg: cfg}
 	if pool.MaxWriteBatch <= 0 {
 		pool.MaxWriteBatch = 64
 	}
@@ -160,8 +178,11 @@ func lockWaitSeconds(d time.Duration) int {
 	return int((d + time.Second - 1) / time.Second)
 }
 
-// Close closes the connection pool.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the connection pools.
+func (s *Store) Close() error { return errors.Join(s.db.Close(), s.ingest.Close()) }
+
+// IngestStats are the statistics of the ingestion pool (IngestConns).
+func (s *Store) IngestStats() sql.DBStats { return s.ingest.Stats() }
 
 // DB is the connection pool, for reads that have no typed form here yet.
 // Desired-state rows must only be written through WriteTx or StampCommitted.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -240,6 +241,12 @@ func (l *Loop) session(ctx context.Context, ctl sdk.Controller) (again bool) {
 		}
 		l.Metrics.Reconnects.WithLabelValues(l.Kind).Inc()
 		wait := Jitter(o.ReconnectMin, o.ReconnectMax)
+		if hint, ok := retryHint(err); ok {
+			// ctrl asked for this wait (its bootstrap limit in a
+			// reconnect storm); a quarter more at random spreads the
+			// hosts it refused at once.
+			wait = max(wait, Jitter(hint, hint+hint/4))
+		}
 		l.Log.Warn("watch stream ended, reconnecting", "error", err, "cursor", q.Cursor(), "in", wait.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
@@ -565,4 +572,19 @@ func changeFromProto(c *clusterv1.ResourceChange) sdk.Change {
 
 func specFromAny(a *anypb.Any) sdk.Spec {
 	return sdk.Spec{TypeURL: a.GetTypeUrl(), Value: a.GetValue()}
+}
+
+// retryHint is the wait ctrl asked for when it refused a stream
+// (RESOURCE_EXHAUSTED or UNAVAILABLE with a RetryInfo), at most a minute.
+func retryHint(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted && st.Code() != codes.Unavailable {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().IsValid() {
+			return min(ri.GetRetryDelay().AsDuration(), time.Minute), true
+		}
+	}
+	return 0, false
 }

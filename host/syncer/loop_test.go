@@ -372,3 +372,26 @@ func TestLoopBootstrapsAgainAfterCtrlsDatabaseWentBack(t *testing.T) {
 	v := w.put("c", "1")
 	w.waitApplied("c", v)
 }
+
+// TestLoopWaitsForCtrlsRetryHint: a bootstrap ctrl refuses with
+// RESOURCE_EXHAUSTED and a RetryInfo (its bootstrap limit, in a reconnect
+// storm) is tried again no sooner than the hint, although the loop's own
+// reconnect delay is milliseconds, and then completes.
+func TestLoopWaitsForCtrlsRetryHint(t *testing.T) {
+	const hint = 400 * time.Millisecond
+	w := newWorld(t, testOptions())
+	v := w.put("a", "1")
+	w.ctrl.RefuseBootstraps(2, hint)
+	w.start()
+	w.waitBootstrapped()
+	w.waitApplied("a", v)
+	times := w.ctrl.WatchTimes()
+	if len(times) < 3 {
+		t.Fatalf("%d Watch calls, want 2 refused and the bootstrap", len(times))
+	}
+	for i := 1; i < 3; i++ {
+		if gap := times[i].Sub(times[i-1]); gap < hint {
+			t.Fatalf("Watch call %d came %s after the refused one, want at least the hint (%s)", i+1, gap, hint)
+		}
+	}
+}

@@ -16,12 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -68,6 +70,12 @@ type Server struct {
 	KeepAlive time.Duration
 	// generation names the history of versions (see Restore).
 	generation int
+	// refuseBootstraps Watch calls from version 0 are still to be refused
+	// with RESOURCE_EXHAUSTED and a RetryInfo of bootstrapHint;
+	// watchTimes holds when each Watch call arrived.
+	refuseBootstraps int
+	bootstrapHint    time.Duration
+	watchTimes       []time.Time
 }
 
 type key struct{ kind, id string }
@@ -244,11 +252,39 @@ func (s *Server) LatestReport(kind, id string) *clusterv1.ReportStatusRequest {
 	return r[len(r)-1]
 }
 
+// RefuseBootstraps makes the next n Watch calls from version 0 fail as a
+// ctrl at its bootstrap limit does: RESOURCE_EXHAUSTED with a RetryInfo
+// of hint.
+func (s *Server) RefuseBootstraps(n int, hint time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuseBootstraps, s.bootstrapHint = n, hint
+}
+
+// WatchTimes returns when each Watch call arrived, oldest first.
+func (s *Server) WatchTimes() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.watchTimes...)
+}
+
 func (s *Server) Watch(req *clusterv1.WatchRequest, st clusterv1.ClusterService_WatchServer) error {
 	ctx, done := s.track(st.Context())
 	defer done()
 	s.mu.Lock()
 	s.watches = append(s.watches, req)
+	s.watchTimes = append(s.watchTimes, time.Now())
+	if req.GetAfterVersion() == 0 && s.refuseBootstraps > 0 {
+		s.refuseBootstraps--
+		hint := s.bootstrapHint
+		s.mu.Unlock()
+		refusal, err := status.New(codes.ResourceExhausted, "ctrl is sending its limit of bootstraps; reconnect later").
+			WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(hint)})
+		if err != nil {
+			return err
+		}
+		return refusal.Err()
+	}
 	s.mu.Unlock()
 	cursor := req.GetAfterVersion()
 	if err := s.waitUnstalled(ctx); err != nil {
