@@ -62,6 +62,22 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 		after = 0
 	}
 	who, _ := caller(ctx)
+	// A bootstrap takes its place before anything reads the database, so
+	// a host refused in a reconnect storm costs ctrl no query.
+	bootstrap := after == 0 || f == followNever
+	release := func() {}
+	if bootstrap {
+		var err error
+		if release, err = s.admitBootstrap(ctx, who, kind, region); err != nil {
+			return err
+		}
+	}
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
 	gen, err := s.store.CheckCursor(ctx, who.ClusterID, region, after, generation)
 	if err != nil {
 		var ce *store.CursorError
@@ -80,13 +96,10 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 	}
 
 	cursor := after
-	if after == 0 || f == followNever {
-		release, err := s.admitBootstrap(who, kind, region)
-		if err != nil {
-			return err
-		}
+	if bootstrap {
 		head, err := s.snapshot(ctx, kind, region, out)
 		release()
+		released = true
 		if err != nil {
 			return err
 		}
@@ -103,18 +116,21 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 	return s.stream(ctx, kind, region, cursor, gen, after > 0, out)
 }
 
-// admitBootstrap takes one of the MaxBootstraps places of a snapshot, or
-// refuses the stream with RESOURCE_EXHAUSTED and a RetryInfo of
-// BootstrapRetry plus up to as much again at random (so the hosts refused
-// in one reconnect storm do not all come back at the same moment). The
-// caller calls release once its snapshot is sent.
-func (s *Server) admitBootstrap(who auth.Identity, kind, region string) (release func(), err error) {
+// admitBootstrap takes one of the MaxBootstraps places of a snapshot,
+// waiting in line for one up to BootstrapRetry, or refuses the stream with
+// RESOURCE_EXHAUSTED and a RetryInfo of BootstrapRetry plus up to as much
+// again at random (so the hosts refused in one reconnect storm do not all
+// come back at the same moment). Waiting in line first keeps the refused
+// calls, and their retries, few while the places turn over quickly (small
+// snapshots). The caller calls release once its snapshot is sent.
+func (s *Server) admitBootstrap(ctx context.Context, who auth.Identity, kind, region string) (release func(), err error) {
 	if s.bootstraps == nil {
 		return func() {}, nil
 	}
-	select {
-	case s.bootstraps <- struct{}{}:
-	default:
+	if !s.takeBootstrapPlace(ctx) {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		s.m.bootstrapRefuse.Inc()
 		wait := s.bootstrapRetry + rand.N(s.bootstrapRetry)
 		st := status.Newf(codes.ResourceExhausted, "ctrl is sending %d bootstraps (full snapshots) already, its limit; the snapshot of %s in region %q for cluster %q was not started: reconnect from version 0 after %s",
@@ -132,6 +148,24 @@ func (s *Server) admitBootstrap(who auth.Identity, kind, region string) (release
 		s.m.bootstraps.Dec()
 		<-s.bootstraps
 	}, nil
+}
+
+// takeBootstrapPlace takes a place at once or within BootstrapRetry.
+func (s *Server) takeBootstrapPlace(ctx context.Context) bool {
+	select {
+	case s.bootstraps <- struct{}{}:
+		return true
+	default:
+	}
+	timer := time.NewTimer(s.bootstrapRetry)
+	defer timer.Stop()
+	select {
+	case s.bootstraps <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	return false
 }
 
 // snapshot sends every live row of kind in region from one consistent

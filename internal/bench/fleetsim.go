@@ -231,8 +231,13 @@ func (c *simCluster) stream(ctx context.Context, ki int, kind string, bootstrapp
 			return
 		}
 		c.run.streamErrors.Add(1)
-		_ = err
-		sleepCtxBench(ctx, c.run.jitter(time.Second, 5*time.Second))
+		// As krane's loop: ctrl's retry hint (a bootstrap refused in a
+		// storm) plus up to a quarter more, else the jittered reconnect.
+		wait := c.run.jitter(time.Second, 5*time.Second)
+		if hint, ok := retryHint(err); ok {
+			wait = hint + c.run.jitter(0, hint/4)
+		}
+		sleepCtxBench(ctx, wait)
 	}
 }
 
@@ -392,6 +397,20 @@ func (c *simCluster) heartbeat(ctx context.Context) {
 		}
 		sleepCtxBench(ctx, 30*time.Second)
 	}
+}
+
+// retryHint is the RetryInfo ctrl attached to a refusal.
+func retryHint(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
 }
 
 // simControllers are what a simulated host says it runs.
