@@ -28,9 +28,23 @@ import (
 // RESOURCE_EXHAUSTED and a RetryInfo of BootstrapRetry to twice it, while
 // a Watch resuming from a cursor is served at once; once the held
 // bootstrap finishes, the next one is admitted.
-func TestBootstrapAdmissionIsBounded(t *testing.T) {
+// admissionRig is a ClusterService with MaxBootstraps 1 and queue as
+// BootstrapQueue whose first snapshot is held (held closes when it is;
+// unblock lets it go), with a client for Watch.
+type admissionRig struct {
+	ctx     context.Context
+	st      *store.Store
+	reg     *prometheus.Registry
+	held    chan struct{}
+	unblock func()
+	watch   func(after uint64, gen string) clusterv1.ClusterService_WatchClient
+	api     *clusterapi.Server
+}
+
+func newAdmissionRig(t *testing.T, retry time.Duration, queue int) *admissionRig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	st, err := store.Open(ctx, testenv.SharedMySQL(t).Database(t, t.Name()), store.PoolOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -47,9 +61,8 @@ func TestBootstrapAdmissionIsBounded(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	const retry = 3 * time.Second
 	reg := prometheus.NewRegistry()
-	api, err := clusterapi.New(clusterapi.Options{Store: st, Registerer: reg, MaxBootstraps: 1, BootstrapRetry: retry})
+	api, err := clusterapi.New(clusterapi.Options{Store: st, Registerer: reg, MaxBootstraps: 1, BootstrapRetry: retry, BootstrapQueue: queue})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +70,6 @@ func TestBootstrapAdmissionIsBounded(t *testing.T) {
 	var calls atomic.Int32
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	defer unblock()
 	clusterapi.SetBeforeSnapshot(api, func() {
 		if calls.Add(1) == 1 {
 			close(held)
@@ -76,17 +88,17 @@ func TestBootstrapAdmissionIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { _ = gs.Serve(l) }()
-	defer func() {
+	t.Cleanup(func() {
 		unblock()
 		gs.Stop()
 		cancel()
 		<-runDone
-	}()
+	})
 	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	cli := clusterv1.NewClusterServiceClient(conn)
 	watch := func(after uint64, gen string) clusterv1.ClusterService_WatchClient {
 		t.Helper()
@@ -96,6 +108,14 @@ func TestBootstrapAdmissionIsBounded(t *testing.T) {
 		}
 		return w
 	}
+	return &admissionRig{ctx: ctx, st: st, reg: reg, held: held, unblock: unblock, watch: watch, api: api}
+}
+
+func TestBootstrapAdmissionIsBounded(t *testing.T) {
+	const retry = 3 * time.Second
+	r := newAdmissionRig(t, retry, -1)
+	ctx, st, reg, held, unblock, watch := r.ctx, r.st, r.reg, r.held, r.unblock, r.watch
+	var err error
 
 	// One bootstrap, complete, gives the cursor the resuming stream uses.
 	unheld := make(chan struct{})
@@ -183,4 +203,54 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestBootstrapsWaitInLineBeforeBeingRefused: with a queue of 1, a second
+// bootstrap while the place is taken waits (it is not refused) and runs
+// once the place is free; a third, with the queue full, is refused with
+// the hint. Without the queue, the second would be refused: at 30,000
+// streams the refused attempts coming back were the work, and bootstraps
+// crawled at a few a second.
+func TestBootstrapsWaitInLineBeforeBeingRefused(t *testing.T) {
+	r := newAdmissionRig(t, time.Second, 1)
+	first := make(chan error, 1)
+	go func() {
+		_, err := r.watch(0, "").Recv()
+		first <- err
+	}()
+	<-r.held
+	waiting := make(chan error, 1)
+	go func() {
+		w := r.watch(0, "")
+		for {
+			ev, err := w.Recv()
+			if err != nil || ev.GetBootstrapComplete() != nil {
+				waiting <- err
+				return
+			}
+		}
+	}()
+	// The third is refused once the second waits in the queue.
+	for clusterapi.BootstrapsWaiting(r.api) < 1 {
+		select {
+		case err := <-waiting:
+			t.Fatalf("the second bootstrap ended instead of waiting in line: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if _, err := r.watch(0, "").Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a bootstrap beyond the place and the queue: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	select {
+	case err := <-waiting:
+		t.Fatalf("the waiting bootstrap ended before the place was free: %v", err)
+	default:
+	}
+	r.unblock()
+	if err := <-waiting; err != nil {
+		t.Fatalf("the bootstrap that waited in line: %v, want it served", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the held bootstrap: %v", err)
+	}
 }

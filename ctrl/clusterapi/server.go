@@ -126,6 +126,14 @@ type Options struct {
 	// refusal adds up to as much again at random, so the refused hosts
 	// come back spread out. Default 2s.
 	BootstrapRetry time.Duration
+	// BootstrapQueue is how many bootstraps may wait for a place (in
+	// arrival order, holding no connection) before the rest are refused.
+	// A refused host comes back, and every attempt costs ctrl a stream
+	// set-up and an authentication: at 30,000 streams refusing at once
+	// (no queue) made the attempts, not the snapshots, the work, and
+	// bootstraps crawled at a few a second. Default 50,000; negative:
+	// none wait.
+	BootstrapQueue int
 }
 
 // maxIngestBatch bounds the items of one batch transaction;
@@ -165,6 +173,10 @@ type Server struct {
 	// bootstrapRetry is the least retry hint of a refused one.
 	bootstraps     chan struct{}
 	bootstrapRetry time.Duration
+	// bootstrapWaiting counts bootstraps waiting for a place, at most
+	// bootstrapQueue.
+	bootstrapWaiting atomic.Int64
+	bootstrapQueue   int64
 	// beforeSnapshot, set by tests only, runs once a bootstrap is admitted.
 	beforeSnapshot func()
 
@@ -218,6 +230,9 @@ func New(o Options) (*Server, error) {
 	if o.MaxBootstraps == 0 {
 		o.MaxBootstraps = 16
 	}
+	if o.BootstrapQueue == 0 {
+		o.BootstrapQueue = 50000
+	}
 	if o.BootstrapRetry <= 0 {
 		o.BootstrapRetry = 2 * time.Second
 	}
@@ -234,7 +249,7 @@ func New(o Options) (*Server, error) {
 		poller:     newHeadPoller(o.Store, o.PollInterval, log.Named("heads"), m),
 		feeds:      feeds{window: o.FeedWindow, off: o.UnsharedReads},
 		stopping:   make(chan struct{}),
-		bootstraps: bootstraps, bootstrapRetry: o.BootstrapRetry,
+		bootstraps: bootstraps, bootstrapRetry: o.BootstrapRetry, bootstrapQueue: int64(max(0, o.BootstrapQueue)),
 		labels: map[string]bool{},
 		reports: newBatcher(st.Ingest, o.ReportLinger, maxIngestBatch, o.ReportQueue, o.ReportQueueShare, reportBytes, maxQueueBytes,
 			m.observeBatch("reports"), m.gaugeBatch("reports")),

@@ -117,12 +117,11 @@ func (s *Server) serve(ctx context.Context, kind, region string, after uint64, g
 }
 
 // admitBootstrap takes one of the MaxBootstraps places of a snapshot,
-// waiting in line for one up to BootstrapRetry, or refuses the stream with
-// RESOURCE_EXHAUSTED and a RetryInfo of BootstrapRetry plus up to as much
-// again at random (so the hosts refused in one reconnect storm do not all
-// come back at the same moment). Waiting in line first keeps the refused
-// calls, and their retries, few while the places turn over quickly (small
-// snapshots). The caller calls release once its snapshot is sent.
+// waiting in line for one while fewer than BootstrapQueue wait, or
+// refuses the stream with RESOURCE_EXHAUSTED and a RetryInfo of
+// BootstrapRetry plus up to as much again at random (so the hosts refused
+// in one reconnect storm do not all come back at the same moment). The
+// caller calls release once its snapshot is sent.
 func (s *Server) admitBootstrap(ctx context.Context, who auth.Identity, kind, region string) (release func(), err error) {
 	if s.bootstraps == nil {
 		return func() {}, nil
@@ -150,22 +149,25 @@ func (s *Server) admitBootstrap(ctx context.Context, who auth.Identity, kind, re
 	}, nil
 }
 
-// takeBootstrapPlace takes a place at once or within BootstrapRetry.
+// takeBootstrapPlace takes a place at once, or waits for one (until ctx
+// ends) when fewer than bootstrapQueue already wait.
 func (s *Server) takeBootstrapPlace(ctx context.Context) bool {
 	select {
 	case s.bootstraps <- struct{}{}:
 		return true
 	default:
 	}
-	timer := time.NewTimer(s.bootstrapRetry)
-	defer timer.Stop()
+	if s.bootstrapWaiting.Add(1) > s.bootstrapQueue {
+		s.bootstrapWaiting.Add(-1)
+		return false
+	}
+	defer s.bootstrapWaiting.Add(-1)
 	select {
 	case s.bootstraps <- struct{}{}:
 		return true
 	case <-ctx.Done():
-	case <-timer.C:
+		return false
 	}
-	return false
 }
 
 // snapshot sends every live row of kind in region from one consistent

@@ -98,6 +98,10 @@ func (c RestateConfig) IdentityKeyList() []string {
 type RestateEndpointConfig struct {
 	Listen string `koanf:"listen"`
 	URL    string `koanf:"url"`
+	// TLSCert and TLSKey serve the endpoint over TLS (read again when the
+	// files change); Restate must trust their CA.
+	TLSCert string `koanf:"tls_cert"`
+	TLSKey  string `koanf:"tls_key"`
 }
 
 // Enabled reports whether ctrl runs its Restate services and deploy API.
@@ -169,6 +173,7 @@ type WatchConfig struct {
 	// MaxBootstraps and BootstrapRetry: clusterapi.Options.
 	MaxBootstraps  int           `koanf:"max_bootstraps"`
 	BootstrapRetry time.Duration `koanf:"bootstrap_retry"`
+	BootstrapQueue int           `koanf:"bootstrap_queue"`
 }
 
 // ReportsConfig shapes how what clusters send (status reports,
@@ -227,6 +232,7 @@ var settings = []setting{
 	{"watch.poll_interval", 50 * time.Millisecond, "how often the head poller reads change_heads"},
 	{"watch.shared_reads", true, "the streams of a region and kind share one database read per commit; false: each stream reads for itself (to compare with)"},
 	{"watch.max_bootstraps", 16, "streams sending a full snapshot at once (each holds a database connection, so db.max_open_conns caps it); beyond it a host is told to reconnect later (RESOURCE_EXHAUSTED with a retry hint)"},
+	{"watch.bootstrap_queue", 50000, "bootstraps that may wait for a place (in arrival order, holding no database connection) before the rest are refused with the retry hint; 0: none wait (0..1000000)"},
 	{"watch.bootstrap_retry", 2 * time.Second, "least retry hint of a refused bootstrap; each refusal adds up to as much again at random, spreading a reconnect storm (100ms..1m)"},
 	{"watch.feed_window", 1024, "latest changes kept per region and kind, read once and sent to all its streams (a stream further behind reads the database itself)"},
 	{"reports.linger", 100 * time.Millisecond, "status reports of every cluster gather this long before one transaction stores them all (a report after a quiet spell goes at once; 1ms..1s)"},
@@ -240,8 +246,10 @@ var settings = []setting{
 	{"restate.ingress_url", "", "Restate ingress URL, e.g. http://restate:8080; empty turns the deploy workflows and the deploy API off"},
 	{"restate.admin_url", "", "Restate admin API URL, e.g. http://restate:9070 (registration of ctrl's endpoint)"},
 	{"restate.ca_file", "", "CA bundle (PEM) that signed the certificates of https:// restate.ingress_url and restate.admin_url (a TLS proxy in front of Restate); re-read when it changes; empty: the system roots"},
-	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2; keep it on a private network)"},
-	{"restate.endpoint.url", "", "URL Restate calls the endpoint at; default http://<listen host, or this hostname>:<port>"},
+	{"restate.endpoint.listen", ":9080", "listen address of the endpoint Restate calls (cleartext HTTP/2 unless restate.endpoint.tls_cert is set; keep it on a private network either way)"},
+	{"restate.endpoint.url", "", "URL Restate calls the endpoint at; default http://<listen host, or this hostname>:<port> (https:// with restate.endpoint.tls_cert)"},
+	{"restate.endpoint.tls_cert", "", "TLS certificate file (PEM) of the endpoint Restate calls, read again when it changes; Restate must trust its CA (restate-server reads extra CAs from SSL_CERT_FILE). Without it the endpoint speaks cleartext HTTP/2"},
+	{"restate.endpoint.tls_key", "", "TLS private key file (PEM) of restate.endpoint.tls_cert"},
 	{"restate.register_on_start", true, "register the endpoint with Restate when ctrl starts (idempotent; retried in the background)"},
 	{"restate.identity_keys", "", "public keys (publickeyv1_..., comma separated) Restate signs its requests to the endpoint with (restate-server's worker.invoker.request-identity-private-key-pem-file); the endpoint refuses requests without such a signature"},
 	{"restate.allow_unsigned", false, "serve the endpoint without restate.identity_keys, answering unsigned requests: only where nothing but Restate can reach restate.endpoint.listen"},
@@ -422,6 +430,9 @@ func (c Config) Validate() error {
 	if n := c.Watch.MaxBootstraps; n < 1 || n > 10000 {
 		errs = append(errs, fmt.Errorf("watch.max_bootstraps %d is out of range 1..10000", n))
 	}
+	if n := c.Watch.BootstrapQueue; n < 0 || n > 1000000 {
+		errs = append(errs, fmt.Errorf("watch.bootstrap_queue %d is out of range 0..1000000", n))
+	}
 	if r := c.Watch.BootstrapRetry; r < 100*time.Millisecond || r > time.Minute {
 		errs = append(errs, fmt.Errorf("watch.bootstrap_retry %s is out of range 100ms..1m", r))
 	}
@@ -495,6 +506,12 @@ func (c Config) validateRestate() []error {
 		checkURL("restate.admin_url", r.AdminURL)
 	} else if r.RegisterOnStart {
 		errs = append(errs, errors.New("restate.register_on_start needs restate.admin_url (or turn registration off and run `ctrl restate register`)"))
+	}
+	if (r.Endpoint.TLSCert == "") != (r.Endpoint.TLSKey == "") {
+		errs = append(errs, errors.New("restate.endpoint.tls_cert and restate.endpoint.tls_key must be set together"))
+	}
+	if r.Endpoint.TLSCert != "" && r.Endpoint.URL != "" && !strings.HasPrefix(r.Endpoint.URL, "https://") {
+		errs = append(errs, fmt.Errorf("restate.endpoint.url %q must be https:// when restate.endpoint.tls_cert is set (Restate would speak cleartext to a TLS port)", r.Endpoint.URL))
 	}
 	if r.Endpoint.URL != "" {
 		checkURL("restate.endpoint.url", r.Endpoint.URL)

@@ -230,7 +230,8 @@ func start(ctx context.Context, cfg Config, log hclog.Logger, deps Deps, st *sto
 		Store: st, Logger: log, Registerer: reg, PageSize: cfg.Watch.PageSize, KeepAlive: cfg.Watch.KeepAlive,
 		PollInterval: cfg.Watch.PollInterval, FeedWindow: cfg.Watch.FeedWindow, UnsharedReads: !cfg.Watch.SharedReads, Listener: listeners, Vault: keys,
 		DecryptPerMinute: cfg.Vault.DecryptPerMinute, MaxBootstraps: min(cfg.Watch.MaxBootstraps, cfg.DB.MaxOpenConns), BootstrapRetry: cfg.Watch.BootstrapRetry,
-		ReportLinger: cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
+		BootstrapQueue: bootstrapQueue(cfg.Watch.BootstrapQueue),
+		ReportLinger:   cfg.Reports.Linger, ReportQueue: cfg.Reports.Queue, ReportQueueShare: cfg.Reports.QueueShare, HeartbeatLinger: cfg.Reports.HeartbeatLinger, UnbatchedReports: !cfg.Reports.Batched,
 	})
 	if err != nil {
 		return fail(err)
@@ -639,4 +640,13 @@ func replicaID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// bootstrapQueue maps watch.bootstrap_queue (0: none wait) onto
+// clusterapi.Options.BootstrapQueue (0: the default; negative: none).
+func bootstrapQueue(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
