@@ -1,6 +1,7 @@
 package restateendpoint
 
 import (
+	"crypto/tls"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -25,7 +26,8 @@ import (
 
 // Endpoint is the HTTP endpoint Restate calls to run ctrl's services: the
 // SDK's handler served with cleartext HTTP/2 (h2c), which is what Restate
-// speaks to a deployment. With identity keys it answers only requests
+// speaks to a deployment, or HTTP/2 over TLS (EndpointOptions.TLS; Restate
+// then calls an https:// URL and must trust the certificate's CA). With identity keys it answers only requests
 // Restate signed with one of them (Restate's request identity: a JWT signed
 // with the server's request-identity private key); anyone else gets 401,
 // registration included. Without keys it answers whoever reaches its port.
@@ -44,6 +46,9 @@ type EndpointOptions struct {
 	Base string
 	// Registerer receives krane_ctrl_restate_misrouted_total.
 	Registerer prometheus.Registerer
+	// TLS, when set, serves HTTP/2 over TLS with it (its GetCertificate or
+	// Certificates); nil serves cleartext HTTP/2 (h2c).
+	TLS *tls.Config
 }
 
 // NewEndpoint builds the endpoint for services (see Services).
@@ -83,9 +88,13 @@ func NewEndpoint(services []restate.ServiceDefinition, o EndpointOptions) (*Endp
 		}
 	})
 	var protocols http.Protocols
-	protocols.SetUnencryptedHTTP2(true)
 	protocols.SetHTTP1(true) // health checks and `curl /discover`
-	return &Endpoint{services: services, srv: &http.Server{Handler: handler, Protocols: &protocols}}, nil
+	if o.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
+	return &Endpoint{services: services, srv: &http.Server{Handler: handler, Protocols: &protocols, TLSConfig: o.TLS}}, nil
 }
 
 // identityKeyPrefix starts a v1 request identity public key; the rest is
@@ -151,7 +160,12 @@ func (e *Endpoint) Services() []restate.ServiceDefinition { return e.services }
 
 // Serve serves on lis until Shutdown.
 func (e *Endpoint) Serve(lis net.Listener) error {
-	if err := e.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	serve := e.srv.Serve
+	if e.srv.TLSConfig != nil {
+		// The certificate comes from TLSConfig (GetCertificate), not files.
+		serve = func(lis net.Listener) error { return e.srv.ServeTLS(lis, "", "") }
+	}
+	if err := serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("the Restate endpoint: %w", err)
 	}
 	return nil

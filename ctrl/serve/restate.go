@@ -63,6 +63,9 @@ func EndpointURL(cfg Config, listening, v string) (string, error) {
 		if u, err = restateendpoint.EndpointURL(listening); err != nil {
 			return "", err
 		}
+		if cfg.Restate.Endpoint.TLSCert != "" {
+			u = "https://" + strings.TrimPrefix(u, "http://")
+		}
 	}
 	return strings.TrimRight(u, "/") + restateendpoint.Base(v), nil
 }
@@ -91,8 +94,17 @@ func startRestate(ctx context.Context, cfg Config, log hclog.Logger, st *store.S
 		// beside the deploy workflow's own metrics.
 		reg.MustRegister(fleetapi.NewDeploymentCollector(st, log))
 	}
+	var endpointTLS *tls.Config
+	if e := cfg.Restate.Endpoint; e.TLSCert != "" {
+		// Read again when the files change, like grpc.tls_cert.
+		kp, err := certreload.LoadKeyPair(e.TLSCert, e.TLSKey, certreload.Options{Log: log, Name: "restate.endpoint.tls_cert"})
+		if err != nil {
+			return nil, fmt.Errorf("the Restate endpoint: %w", err)
+		}
+		endpointTLS = certreload.ServerConfig(kp, nil)
+	}
 	endpoint, err := restateendpoint.NewEndpoint(services, restateendpoint.EndpointOptions{
-		Log: log, IdentityKeys: cfg.Restate.IdentityKeyList(), Base: restateendpoint.Base(ctrlVersion), Registerer: reg,
+		Log: log, IdentityKeys: cfg.Restate.IdentityKeyList(), Base: restateendpoint.Base(ctrlVersion), Registerer: reg, TLS: endpointTLS,
 	})
 	if err != nil {
 		return nil, err

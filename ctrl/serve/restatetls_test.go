@@ -59,3 +59,52 @@ func TestRestateOverTLSWithAPrivateCA(t *testing.T) {
 		t.Fatalf("ctrl with the wrong restate.ca_file: want its log to name restate.ca_file and the unknown authority:\n%s", l)
 	}
 }
+
+// TestRestateCallsTheEndpointOverTLS: with restate.endpoint.tls_cert,
+// ctrl serves its Restate endpoint over TLS and registers its https://
+// URL; a restate-server that trusts the private CA (SSL_CERT_FILE)
+// discovers it (an HTTP/2 call over TLS from Restate to ctrl, as its
+// invocations are), so registration succeeds. Its negative control: the same endpoint registered with a
+// Restate that does not trust the CA fails, since Restate cannot
+// discover it.
+func TestRestateCallsTheEndpointOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	path := func(n string) string { return filepath.Join(dir, n) }
+	ca := newTestCA(t, "endpoint ca")
+	cert, key := ca.valid(t, 501, x509.ExtKeyUsageServerAuth)
+	writeInPlace(t, path("ca.pem"), ca.pem)
+	writeInPlace(t, path("endpoint.crt"), cert)
+	writeInPlace(t, path("endpoint.key"), key)
+	rs, err := testenv.StartRestateTrusting(path("ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rs.Stop)
+	withTLS := func(c *serve.Config) {
+		c.Restate.Endpoint.TLSCert, c.Restate.Endpoint.TLSKey = path("endpoint.crt"), path("endpoint.key")
+	}
+	// ctrltest.Start waits until ctrl registered its endpoint.
+	env := ctrltest.Start(t, ctrltest.Options{Restate: rs, Configure: withTLS})
+	if l := env.Logs.String(); !strings.Contains(l, `"url":"https://127.0.0.1:`) && !strings.Contains(l, "url=https://127.0.0.1:") {
+		t.Fatalf("ctrl with restate.endpoint.tls_cert did not serve an https:// endpoint URL:\n%s", l)
+	}
+
+	// The negative control: a Restate without the CA cannot discover it.
+	untrusting := testenv.SharedRestate(t)
+	cfg := ctrltest.Config(testenv.SharedMySQL(t).Database(t, t.Name()+"-untrusted"))
+	cfg.Restate.AdminURL, cfg.Restate.IngressURL = untrusting.AdminURL(), untrusting.IngressURL()
+	cfg.Restate.Endpoint.Listen = "127.0.0.1:0"
+	cfg.Restate.IdentityKeys = untrusting.IdentityKey()
+	cfg.Sentinel.DefaultImage = ctrltest.SentinelImage
+	withTLS(&cfg)
+	srv, err := serve.Start(context.Background(), cfg, serve.NewLogger(cfg.Log, &ctrltest.LogBuffer{}), serve.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := srv.WaitRestateRegistered(ctx); err == nil {
+		t.Fatal("a Restate that does not trust the endpoint's CA registered it: the endpoint is not serving the private CA's certificate")
+	}
+}

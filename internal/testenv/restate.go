@@ -37,6 +37,8 @@ type Restate struct {
 	// file (a node of a RestateCluster).
 	name, config string
 	keyFile      string
+	// env is added to the server's environment (StartRestateTrusting).
+	env []string
 
 	mu   sync.Mutex
 	proc *Process
@@ -50,7 +52,17 @@ func SharedRestate(tb testing.TB) *Restate {
 }
 
 // StartRestate starts a Restate server for this test package. Main stops it.
-func StartRestate() (*Restate, error) {
+func StartRestate() (*Restate, error) { return startRestate(nil) }
+
+// StartRestateTrusting starts a Restate server of its own that trusts the
+// CA certificates in caFile (PEM) besides the system's, for endpoints
+// served over TLS with a private CA: restate-server reads them from
+// SSL_CERT_FILE. Main stops it.
+func StartRestateTrusting(caFile string) (*Restate, error) {
+	return startRestate([]string{"SSL_CERT_FILE=" + caFile})
+}
+
+func startRestate(env []string) (*Restate, error) {
 	bin := RestateServerBin()
 	if !isExecutable(bin) {
 		return nil, &MissingBinaryError{Binary: "restate-server", Looked: bin, Fix: "run `make testenv` (installs @restatedev/restate-server@" + RestateVersion + " from the npm registry), or set RESTATE_SERVER_BIN"}
@@ -63,7 +75,7 @@ func StartRestate() (*Restate, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Restate{bin: bin, dir: dir, adminPort: ports[0], ingressPort: ports[1], nodePort: ports[2], name: "n1", keyFile: filepath.Join(dir, identityKeyFile)}
+	r := &Restate{bin: bin, dir: dir, adminPort: ports[0], ingressPort: ports[1], nodePort: ports[2], name: "n1", keyFile: filepath.Join(dir, identityKeyFile), env: env}
 	if r.identity, err = writeIdentityKey(r.keyFile); err != nil {
 		return nil, err
 	}
@@ -96,6 +108,7 @@ func (r *Restate) Start() error {
 		"RESTATE_LOG_DISABLE_ANSI_CODES=true",
 		"RESTATE_WORKER__INVOKER__REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE=" + r.keyFile,
 	}
+	env = append(env, r.env...)
 	p, err := StartProcess(r.dir, "restate-server", r.bin, []string{"--base-dir", r.dir, "--node-name", "n1", "--no-logo"}, env)
 	if err != nil {
 		return err
