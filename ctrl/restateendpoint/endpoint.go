@@ -1,10 +1,10 @@
 package restateendpoint
 
 import (
-	"crypto/tls"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
