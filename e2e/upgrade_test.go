@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,6 +86,21 @@ func TestTwoClustersRunDifferentPluginVersions(t *testing.T) {
 	object := filepath.Join(t.TempDir(), "team-up.yaml")
 	if err := os.WriteFile(object, []byte("kind: quota.acme.example\nid: team-up\nregions: [local-a, local-b]\nspec: {namespace: team-up, pods: 10}\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	// apply --wait refuses at once where no live cluster runs the kind:
+	// the hosts first reload krane.hcl and say in a heartbeat that they
+	// run the quota controller.
+	for _, r := range regions {
+		waitFor(t, 3*time.Minute, "cluster "+stack.ClusterID(r)+" reporting the quota controller running", func() error {
+			names, err := clusterList(t, st).running(stack.ClusterID(r))
+			if err != nil {
+				return err
+			}
+			if !slices.Contains(names, "quota") {
+				return fmt.Errorf("running: %v", names)
+			}
+			return nil
+		})
 	}
 	if _, err := st.Ctrl(ctx, "resource", "apply", "-f", object, "--wait", "--timeout", "3m"); err != nil {
 		t.Fatal(err)

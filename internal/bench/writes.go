@@ -20,6 +20,9 @@ import (
 // writers is the concurrency of the write-path measurement.
 const writers = 64
 
+// writesRuns numbers the runs of Writes in this process.
+var writesRuns atomic.Int64
+
 // Writes measures desired-state writes per second through the operator
 // API (ScaleDeployment, 64 concurrent callers, each on its own deployment:
 // independent writes), and in the same run the database's own throughput
@@ -27,8 +30,11 @@ const writers = 64
 // deployment's replicas, its topology row, an event; one transaction
 // each). Runs alternate; figures are medians of 3.
 func Writes(ctx context.Context, e *Env) ([]Figure, error) {
-	const region, prefix = "bench-writes", "wr"
-	if err := (bulk{e.Store.DB()}).deployments(ctx, region, "ws-bench-writes", prefix, writers, 1); err != nil {
+	// Rows of their own per run: make bench-smoke runs writes and
+	// writes-alone on one stack.
+	run := writesRuns.Add(1)
+	region, prefix := fmt.Sprintf("bench-writes-%d", run), fmt.Sprintf("wr%d", run)
+	if err := (bulk{e.Store.DB()}).deployments(ctx, region, fmt.Sprintf("ws-bench-writes-%d", run), prefix, writers, 1); err != nil {
 		return nil, err
 	}
 	ids := make([]string, writers)

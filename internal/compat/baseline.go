@@ -112,7 +112,7 @@ func BaselineBinaries(ctx context.Context, root string) (string, Release, error)
 		// Releases before v0.3 keep the version in internal/version, later
 		// ones in shared/version; the linker ignores the -X of a package
 		// the tree does not have, so both are set.
-		ld := "-X krane.dev/shared/version.Version=" + r.Version + " -X krane.dev/shared/version.Version=" + r.Version
+		ld := "-X krane.dev/internal/version.Version=" + r.Version + " -X krane.dev/shared/version.Version=" + r.Version
 		for _, b := range []struct{ name, dir, pkg, ldflags string }{
 			{"ctrl", ".", "./cmd/ctrl", ld},
 			{"krane", ".", "./cmd/krane", ld},
